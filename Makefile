@@ -1,0 +1,31 @@
+# `make run` and `make test` each set up .venv (CPU PyTorch first, then the
+# project) and then do their job. Nothing else is needed on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+.PHONY: run test test-fast setup clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	# The CPU build of PyTorch first, so that nothing pulls a CUDA wheel.
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/edge-infer serve
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m 'not slow'
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info
