@@ -1,0 +1,42 @@
+"""The resolved settings an engine core is built from.
+
+Users give partial settings; ``edge_infer.memory.plan`` resolves every
+default (dtype, context length, KV budget) and admits or refuses them. An
+``EngineConfig`` therefore always describes something that fits.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+DTYPES = ("bfloat16", "float32")
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """Weight-only int4 settings (``quantization="cpu_int4"``)."""
+
+    method: str = "cpu_int4"
+    group_size: int = 128
+    symmetric: bool = True
+    quantize_head: bool = False
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str
+    dtype: str
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    kv_cache_memory_bytes: int
+    block_size: int = 16
+    quant: QuantConfig | None = None
+    weight_backend: str = "auto"  # auto | onednn | dense
+    num_threads: int | None = None
+    seed: int = 0
+    eos_token_ids: tuple[int, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,225 @@
+"""The engine core: model, KV cache, scheduler, runner and sampler in one loop.
+
+``EngineCore.step()`` schedules one batch, runs one forward pass, samples and
+reports a ``TokenDelta`` per request that progressed or ended. It knows token
+ids only. It runs inside a worker process by default (``engine.worker``).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+from typing import Callable
+
+import torch
+
+from edge_infer.engine.config import EngineConfig
+from edge_infer.engine.kv_cache import KVCache, KVLayout
+from edge_infer.engine.protocol import CoreStats, EngineRequest, ReadyInfo, TokenDelta
+from edge_infer.engine.runner import ModelRunner
+from edge_infer.engine.sampler import sample_row
+from edge_infer.engine.scheduler import Scheduler
+from edge_infer.engine.sequence import Sequence
+from edge_infer.memory.measure import malloc_trim
+from edge_infer.models.config import ModelConfig
+from edge_infer.models.linear import onednn_bf16_available
+from edge_infer.models.llama import DecoderLM
+from edge_infer.models.checkpoint import check_checkpoint
+from edge_infer.models.loader import LinearInstaller, install_dense, load_weights
+
+log = logging.getLogger(__name__)
+
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def configure_threads(requested: int | None) -> int:
+    """Use the cores this process may run on (its affinity), not every core of the host."""
+    n = requested or len(os.sched_getaffinity(0))
+    torch.set_num_threads(n)
+    return n
+
+
+def weight_backend(config: EngineConfig) -> str:
+    if config.weight_backend != "auto":
+        return config.weight_backend
+    return "onednn" if config.dtype == "bfloat16" and onednn_bf16_available() else "dense"
+
+
+def linear_installer(config: EngineConfig) -> LinearInstaller:
+    if config.quant is not None:
+        from edge_infer.quant.install import int4_installer
+
+        return int4_installer(config.quant, fallback=install_dense(weight_backend(config)))
+    return install_dense(weight_backend(config))
+
+
+def load_model(config: EngineConfig, progress: Callable[[int, int], None] | None = None) -> DecoderLM:
+    cfg = ModelConfig.from_dir(config.model)
+    model = DecoderLM(cfg, config.max_model_len)
+    check_checkpoint(cfg, config.model, model.weight_specs())
+    load_weights(model, config.model, TORCH_DTYPES[config.dtype], linear_installer(config), progress)
+    return model
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, progress: Callable[[int, int], None] | None = None):
+        t0 = time.perf_counter()
+        self.config = config
+        self.num_threads = configure_threads(config.num_threads)
+        self.model = load_model(config, progress)
+        cfg = self.model.cfg
+        dtype = TORCH_DTYPES[config.dtype]
+        self.layout = KVLayout(
+            num_layers=cfg.num_hidden_layers,
+            num_kv_heads=cfg.num_key_value_heads,
+            head_dim=cfg.head_dim,
+            dtype_bytes=dtype.itemsize,
+            block_size=config.block_size,
+        )
+        trimmed = malloc_trim()
+        self.cache = KVCache(self.layout, self.layout.blocks_for_budget(config.kv_cache_memory_bytes), dtype)
+        self.scheduler = Scheduler(self.layout, self.cache.num_blocks, config.max_num_seqs, config.max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, self.cache)
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.sequences: dict[str, Sequence] = {}
+        self.stats = CoreStats(kv_blocks_total=self.cache.num_blocks)
+        kernels: dict[str, int] = {}
+        for _, lin in self.model.linears():
+            if lin.kernel is not None:
+                kernels[lin.kernel.name] = kernels.get(lin.kernel.name, 0) + 1
+        self.ready_info = ReadyInfo(
+            pid=os.getpid(),
+            dtype=config.dtype,
+            weight_bytes=self.model.resident_bytes(),
+            kv_cache_bytes=self.cache.nbytes,
+            kv_blocks=self.cache.num_blocks,
+            rope_bytes=self.model.rope.nbytes,
+            weight_kernels=kernels,
+            num_threads=self.num_threads,
+            load_s=time.perf_counter() - t0,
+            trimmed_bytes=trimmed,
+        )
+
+    # -- requests -------------------------------------------------------------
+
+    def add_request(self, req: EngineRequest) -> TokenDelta | None:
+        """Queue a request; returns an error delta instead of raising for bad input."""
+        p = req.params
+        n_prompt = len(req.prompt_token_ids)
+        limit = self.config.max_model_len
+        problem = None
+        if req.request_id in self.sequences:
+            problem = f"request id {req.request_id!r} is already in use"
+        elif n_prompt == 0:
+            problem = "the prompt is empty"
+        elif n_prompt + (p.max_tokens or 1) > limit:
+            problem = f"prompt ({n_prompt} tokens) + max_tokens ({p.max_tokens}) exceeds max_model_len ({limit})"
+        elif max(req.prompt_token_ids) >= self.model.cfg.vocab_size or min(req.prompt_token_ids) < 0:
+            problem = f"prompt token ids must be in [0, {self.model.cfg.vocab_size})"
+        if problem is not None:
+            return TokenDelta(req.request_id, finished=True, finish_reason="error", error=problem, num_prompt_tokens=n_prompt)
+        stop_ids = set(p.stop_token_ids or ())
+        if not p.ignore_eos:
+            stop_ids |= set(self.config.eos_token_ids)
+        seq = Sequence(
+            request_id=req.request_id,
+            prompt_token_ids=list(req.prompt_token_ids),
+            params=p,
+            stop_ids=frozenset(stop_ids),
+            credits=req.credits,
+            arrival_time=req.arrival_time,
+            generator=torch.Generator().manual_seed(p.seed) if p.seed is not None else None,
+        )
+        self.sequences[req.request_id] = seq
+        self.scheduler.add(seq)
+        return None
+
+    def abort(self, request_ids: list[str]) -> list[TokenDelta]:
+        out = []
+        for rid in request_ids:
+            seq = self.sequences.pop(rid, None)
+            if seq is None:
+                continue
+            self.scheduler.finish(seq, "abort")
+            out.append(self._delta(seq, None, finished=True))
+        return out
+
+    def grant(self, request_id: str, credits: int) -> None:
+        seq = self.sequences.get(request_id)
+        if seq is not None and seq.credits is not None:
+            seq.credits += credits
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_schedulable()
+
+    # -- the loop ------------------------------------------------------------
+
+    def step(self) -> list[TokenDelta]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        try:
+            logits, sampling = self.runner.forward(batch)
+        except Exception as exc:  # keep serving: fail this batch's requests, not the engine
+            log.error("forward pass failed:\n%s", traceback.format_exc())
+            return [self._fail(item.seq, f"forward pass failed: {exc}") for item in batch]
+        self.stats.steps += 1
+        for item in batch:
+            item.seq.num_computed += item.num_new
+            if len(item.seq.output_token_ids) == 0:
+                self.stats.prompt_tokens_computed += item.num_new
+        out: list[TokenDelta] = []
+        for row, item in enumerate(sampling):
+            seq = item.seq
+            tok = sample_row(logits[row], seq, self.generator)
+            seq.output_token_ids.append(tok.token_id)
+            self.stats.generated_tokens += 1
+            if seq.credits is not None:
+                seq.credits -= 1
+            reason = self._finish_reason(seq, tok.token_id)
+            if reason is not None:
+                if reason == "stop":
+                    seq.stop_reason = tok.token_id
+                self.scheduler.finish(seq, reason)
+                del self.sequences[seq.request_id]
+            out.append(self._delta(seq, tok, finished=reason is not None))
+        return out
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        if token in seq.stop_ids:  # the sampler masks them until min_tokens is reached
+            return "stop"
+        if seq.params.max_tokens is not None and len(seq.output_token_ids) >= seq.params.max_tokens:
+            return "length"
+        if seq.num_tokens >= self.config.max_model_len:
+            return "length"
+        return None
+
+    def _fail(self, seq: Sequence, message: str) -> TokenDelta:
+        self.scheduler.finish(seq, "error")
+        self.sequences.pop(seq.request_id, None)
+        delta = self._delta(seq, None, finished=True)
+        delta.error = message
+        return delta
+
+    def _delta(self, seq: Sequence, tok, finished: bool) -> TokenDelta:
+        return TokenDelta(
+            request_id=seq.request_id,
+            token_id=None if tok is None else tok.token_id,
+            logprob=None if tok is None else tok.logprob,
+            top_logprobs=None if tok is None else tok.top_logprobs,
+            finished=finished,
+            finish_reason=seq.finish_reason if finished else None,
+            stop_reason=seq.stop_reason,
+            num_prompt_tokens=len(seq.prompt_token_ids),
+            num_preemptions=seq.num_preemptions,
+        )
+
+    def current_stats(self) -> CoreStats:
+        s = self.stats
+        s.num_waiting = len(self.scheduler.waiting)
+        s.num_running = len(self.scheduler.running)
+        s.num_paused = sum(1 for q in self.scheduler.running if q.paused)
+        s.kv_blocks_used = self.scheduler.allocator.num_used
+        s.num_preemptions = self.scheduler.num_preemptions
+        return s

@@ -1,0 +1,75 @@
+"""Text of one request: incremental decoding and stop strings.
+
+Stop strings are matched on the decoded text, so they are found even when
+they span token boundaries. While a request runs, the last
+``len(longest stop) - 1`` characters are held back from the consumer: they
+could be the start of a stop string that the next token completes, and text
+once streamed cannot be taken back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edge_infer.engine.protocol import TokenDelta
+from edge_infer.engine.sampling_params import SamplingParams
+from edge_infer.models.tokenizer import Tokenizer
+
+
+@dataclass
+class TextUpdate:
+    text: str  # newly releasable text
+    token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    stop_reason: int | str | None
+    stop_string_hit: bool  # the core does not know yet; the caller must abort it there
+
+
+class RequestText:
+    def __init__(self, tokenizer: Tokenizer | None, params: SamplingParams):
+        self.params = params
+        self.decoder = tokenizer.decode_stream(params.skip_special_tokens) if tokenizer is not None else None
+        self.stops = params.stop if self.decoder is not None else []
+        self.holdback = max((len(s) for s in self.stops), default=1) - 1
+        self.text = ""
+        self.released = 0
+        self.token_ids: list[int] = []
+        self.finished = False
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+
+    def _find_stop(self, new_chars: int) -> tuple[int, str] | None:
+        window_start = max(0, len(self.text) - new_chars - self.holdback)
+        best = None
+        for s in self.stops:
+            i = self.text.find(s, window_start)
+            if i != -1 and (best is None or i < best[0]):
+                best = (i, s)
+        return best
+
+    def apply(self, delta: TokenDelta) -> TextUpdate:
+        """Fold one core delta in; returns what to tell the consumer."""
+        new_ids: list[int] = []
+        stop_hit = False
+        if self.finished:
+            return TextUpdate("", [], True, self.finish_reason, self.stop_reason, False)
+        if delta.token_id is not None:
+            new_ids.append(delta.token_id)
+            self.token_ids.append(delta.token_id)
+            if self.decoder is not None:
+                piece = self.decoder.step(delta.token_id)
+                self.text += piece
+                found = self._find_stop(len(piece)) if self.stops else None
+                if found is not None:
+                    i, s = found
+                    self.text = self.text[: i + len(s)] if self.params.include_stop_str_in_output else self.text[:i]
+                    self.finished, self.finish_reason, self.stop_reason = True, "stop", s
+                    stop_hit = True
+        if delta.finished and not self.finished:
+            self.finished = True
+            self.finish_reason = delta.finish_reason
+            self.stop_reason = delta.stop_reason
+        end = len(self.text) if self.finished else max(self.released, len(self.text) - self.holdback)
+        out = self.text[self.released : end]
+        self.released = max(self.released, end)
+        return TextUpdate(out, new_ids, self.finished, self.finish_reason, self.stop_reason, stop_hit and not delta.finished)

@@ -1,0 +1,131 @@
+"""What every frontend (LLM, LocalTextEngine, the server) shares.
+
+A ``Frontend`` resolves the model directory, loads the tokenizer and the
+generation defaults, plans memory (refusing a plan that does not fit) and
+turns user prompts into validated ``EngineRequest``s. It never imports torch:
+the weights live in the engine core.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Union
+
+from edge_infer.engine.config import EngineConfig
+from edge_infer.engine.protocol import EngineRequest
+from edge_infer.engine.sampling_params import SamplingParams
+from edge_infer.errors import CheckpointError, InvalidRequestError, PlanRefusedError
+from edge_infer.memory.plan import TextPlan, plan_text_session
+from edge_infer.models.generation_config import GenerationDefaults
+from edge_infer.models.tokenizer import Tokenizer
+
+# A prompt: text, token ids, or {"prompt": ...} / {"prompt_token_ids": [...]}.
+PromptInput = Union[str, list[int], dict[str, Any]]
+
+
+def demo_model_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "assets" / "demo-model"
+
+
+def resolve_model(model: str | Path | None) -> str:
+    """A checkpoint directory; None means the embedded demo model."""
+    if model is None:
+        path = demo_model_dir()
+        if not (path / "config.json").is_file():
+            raise CheckpointError(f"the embedded demo model is missing from {path}; run scripts/train_demo.py")
+        return str(path)
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise CheckpointError(
+            f"model {model!r} is not a directory; pass a local Hugging Face checkpoint directory "
+            f"(edge-infer does not download models)"
+        )
+    return str(path)
+
+
+@dataclass
+class PreparedPrompt:
+    prompt: str | None
+    token_ids: list[int]
+
+
+class Frontend:
+    def __init__(self, plan: TextPlan, tokenizer: Tokenizer | None, defaults: GenerationDefaults):
+        if not plan.admitted:
+            raise PlanRefusedError("memory plan refused:\n" + plan.table(), plan)
+        self.plan = plan
+        self.tokenizer = tokenizer
+        self.defaults = defaults
+        self.engine_config: EngineConfig = plan.engine_config
+
+    @classmethod
+    def create(cls, model: str | Path | None = None, skip_tokenizer_init: bool = False, **settings: Any) -> "Frontend":
+        """Resolve, tokenize and plan; raises PlanRefusedError when the plan does not fit."""
+        model_dir = resolve_model(model)
+        tokenizer = None if skip_tokenizer_init else Tokenizer(model_dir)
+        defaults = GenerationDefaults.from_dir(model_dir, tokenizer.eos_token_id if tokenizer else None)
+        plan = plan_text_session(model_dir, eos_token_ids=defaults.eos_token_ids, **settings)
+        return cls(plan, tokenizer, defaults)
+
+    @classmethod
+    def from_plan(cls, plan: TextPlan, skip_tokenizer_init: bool = False) -> "Frontend":
+        tokenizer = None if skip_tokenizer_init else Tokenizer(plan.model)
+        defaults = GenerationDefaults.from_dir(plan.model, tokenizer.eos_token_id if tokenizer else None)
+        if plan.engine_config is not None and not plan.engine_config.eos_token_ids:
+            from dataclasses import replace
+
+            plan.engine_config = replace(plan.engine_config, eos_token_ids=defaults.eos_token_ids)
+        return cls(plan, tokenizer, defaults)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine_config.max_model_len
+
+    def default_params(self, **overrides: Any) -> SamplingParams:
+        """SamplingParams from the checkpoint's generation_config.json, then ``overrides``."""
+        return SamplingParams(**{**self.defaults.sampling, **overrides})
+
+    def prepare(self, prompt: PromptInput) -> PreparedPrompt:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return PreparedPrompt(prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]])
+            if "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise InvalidRequestError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+        if isinstance(prompt, list):
+            return PreparedPrompt(None, [int(t) for t in prompt])
+        if not isinstance(prompt, str):
+            raise InvalidRequestError(f"a prompt must be a string, a list of token ids or a dict, not {type(prompt).__name__}")
+        return PreparedPrompt(prompt, self.require_tokenizer().encode(prompt))
+
+    def prepare_chat(self, messages: list[dict[str, Any]], **template_kwargs: Any) -> PreparedPrompt:
+        tok = self.require_tokenizer()
+        text = tok.apply_chat_template(messages, **template_kwargs)
+        return PreparedPrompt(text, tok.encode(text, add_special_tokens=False))
+
+    def require_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise InvalidRequestError("the tokenizer was not loaded (skip_tokenizer_init); pass prompt_token_ids")
+        return self.tokenizer
+
+    def request(
+        self, request_id: str, prompt: PreparedPrompt, params: SamplingParams, credits: int | None = None
+    ) -> EngineRequest:
+        """Validate against the context limit and build the core request."""
+        n = len(prompt.token_ids)
+        limit = self.max_model_len
+        if n == 0:
+            raise InvalidRequestError("the prompt is empty (0 tokens)")
+        if n >= limit:
+            raise InvalidRequestError(
+                f"the prompt has {n} tokens but max_model_len is {limit}; shorten the prompt or raise --max-model-len"
+            )
+        if params.max_tokens is None:
+            params = params.clone(max_tokens=limit - n)
+        elif n + params.max_tokens > limit:
+            raise InvalidRequestError(
+                f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) = {n + params.max_tokens} exceeds "
+                f"max_model_len ({limit}); lower max_tokens to at most {limit - n}"
+            )
+        return EngineRequest(request_id, prompt.token_ids, params, credits)

@@ -1,0 +1,215 @@
+"""``LLM``: the offline, synchronous API (vLLM-compatible names).
+
+    llm = LLM("path/to/checkpoint", max_model_len=2048)
+    out = llm.generate(["Hello"], SamplingParams(max_tokens=32))
+    print(out[0].outputs[0].text)
+
+The engine core runs in a worker process by default (``worker="thread"``
+keeps it in this process, for tests and debugging).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from edge_infer.engine.detokenizer import RequestText
+from edge_infer.engine.frontend import Frontend, PreparedPrompt, PromptInput
+from edge_infer.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from edge_infer.engine.protocol import TokenDelta
+from edge_infer.engine.sampling_params import SamplingParams
+from edge_infer.engine.worker import CoreClient
+
+
+@dataclass
+class _Sample:
+    """One of the n completions of one prompt, as it accumulates."""
+
+    text: RequestText
+    logprobs: list[dict[int, Logprob]] | None
+    cumulative_logprob: float = 0.0
+    first_token_time: float | None = None
+    num_preemptions: int = 0
+    error: str | None = None
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        quantization: str | None = None,
+        seed: int = 0,
+        worker: str = "process",
+        num_threads: int | None = None,
+        weight_backend: str = "auto",
+        skip_tokenizer_init: bool = False,
+        **plan_options: Any,
+    ):
+        self.frontend = Frontend.create(
+            model,
+            skip_tokenizer_init=skip_tokenizer_init,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            quantization=quantization,
+            seed=seed,
+            num_threads=num_threads,
+            weight_backend=weight_backend,
+            **plan_options,
+        )
+        self.plan = self.frontend.plan
+        self._client = CoreClient(self.frontend.engine_config, mode=worker)
+        self.ready = self._client.start()
+        self._counter = 0
+
+    # -- public API -------------------------------------------------------------
+
+    def get_tokenizer(self):
+        return self.frontend.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        return self.frontend.default_params()
+
+    def generate(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        prompt_list = self._as_list(prompts)
+        prepared = [self.frontend.prepare(p) for p in prompt_list]
+        return self._run(prepared, sampling_params)
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        kwargs = dict(chat_template_kwargs or {}, tools=tools, add_generation_prompt=add_generation_prompt)
+        prepared = [self.frontend.prepare_chat(conv, **kwargs) for conv in conversations]
+        return self._run(prepared, sampling_params)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- internals ------------------------------------------------------------
+
+    @staticmethod
+    def _as_list(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:
+        if isinstance(prompts, (str, dict)):
+            return [prompts]
+        if isinstance(prompts, list) and prompts and isinstance(prompts[0], int):
+            return [prompts]  # one prompt given as token ids
+        return list(prompts)
+
+    def _params_for(self, sampling_params, count: int) -> list[SamplingParams]:
+        if sampling_params is None:
+            return [self.frontend.default_params()] * count
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * count
+        if len(sampling_params) != count:
+            raise ValueError(f"got {len(sampling_params)} SamplingParams for {count} prompts")
+        return list(sampling_params)
+
+    def _run(self, prepared: list[PreparedPrompt], sampling_params) -> list[RequestOutput]:
+        params = self._params_for(sampling_params, len(prepared))
+        batch_id = self._counter
+        self._counter += 1
+        requests = []
+        samples: dict[str, _Sample] = {}
+        layout: list[list[str]] = []
+        for i, (prompt, p) in enumerate(zip(prepared, params)):
+            ids = []
+            for k in range(p.n):
+                # n samples of one prompt: distinct seeds when seeded, independent draws otherwise
+                sub = p.clone(n=1, seed=None if p.seed is None else p.seed + k)
+                rid = f"{batch_id}-{i}-{k}"
+                requests.append(self.frontend.request(rid, prompt, sub))
+                samples[rid] = _Sample(RequestText(self.frontend.tokenizer, sub), [] if sub.logprobs is not None else None)
+                ids.append(rid)
+            layout.append(ids)
+        arrival = time.time()
+        for req in requests:
+            self._client.send(("add", req))
+        pending = set(samples)
+        while pending:
+            for msg in self._client.receive(timeout_s=1.0):
+                if msg[0] != "deltas":
+                    continue
+                for delta in msg[1]:
+                    if delta.request_id in pending and self._apply(samples[delta.request_id], delta):
+                        pending.discard(delta.request_id)
+        return [self._output(prepared[i], ids, samples, arrival) for i, ids in enumerate(layout)]
+
+    def _apply(self, sample: _Sample, delta: TokenDelta) -> bool:
+        """Fold a delta in; True when the sample is complete."""
+        if delta.token_id is not None and sample.first_token_time is None:
+            sample.first_token_time = time.time()
+        update = sample.text.apply(delta)
+        sample.num_preemptions = delta.num_preemptions
+        if delta.token_id is not None and sample.logprobs is not None and delta.logprob is not None:
+            sample.cumulative_logprob += delta.logprob
+            entry = {delta.token_id: Logprob(delta.logprob)}
+            for rank, (tid, lp) in enumerate(delta.top_logprobs or [], start=1):
+                entry.setdefault(tid, Logprob(lp, rank))
+            sample.logprobs.append(entry)
+        if delta.error:
+            sample.error = delta.error
+        if update.stop_string_hit:
+            self._client.send(("abort", [delta.request_id]))
+        return update.finished
+
+    def _output(self, prompt: PreparedPrompt, ids: list[str], samples: dict[str, _Sample], arrival: float) -> RequestOutput:
+        outs = []
+        for index, rid in enumerate(ids):
+            s = samples[rid]
+            outs.append(
+                CompletionOutput(
+                    index=index,
+                    text=s.text.text,
+                    token_ids=list(s.text.token_ids),
+                    cumulative_logprob=s.cumulative_logprob if s.logprobs is not None else None,
+                    logprobs=s.logprobs,
+                    finish_reason=s.text.finish_reason,
+                    stop_reason=s.text.stop_reason,
+                )
+            )
+        first = samples[ids[0]]
+        errors = [samples[r].error for r in ids if samples[r].error]
+        return RequestOutput(
+            request_id=ids[0].rsplit("-", 1)[0],
+            prompt=prompt.prompt,
+            prompt_token_ids=prompt.token_ids,
+            outputs=outs,
+            finished=True,
+            metrics=RequestMetrics(arrival, first.first_token_time, time.time(), first.num_preemptions),
+            error=errors[0] if errors else None,
+        )

@@ -1,0 +1,81 @@
+"""Next-token selection: penalties, temperature, top-k/top-p/min-p, seeds, logprobs.
+
+Rows are processed one sequence at a time: a step samples at most
+``max_num_seqs`` rows, and per-row code keeps every request's randomness its
+own (a seeded request draws from its own generator, so its tokens do not
+depend on its batch neighbours).
+
+Logprobs are taken from the model's raw distribution, before any penalty,
+temperature or truncation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from edge_infer.engine.sequence import Sequence
+
+
+@dataclass
+class SampledToken:
+    token_id: int
+    logprob: float | None = None  # of the chosen token, when logprobs were asked for
+    top_logprobs: list[tuple[int, float]] | None = None
+
+
+def _apply_penalties(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
+    p = seq.params
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(seq.prompt_token_ids) | set(seq.output_token_ids)), dtype=torch.long)
+        seen = seen[seen < logits.numel()]
+        vals = logits[seen]
+        logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+    if (p.presence_penalty or p.frequency_penalty) and seq.output_token_ids:
+        counts = torch.bincount(torch.tensor(seq.output_token_ids, dtype=torch.long), minlength=logits.numel())
+        counts = counts[: logits.numel()].to(logits.dtype)
+        logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+    return logits
+
+
+def _truncate(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    if top_k > 0 and top_k < logits.numel():
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if min_p > 0:
+        probs = torch.softmax(logits, dim=-1)
+        logits = logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # drop a token once the mass before it already reaches top_p (the top token always stays)
+        drop = probs.cumsum(-1) - probs >= top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.empty_like(logits).scatter_(0, order, sorted_logits)
+    return logits
+
+
+def sample_row(logits: torch.Tensor, seq: Sequence, default_generator: torch.Generator) -> SampledToken:
+    """Choose the next token for ``seq`` from its fp32 logits row ``[vocab]``."""
+    p = seq.params
+    raw = logits
+    logits = logits.clone()
+    if len(seq.output_token_ids) < p.min_tokens and seq.stop_ids:
+        ids = torch.tensor(sorted(i for i in seq.stop_ids if i < logits.numel()), dtype=torch.long)
+        logits[ids] = float("-inf")
+    logits = _apply_penalties(logits, seq)
+    if p.greedy:
+        token = int(torch.argmax(logits))
+    else:
+        logits = _truncate(logits / p.temperature, p.top_k, p.top_p, p.min_p)
+        probs = torch.softmax(logits, dim=-1)
+        gen = seq.generator or default_generator
+        token = int(torch.multinomial(probs, 1, generator=gen))
+    if p.logprobs is None:
+        return SampledToken(token)
+    logprobs = torch.log_softmax(raw, dim=-1)
+    top = []
+    if p.logprobs > 0:
+        vals, ids = torch.topk(logprobs, p.logprobs)
+        top = list(zip(ids.tolist(), vals.tolist()))
+    return SampledToken(token, float(logprobs[token]), top)

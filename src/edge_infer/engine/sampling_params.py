@@ -1,0 +1,82 @@
+"""``SamplingParams``: how one request is decoded (vLLM-compatible names)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from edge_infer.errors import InvalidRequestError
+
+_GREEDY_EPS = 1e-5
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None  # number of top alternatives per token (0: only the chosen one)
+    skip_special_tokens: bool = True
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
+        if self.top_k == -1:
+            self.top_k = 0
+        self.validate()
+
+    def validate(self) -> None:
+        def bad(msg: str) -> None:
+            raise InvalidRequestError(msg)
+
+        if self.n < 1:
+            bad(f"n must be at least 1, got {self.n}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            bad(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            bad(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            bad(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            bad(f"top_k must be 0 or -1 (disabled) or a positive count, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            bad(f"min_p must be in [0, 1], got {self.min_p}")
+        if not -2 <= self.presence_penalty <= 2:
+            bad(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+        if not -2 <= self.frequency_penalty <= 2:
+            bad(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        if self.repetition_penalty <= 0:
+            bad(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.min_tokens < 0:
+            bad(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            bad(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            bad(f"logprobs must be between 0 and 20, got {self.logprobs}")
+        if any(not s for s in self.stop):
+            bad("stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < _GREEDY_EPS
+
+    def clone(self, **changes: Any) -> "SamplingParams":
+        return replace(self, **changes)
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}

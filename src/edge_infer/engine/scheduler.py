@@ -1,0 +1,123 @@
+"""Continuous batching with chunked prefill and preempt-and-recompute.
+
+Every step has a budget of ``max_num_batched_tokens``. Running sequences go
+first, oldest first (a decode costs one token, an unfinished prefill the next
+chunk), then waiting sequences are admitted while the budget, the
+``max_num_seqs`` limit and free KV blocks allow.
+
+When a running sequence needs a block and none is free, the newest other
+running sequence is preempted: its blocks are freed and it returns to the
+front of the queue, to be recomputed (prompt + tokens so far) when blocks
+are free again. Its tokens are unchanged; it only loses time. A sequence
+whose consumer has not read its output (no credits left) keeps its blocks but
+is not scheduled.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from edge_infer.engine.kv_cache import BlockAllocator, KVLayout
+from edge_infer.engine.sequence import Sequence, Status
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new: int  # tokens computed for it this step
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the sequence's last token, so a new one is sampled."""
+        return self.seq.num_computed + self.num_new == self.seq.num_tokens
+
+
+class Scheduler:
+    def __init__(self, layout: KVLayout, num_blocks: int, max_num_seqs: int, max_num_batched_tokens: int):
+        self.layout = layout
+        self.allocator = BlockAllocator(num_blocks)
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def has_schedulable(self) -> bool:
+        return bool(self.waiting) or any(not s.paused for s in self.running)
+
+    def _ensure_blocks(self, seq: Sequence, tokens: int) -> bool:
+        needed = self.layout.blocks_for_tokens(tokens) - len(seq.blocks)
+        if needed <= 0:
+            return True
+        got = self.allocator.allocate(needed, after=seq.blocks[-1] if seq.blocks else None)
+        if got is None:
+            return False
+        seq.blocks.extend(got)
+        return True
+
+    def _release(self, seq: Sequence) -> None:
+        self.allocator.free(seq.blocks)
+        seq.blocks = []
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self._release(seq)
+        seq.num_computed = 0
+        seq.status = Status.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def schedule(self) -> list[ScheduledSeq]:
+        budget = self.max_num_batched_tokens
+        out: list[ScheduledSeq] = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            if seq.paused or seq.remaining == 0:
+                i += 1
+                continue
+            n = min(seq.remaining, budget)
+            while not self._ensure_blocks(seq, seq.num_computed + n):
+                later = self.running[i + 1 :]
+                victim = later[-1] if later else seq
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            if seq.status is not Status.RUNNING:
+                continue  # preempted itself; self.running[i] is now the next sequence
+            out.append(ScheduledSeq(seq, n))
+            budget -= n
+            i += 1
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            n = min(seq.remaining, budget)
+            if not self._ensure_blocks(seq, seq.num_computed + n):
+                break
+            self.waiting.popleft()
+            seq.status = Status.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.time()
+            self.running.append(seq)
+            out.append(ScheduledSeq(seq, n))
+            budget -= n
+        return out
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        if seq.status is Status.FINISHED:
+            return
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+            self._release(seq)
+        else:
+            self.waiting.remove(seq)
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason

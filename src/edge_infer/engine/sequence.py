@@ -1,0 +1,56 @@
+"""One request's state inside the engine core."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from edge_infer.engine.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    stop_ids: frozenset[int]  # EOS (unless ignore_eos) and the request's stop_token_ids
+    credits: int | None
+    arrival_time: float
+    generator: torch.Generator | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens whose K/V are in the cache
+    blocks: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+    stop_reason: int | None = None
+    first_scheduled_time: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        n_prompt = len(self.prompt_token_ids)
+        if end <= n_prompt:
+            return self.prompt_token_ids[start:end]
+        if start >= n_prompt:
+            return self.output_token_ids[start - n_prompt : end - n_prompt]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - n_prompt]
+
+    @property
+    def remaining(self) -> int:
+        """Tokens not yet in the cache (1 while decoding, more while prefilling)."""
+        return self.num_tokens - self.num_computed
+
+    @property
+    def paused(self) -> bool:
+        return self.credits is not None and self.credits <= 0

@@ -1,0 +1,231 @@
+"""Run an ``EngineCore`` in a worker process (default) or a thread (tests).
+
+Frontends talk to the core over two one-way pipes. The worker is a fresh
+interpreter (``python -m edge_infer.engine.worker``) that inherits the two
+pipe ends: unlike ``multiprocessing``'s spawn it never re-imports the user's
+``__main__``, so a script without an ``if __name__ == "__main__"`` guard works.
+It exits as soon as its command pipe reaches end-of-file, so a frontend that
+dies takes its worker with it. The frontend waits on a pidfd of the worker
+next to the output pipe, so a worker that dies is noticed at once.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection, Pipe, wait
+from pathlib import Path
+from typing import Any, Callable
+
+from edge_infer import errors
+from edge_infer.engine.config import EngineConfig
+from edge_infer.engine.protocol import ReadyInfo
+
+log = logging.getLogger(__name__)
+
+# Progress messages during loading are rate-limited to this interval.
+PROGRESS_INTERVAL_S = 0.1
+
+
+def core_loop(config: EngineConfig, commands: Connection, outputs: Connection) -> None:
+    """Load the model, then serve commands until told to stop or the pipe closes."""
+    from edge_infer.engine.core import EngineCore
+
+    last = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        now = time.monotonic()
+        if done == total or now - last[0] >= PROGRESS_INTERVAL_S:
+            last[0] = now
+            outputs.send(("progress", done, total))
+
+    try:
+        core = EngineCore(config, progress)
+    except Exception as exc:
+        outputs.send(("init_error", type(exc).__name__, str(exc)))
+        return
+    outputs.send(("ready", core.ready_info))
+    while True:
+        try:
+            if not core.has_work():
+                commands.poll(None)  # idle: block until a command arrives (or EOF)
+            while commands.poll(0):
+                msg = commands.recv()
+                kind = msg[0]
+                if kind == "add":
+                    err = core.add_request(msg[1])
+                    if err is not None:
+                        outputs.send(("deltas", [err], core.current_stats()))
+                elif kind == "abort":
+                    outputs.send(("deltas", core.abort(msg[1]), core.current_stats()))
+                elif kind == "grant":
+                    core.grant(msg[1], msg[2])
+                elif kind == "stats":
+                    outputs.send(("stats", core.current_stats()))
+                elif kind == "shutdown":
+                    return
+        except (EOFError, OSError):
+            return  # the frontend is gone
+        if core.has_work():
+            deltas = core.step()
+            if deltas:
+                outputs.send(("deltas", deltas, core.current_stats()))
+
+
+def _worker_main(command_fd: int, output_fd: int) -> None:
+    commands = Connection(command_fd, writable=False)
+    outputs = Connection(output_fd, readable=False)
+    try:
+        config = commands.recv()
+        core_loop(config, commands, outputs)
+    except (EOFError, BrokenPipeError):
+        pass
+
+
+_INIT_ERRORS = {
+    "CheckpointError": errors.CheckpointError,
+    "InvalidRequestError": errors.InvalidRequestError,
+    "PlanRefusedError": errors.PlanRefusedError,
+}
+
+
+class CoreClient:
+    """The frontend's handle on one engine core (process or thread)."""
+
+    def __init__(self, config: EngineConfig, mode: str = "process"):
+        if mode not in ("process", "thread"):
+            raise ValueError(f"worker mode must be 'process' or 'thread', got {mode!r}")
+        self.config = config
+        self.mode = mode
+        self.ready: ReadyInfo | None = None
+        self._proc: subprocess.Popen | None = None
+        self._pidfd: int | None = None
+        self._thread: threading.Thread | None = None
+        self._cmd_recv, self._cmd_send = Pipe(duplex=False)
+        self._out_recv, self._out_send = Pipe(duplex=False)
+        self._send_lock = threading.Lock()
+
+    # -- life cycle -----------------------------------------------------------
+
+    def start(self, progress: Callable[[int, int], None] | None = None, timeout_s: float | None = None) -> ReadyInfo:
+        if self.mode == "process":
+            fds = (self._cmd_recv.fileno(), self._out_send.fileno())
+            env = dict(os.environ)
+            package_root = str(Path(__file__).resolve().parents[2])
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "edge_infer.engine.worker", str(fds[0]), str(fds[1])], pass_fds=fds, env=env
+            )
+            self._pidfd = os.pidfd_open(self._proc.pid)
+            # The child holds its own copies; closing ours lets EOF reach each side.
+            self._cmd_recv.close()
+            self._out_send.close()
+            self.send(self.config)
+        else:
+            args = (self.config, self._cmd_recv, self._out_send)
+            self._thread = threading.Thread(target=core_loop, args=args, name="edge-infer-core", daemon=True)
+            self._thread.start()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            msgs = self.receive(remaining)
+            if not msgs and deadline is not None and time.monotonic() >= deadline:
+                self.kill()
+                raise errors.EngineDeadError(f"the engine worker did not become ready within {timeout_s:.0f} s")
+            for msg in msgs:
+                if msg[0] == "progress" and progress is not None:
+                    progress(msg[1], msg[2])
+                elif msg[0] == "init_error":
+                    self.close()
+                    raise _INIT_ERRORS.get(msg[1], RuntimeError)(msg[2])
+                elif msg[0] == "ready":
+                    self.ready = msg[1]
+                    return self.ready
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else os.getpid()
+
+    @property
+    def alive(self) -> bool:
+        if self._proc is not None:
+            return self._proc.poll() is None
+        return self._thread is not None and self._thread.is_alive()
+
+    def exit_description(self) -> str:
+        if self._proc is None:
+            return "the engine thread stopped"
+        code = self._proc.poll()
+        if code is not None and code < 0:
+            import signal
+
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = str(-code)
+            return f"the engine worker process (pid {self._proc.pid}) was killed by {name}"
+        return f"the engine worker process (pid {self._proc.pid}) exited with code {code}"
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the core: ask politely, then terminate, then kill."""
+        try:
+            self.send(("shutdown",))
+        except errors.EngineDeadError:
+            pass
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self._proc.terminate()
+                try:
+                    self._proc.wait(2)
+                except subprocess.TimeoutExpired:
+                    self.kill()
+            if self._pidfd is not None:
+                os.close(self._pidfd)
+                self._pidfd = None
+        elif self._thread is not None:
+            self._thread.join(timeout_s)
+        for conn in (self._cmd_send, self._out_recv):
+            conn.close()
+
+    def kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
+    # -- messages -------------------------------------------------------------
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        try:
+            with self._send_lock:
+                self._cmd_send.send(msg)
+        except (OSError, ValueError) as exc:
+            raise errors.EngineDeadError(f"{self.exit_description()}; restart the engine") from exc
+
+    def receive(self, timeout_s: float | None) -> list[tuple[Any, ...]]:
+        """Messages available within ``timeout_s``; raises EngineDeadError when the core is gone."""
+        waitables: list[Any] = [self._out_recv]
+        if self._pidfd is not None:
+            waitables.append(self._pidfd)
+        ready = wait(waitables, timeout=timeout_s if self._proc is not None else min(timeout_s or 0.5, 0.5))
+        out = []
+        try:
+            while self._out_recv.poll(0):
+                out.append(self._out_recv.recv())
+        except (EOFError, OSError):
+            pass
+        if not out and not self.alive and (ready or self._proc is None):
+            raise errors.EngineDeadError(f"{self.exit_description()}; restart the engine")
+        return out
+
+    @property
+    def output_fileno(self) -> int:
+        return self._out_recv.fileno()
+
+
+if __name__ == "__main__":
+    _worker_main(int(sys.argv[1]), int(sys.argv[2]))

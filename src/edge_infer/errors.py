@@ -1,0 +1,30 @@
+"""Exceptions users see. Each message names what is wrong and how to fix it."""
+from __future__ import annotations
+
+
+class EdgeInferError(Exception):
+    """Base class for errors edge-infer raises on purpose."""
+
+
+class CheckpointError(EdgeInferError, ValueError):
+    """A checkpoint directory is missing, malformed or unsupported."""
+
+
+class InvalidRequestError(EdgeInferError, ValueError):
+    """A request's prompt or parameters cannot be served as given."""
+
+
+class PlanRefusedError(EdgeInferError, RuntimeError):
+    """The memory plan does not fit; carries the plan for its numbers."""
+
+    def __init__(self, message: str, plan: object | None = None):
+        super().__init__(message)
+        self.plan = plan
+
+
+class StaleSessionError(EdgeInferError, RuntimeError):
+    """A session handle that was closed (or belongs to another engine)."""
+
+
+class EngineDeadError(EdgeInferError, RuntimeError):
+    """The engine worker process is gone; the engine must be restarted."""

@@ -1,0 +1,128 @@
+"""Measured memory: RssAnon of a process tree, a peak sampler, malloc_trim.
+
+Budgets are compared with ``RssAnon`` (allocated memory), never ``VmRSS``,
+which also counts file pages of memory-mapped checkpoints that come and go
+with the page cache. The engine may live in a worker process, so figures are
+summed over the whole process tree. There is no kernel high-water mark for
+``RssAnon``: the sampler polls, and its peak is a lower bound.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+
+def _status_kb(pid: int, key: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return 0
+
+
+def rss_anon_bytes(pid: int | None = None) -> int:
+    return _status_kb(pid or os.getpid(), "RssAnon:") * 1024
+
+
+def rss_file_bytes(pid: int | None = None) -> int:
+    return _status_kb(pid or os.getpid(), "RssFile:") * 1024
+
+
+def tree_pids(pid: int | None = None) -> list[int]:
+    """``pid`` and all its live descendants."""
+    import psutil
+
+    root = pid or os.getpid()
+    try:
+        return [root] + [c.pid for c in psutil.Process(root).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def tree_rss_anon_bytes(pid: int | None = None) -> int:
+    return sum(rss_anon_bytes(p) for p in tree_pids(pid))
+
+
+def tree_rss_file_bytes(pid: int | None = None) -> int:
+    return sum(rss_file_bytes(p) for p in tree_pids(pid))
+
+
+@dataclass
+class PhaseMark:
+    phase: str
+    t_s: float
+    rss_anon_bytes: int
+    peak_so_far_bytes: int
+
+
+@dataclass
+class PeakSampler:
+    """Background thread polling the tree's RssAnon; ``mark()`` records phases."""
+
+    pid: int | None = None
+    interval_s: float = 0.02
+    peak_bytes: int = 0
+    max_procs: int = 0
+    marks: list[PhaseMark] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+    _t0: float = field(default_factory=time.monotonic, repr=False)
+
+    def _sample(self) -> int:
+        pids = tree_pids(self.pid)
+        self.max_procs = max(self.max_procs, len(pids))
+        value = sum(rss_anon_bytes(p) for p in pids)
+        self.peak_bytes = max(self.peak_bytes, value)
+        return value
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def start(self) -> "PeakSampler":
+        self._sample()
+        self._thread = threading.Thread(target=self._run, name="rss-anon-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def mark(self, phase: str) -> PhaseMark:
+        value = self._sample()
+        m = PhaseMark(phase, round(time.monotonic() - self._t0, 4), value, self.peak_bytes)
+        self.marks.append(m)
+        return m
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._sample()
+
+
+def malloc_trim() -> int:
+    """Return freed heap arenas to the OS; the RssAnon bytes released (0 if unavailable)."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return 0
+    libc = ctypes.CDLL(name)
+    if not hasattr(libc, "malloc_trim"):
+        return 0
+    before = rss_anon_bytes()
+    libc.malloc_trim(0)
+    return max(0, before - rss_anon_bytes())
+
+
+def process_start_time() -> float:
+    """Wall-clock time at which this process was created (from /proc/self/stat)."""
+    with open("/proc/self/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    start_ticks = int(fields[19])  # field 22 overall: starttime, in clock ticks since boot
+    with open("/proc/stat") as f:
+        btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+    return btime + start_ticks / os.sysconf("SC_CLK_TCK")

@@ -1,0 +1,354 @@
+"""Memory admission for a text session: every byte itemised before loading.
+
+``plan_text_session`` resolves the engine settings (dtype, context length, KV
+budget), sizes each item from the checkpoint's headers and config alone —
+weights as they will be resident, KV cache, RoPE tables, activation peak,
+load-time transient, runtime overhead — and compares the peak with the
+memory actually available. A plan that does not fit is refused with the
+numbers and the levers that would make it fit. Nothing is loaded and torch
+is not imported.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from edge_infer.engine.config import DTYPES, EngineConfig, QuantConfig
+from edge_infer.engine.kv_cache import DEFAULT_BLOCK_SIZE, KVLayout
+from edge_infer.errors import InvalidRequestError
+from edge_infer.memory.system import available_memory_bytes, cpu_has_bf16
+from edge_infer.models.checkpoint import check_checkpoint
+from edge_infer.models.config import ModelConfig
+from edge_infer.models.weights import weight_specs
+
+MiB = 1 << 20
+DEFAULT_MAX_MODEL_LEN = 4096
+DEFAULT_MAX_NUM_SEQS = 8
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
+# Share of the memory left after everything else that a default KV budget may take.
+DEFAULT_KV_SHARE = 0.5
+# Bytes copied per step while loading (models.loader.BLOCK_BYTES).
+LOAD_BLOCK_BYTES = 16 * MiB
+CHECKPOINT_DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2}
+
+
+@lru_cache(maxsize=1)
+def runtime_overhead() -> dict[str, Any]:
+    """Per-process baselines measured once on this machine class (scripts/measure_overhead.py)."""
+    return json.loads((Path(__file__).with_name("overhead.json")).read_text())
+
+
+@dataclass
+class PlanItem:
+    name: str
+    bytes: int
+    pool: str  # "anon": allocated memory (RssAnon); "file": page cache of mapped files (RssFile)
+    phase: str  # "steady": held while serving; "load": only while loading
+    note: str = ""
+
+
+@dataclass
+class TextPlan:
+    model: str
+    settings: dict[str, Any]
+    items: list[PlanItem]
+    available_bytes: int
+    admitted: bool
+    reasons: list[str] = field(default_factory=list)
+    levers: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    engine_config: EngineConfig | None = None
+
+    def item(self, name: str) -> int:
+        return next(i.bytes for i in self.items if i.name == name)
+
+    @property
+    def steady_bytes(self) -> int:
+        """Serving at full load: everything but the load-only transient."""
+        return sum(i.bytes for i in self.items if i.phase == "steady" and i.pool == "anon")
+
+    @property
+    def load_peak_bytes(self) -> int:
+        """While loading: overhead + weights + transient (KV is allocated after loading)."""
+        names = {"runtime overhead", "weights", "load transient"}
+        return sum(i.bytes for i in self.items if i.name in names)
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(self.steady_bytes, self.load_peak_bytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "admitted": self.admitted,
+            "settings": self.settings,
+            "items": [asdict(i) for i in self.items],
+            "steady_bytes": self.steady_bytes,
+            "load_peak_bytes": self.load_peak_bytes,
+            "peak_bytes": self.peak_bytes,
+            "available_bytes": self.available_bytes,
+            "reasons": self.reasons,
+            "levers": self.levers,
+            "notes": self.notes,
+        }
+
+    def table(self) -> str:
+        def mib(n: int) -> str:
+            return f"{n / MiB:10.1f} MiB"
+
+        lines = [f"memory plan for {self.model}"]
+        for key, value in self.settings.items():
+            lines.append(f"  {key:<24} {value}")
+        lines.append("")
+        lines.append(f"  {'item':<22} {'bytes':>14} {'':>14}  pool  phase   note")
+        for i in self.items:
+            lines.append(f"  {i.name:<22} {i.bytes:>14,} {mib(i.bytes)}  {i.pool:<5} {i.phase:<7} {i.note}")
+        lines.append("")
+        lines.append(f"  {'steady state':<22} {self.steady_bytes:>14,} {mib(self.steady_bytes)}")
+        lines.append(f"  {'load peak':<22} {self.load_peak_bytes:>14,} {mib(self.load_peak_bytes)}")
+        lines.append(f"  {'available':<22} {self.available_bytes:>14,} {mib(self.available_bytes)}")
+        lines.append("")
+        lines.append("ADMITTED" if self.admitted else "REFUSED")
+        lines += [f"  - {r}" for r in self.reasons]
+        if self.levers:
+            lines.append("levers that would make it fit:")
+            lines += [f"  - {lever}" for lever in self.levers]
+        for note in self.notes:
+            lines.append(f"note: {note}")
+        return "\n".join(lines)
+
+
+def resolve_dtype(requested: str | None, notes: list[str]) -> str:
+    if requested in (None, "auto"):
+        if cpu_has_bf16():
+            notes.append("dtype auto -> bfloat16 (this CPU has native bf16)")
+            return "bfloat16"
+        notes.append("dtype auto -> float32: this CPU has no native bf16 (no avx512_bf16/amx); bf16 would be emulated")
+        return "float32"
+    aliases = {"bf16": "bfloat16", "fp32": "float32", "float": "float32"}
+    dtype = aliases.get(requested, requested)
+    if dtype not in DTYPES:
+        raise InvalidRequestError(f"dtype {requested!r} is not supported; use one of auto, {', '.join(DTYPES)}")
+    return dtype
+
+
+def weight_bytes(cfg: ModelConfig, dtype_bytes: int, quant: QuantConfig | None) -> tuple[int, int]:
+    """(resident weight bytes, largest single linear in its load-time row-major form)."""
+    total = 0
+    largest_linear = 0
+    for spec in weight_specs(cfg):
+        plain = spec.numel * dtype_bytes
+        if spec.is_linear:
+            largest_linear = max(largest_linear, plain)
+            if quant is not None:
+                from edge_infer.quant.sizes import linear_nbytes
+
+                total += linear_nbytes(spec, quant, dtype_bytes)
+                continue
+        total += plain
+    return total, largest_linear
+
+
+def activation_bytes(cfg: ModelConfig, dtype_bytes: int, tokens: int, max_num_seqs: int, max_model_len: int) -> int:
+    """Peak transient bytes of one step of ``tokens`` tokens (a bound, not a measurement).
+
+    Per token: the residual stream and its normed copy, q/k/v and their rotated
+    copies, the attention output, gate/up, the activated product and the
+    down projection. Attention over one chunk: fp32 scores of
+    heads x chunk x context when the kernel materialises them, plus the mask.
+    Logits: fp32 rows for every sequence that samples, and the sampler's
+    working copies of one row.
+    """
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    per_token = dtype_bytes * (4 * h + 3 * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size + 4 * i)
+    chunk = min(tokens, max_model_len)
+    scores = 4 * cfg.num_attention_heads * chunk * max_model_len
+    mask = chunk * max_model_len * (cfg.num_attention_heads // cfg.num_key_value_heads)
+    logits = 4 * cfg.vocab_size * (max_num_seqs + 4)
+    return per_token * tokens + scores + mask + logits
+
+
+def plan_text_session(
+    model: str | Path,
+    max_model_len: int | None = None,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    kv_cache_memory_bytes: int | None = None,
+    quantization: str | QuantConfig | None = None,
+    dtype: str | None = None,
+    available_bytes: int | None = None,
+    weight_backend: str = "auto",
+    num_threads: int | None = None,
+    seed: int = 0,
+    eos_token_ids: tuple[int, ...] = (),
+    **_ignored: Any,
+) -> TextPlan:
+    """Plan a text session; see the module docstring. Raises only for unreadable checkpoints."""
+    model_dir = str(model)
+    cfg = ModelConfig.from_dir(model_dir)
+    tensors = check_checkpoint(cfg, model_dir, weight_specs(cfg))
+    notes: list[str] = []
+    reasons: list[str] = []
+    levers: list[str] = []
+    dtype = resolve_dtype(dtype, notes)
+    dtype_bytes = 2 if dtype == "bfloat16" else 4
+    quant = _resolve_quant(quantization, cfg)
+
+    model_max = cfg.max_position_embeddings
+    if max_model_len is None:
+        max_model_len = min(model_max, DEFAULT_MAX_MODEL_LEN)
+        if max_model_len < model_max:
+            notes.append(f"max_model_len defaulted to {max_model_len} (the model allows {model_max}); set it to change")
+    max_num_seqs = max_num_seqs or DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens = max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
+    if max_model_len < 2:
+        reasons.append(f"max_model_len={max_model_len} leaves no room for a prompt and one generated token")
+    if max_model_len > model_max:
+        reasons.append(
+            f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={model_max}; "
+            f"positions beyond it were never trained"
+        )
+    if max_num_seqs < 1 or max_num_batched_tokens < 1:
+        reasons.append("max_num_seqs and max_num_batched_tokens must be at least 1")
+    if max_num_seqs > max_num_batched_tokens:
+        reasons.append(
+            f"max_num_seqs ({max_num_seqs}) exceeds max_num_batched_tokens ({max_num_batched_tokens}): "
+            f"one step could not give every running sequence its token"
+        )
+        levers.append(f"--max-num-seqs {max_num_batched_tokens} or --max-num-batched-tokens {max_num_seqs}")
+
+    layout = KVLayout(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, dtype_bytes, DEFAULT_BLOCK_SIZE)
+    overhead = runtime_overhead()
+    tokenizer_json = Path(model_dir) / "tokenizer.json"
+    tok_bytes = int(overhead["tokenizer_bytes_per_json_byte"] * (tokenizer_json.stat().st_size if tokenizer_json.exists() else 0))
+    overhead_bytes = overhead["frontend_bytes"] + overhead["worker_bytes"] + tok_bytes
+    weights, largest_linear = weight_bytes(cfg, dtype_bytes, quant)
+    rope = 2 * max_model_len * cfg.head_dim * 4
+    acts = activation_bytes(cfg, dtype_bytes, max_num_batched_tokens, max_num_seqs, max_model_len)
+    src_bytes = max((CHECKPOINT_DTYPE_BYTES.get(t.dtype, 4) for t in tensors.values()), default=4)
+    # One block being converted, plus the largest linear held twice while it is repacked.
+    transient = min(LOAD_BLOCK_BYTES, largest_linear * src_bytes // dtype_bytes) + largest_linear
+    file_bytes = sum(t.file.stat().st_size for t in {t.file: t for t in tensors.values()}.values())
+
+    one_seq_blocks = layout.blocks_for_tokens(max_model_len)
+    others = overhead_bytes + weights + rope + acts
+    available = available_bytes if available_bytes is not None else available_memory_bytes()
+    if kv_cache_memory_bytes is None:
+        wanted = layout.blocks_for_tokens(max_model_len) * max_num_seqs
+        share = int(max(0, available - others) * DEFAULT_KV_SHARE) // layout.bytes_per_block
+        kv_blocks = max(min(wanted, share), one_seq_blocks)
+        notes.append(
+            f"kv_cache_memory_bytes defaulted to {kv_blocks * layout.bytes_per_block:,} "
+            f"({kv_blocks * layout.block_size} tokens; at most half of the memory left after the rest)"
+        )
+    else:
+        kv_blocks = layout.blocks_for_budget(int(kv_cache_memory_bytes))
+        if kv_blocks * layout.bytes_per_block != kv_cache_memory_bytes:
+            notes.append(
+                f"kv_cache_memory_bytes={kv_cache_memory_bytes:,} holds {kv_blocks} whole blocks of "
+                f"{layout.bytes_per_block:,} bytes: {kv_blocks * layout.bytes_per_block:,} bytes are allocated"
+            )
+    kv_bytes = kv_blocks * layout.bytes_per_block
+    kv_tokens = kv_blocks * layout.block_size
+    if kv_blocks < one_seq_blocks:
+        reasons.append(
+            f"the KV budget holds {kv_tokens} tokens, less than one sequence of max_model_len={max_model_len} "
+            f"({one_seq_blocks * layout.bytes_per_block:,} bytes needed)"
+        )
+        levers.append(f"--kv-cache-memory-bytes {one_seq_blocks * layout.bytes_per_block} (one full-length sequence)")
+        levers.append(f"--max-model-len {max(layout.block_size, kv_tokens)} (what this KV budget holds)")
+    elif kv_tokens < max_model_len * max_num_seqs:
+        notes.append(
+            f"KV cache holds {kv_tokens} tokens: {kv_tokens // max_model_len} of {max_num_seqs} sequences at full "
+            f"length at once; beyond that, newer sequences wait or are preempted and recomputed"
+        )
+
+    items = [
+        PlanItem("runtime overhead", overhead_bytes, "anon", "steady", "interpreter, torch, tokenizer (measured once)"),
+        PlanItem("weights", weights, "anon", "steady", _weights_note(cfg, dtype, quant)),
+        PlanItem("kv cache", kv_bytes, "anon", "steady", f"{kv_blocks} blocks x {layout.bytes_per_block:,} B = {kv_tokens} tokens"),
+        PlanItem("rope tables", rope, "anon", "steady", f"cos+sin fp32 for {max_model_len} positions"),
+        PlanItem("activations", acts, "anon", "steady", f"one step of {max_num_batched_tokens} tokens, {max_num_seqs} logit rows"),
+        PlanItem("load transient", transient, "anon", "load", "one block being converted + the largest linear being repacked"),
+        PlanItem("checkpoint pages", file_bytes, "file", "load", "memory-mapped while loading; page cache, released after"),
+    ]
+    plan = TextPlan(
+        model=model_dir,
+        settings={
+            "dtype": dtype,
+            "quantization": None if quant is None else f"{quant.method} g{quant.group_size} {'sym' if quant.symmetric else 'asym'}",
+            "max_model_len": max_model_len,
+            "max_num_seqs": max_num_seqs,
+            "max_num_batched_tokens": max_num_batched_tokens,
+            "kv_cache_memory_bytes": kv_bytes,
+            "kv_cache_tokens": kv_tokens,
+            "architecture": cfg.architecture,
+        },
+        items=items,
+        available_bytes=available,
+        admitted=False,
+        notes=notes,
+    )
+    if plan.peak_bytes > available:
+        reasons.append(
+            f"peak {plan.peak_bytes / MiB:,.1f} MiB (steady {plan.steady_bytes / MiB:,.1f} MiB, load {plan.load_peak_bytes / MiB:,.1f} MiB) "
+            f"exceeds the {available / MiB:,.1f} MiB available"
+        )
+        levers += _memory_levers(plan, cfg, quant, layout, one_seq_blocks)
+    plan.reasons = reasons
+    plan.levers = levers
+    plan.admitted = not reasons
+    if plan.admitted:
+        plan.engine_config = EngineConfig(
+            model=model_dir,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            kv_cache_memory_bytes=kv_bytes,
+            block_size=layout.block_size,
+            quant=quant,
+            weight_backend=weight_backend,
+            num_threads=num_threads,
+            seed=seed,
+            eos_token_ids=tuple(eos_token_ids),
+        )
+    return plan
+
+
+def _resolve_quant(quantization: str | QuantConfig | None, cfg: ModelConfig) -> QuantConfig | None:
+    if isinstance(quantization, QuantConfig):
+        return quantization
+    if quantization is None and cfg.quantization_config is not None:
+        from edge_infer.quant.sizes import quant_config_from_checkpoint
+
+        return quant_config_from_checkpoint(cfg.quantization_config)
+    if quantization in (None, "none"):
+        return None
+    if quantization == "cpu_int4":
+        return QuantConfig()
+    raise InvalidRequestError(f"quantization {quantization!r} is not supported; use cpu_int4 or none")
+
+
+def _weights_note(cfg: ModelConfig, dtype: str, quant: QuantConfig | None) -> str:
+    head = "tied to the embedding (one copy)" if cfg.tie_word_embeddings else "separate output head"
+    if quant is None:
+        return f"{dtype}, {head}"
+    return f"{quant.method} g{quant.group_size} linears, {dtype} embedding/norms, {head}"
+
+
+def _memory_levers(plan: TextPlan, cfg: ModelConfig, quant: QuantConfig | None, layout: KVLayout, one_seq_blocks: int) -> list[str]:
+    out = []
+    kv = plan.item("kv cache")
+    if kv > one_seq_blocks * layout.bytes_per_block:
+        out.append(f"--kv-cache-memory-bytes {one_seq_blocks * layout.bytes_per_block} (saves {(kv - one_seq_blocks * layout.bytes_per_block) / MiB:,.1f} MiB)")
+    if plan.settings["max_model_len"] > 512:
+        out.append("--max-model-len 512 (shrinks the KV need, RoPE tables and attention scratch)")
+    if quant is None:
+        out.append("--quantization cpu_int4 (4-bit linear weights, about a quarter of their bf16 bytes)")
+    if plan.settings["max_num_batched_tokens"] > 128:
+        out.append("--max-num-batched-tokens 128 (smaller activation peak)")
+    return out

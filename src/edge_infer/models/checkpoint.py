@@ -1,0 +1,69 @@
+"""What a checkpoint directory holds, read from file headers only.
+
+Torch-free: the planner uses it to size and validate a checkpoint without
+loading a weight (``safetensors`` with the numpy framework reads headers).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge_infer.errors import CheckpointError
+from edge_infer.models.config import ModelConfig
+from edge_infer.models.weights import WeightSpec
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as exc:
+            raise CheckpointError(f"{index} is malformed ({exc}); it must hold a 'weight_map' object") from exc
+        files = sorted({model_dir / f for f in weight_map.values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"{index} names shard(s) that are missing: {', '.join(missing)}")
+        return files
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"no *.safetensors weights in {model_dir}; edge-infer reads safetensors checkpoints only")
+    return files
+
+
+def read_tensor_index(model_dir: str | Path) -> dict[str, TensorInfo]:
+    """Name -> (file, dtype, shape) from the safetensors headers, without reading weights."""
+    from safetensors import safe_open
+
+    model_dir = Path(model_dir)
+    index: dict[str, TensorInfo] = {}
+    for path in safetensors_files(model_dir):
+        try:
+            with safe_open(str(path), framework="numpy") as f:
+                for name in f.keys():
+                    sl = f.get_slice(name)
+                    index[name] = TensorInfo(path, sl.get_dtype(), tuple(sl.get_shape()))
+        except Exception as exc:  # safetensors raises its own error types for corrupt files
+            raise CheckpointError(f"{path} is not a readable safetensors file ({exc})") from exc
+    return index
+
+
+def check_checkpoint(cfg: ModelConfig, model_dir: str | Path, specs: list[WeightSpec]) -> dict[str, TensorInfo]:
+    """Verify every tensor the model needs exists with the right shape, before loading."""
+    index = read_tensor_index(model_dir)
+    missing = [s for spec in specs for s in spec.sources if s not in index]
+    if missing:
+        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+        raise CheckpointError(
+            f"checkpoint {model_dir} lacks {', '.join(missing[:3])}{more} needed by its config "
+            f"({cfg.architecture}, {cfg.num_hidden_layers} layers); is the download complete?"
+        )
+    return index

@@ -1,0 +1,112 @@
+"""Linear layers whose weight storage is chosen at load time.
+
+A ``Linear`` holds exactly one resident copy of its weight, in whichever
+layout its kernel computes with: row-major for ``F.linear``, oneDNN's blocked
+layout for bf16 (about 1.5x the matrix-vector bandwidth of ``F.linear`` on
+this machine class, see docs/results.md), or the int4 packed layout of
+``edge_infer.quant``. The plain tensor the loader built is released as soon
+as the packed one exists.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class WeightKernel:
+    """Computes ``x @ W.T`` from one resident weight layout."""
+
+    name = "abstract"
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    @property
+    def nbytes(self) -> int:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class DenseKernel(WeightKernel):
+    name = "dense"
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.numel() * self.weight.element_size()
+
+
+class OneDnnBf16Kernel(WeightKernel):
+    """bf16 weight reordered once into oneDNN's blocked layout."""
+
+    name = "onednn-bf16"
+
+    def __init__(self, weight: torch.Tensor):
+        assert weight.dtype == torch.bfloat16
+        self.out_features, self.in_features = weight.shape
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+
+    @property
+    def nbytes(self) -> int:
+        # The blocked layout of these shapes (multiples of 16) carries no padding:
+        # checked against RssAnon in tests/memory/test_plan_vs_measured.py.
+        return self.out_features * self.in_features * 2
+
+
+@functools.lru_cache(maxsize=1)
+def onednn_bf16_available() -> bool:
+    """True when this PyTorch build and CPU can run the oneDNN bf16 linear."""
+    try:
+        if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+            return False
+        w = torch.ones(16, 16, dtype=torch.bfloat16)
+        OneDnnBf16Kernel(w)(torch.ones(1, 16, dtype=torch.bfloat16))
+        return True
+    except (RuntimeError, AttributeError):
+        return False
+
+
+def make_kernel(weight: torch.Tensor, backend: str) -> WeightKernel:
+    """Wrap a row-major weight for ``backend`` ('dense' or 'onednn')."""
+    if backend == "onednn" and weight.dtype == torch.bfloat16:
+        return OneDnnBf16Kernel(weight)
+    return DenseKernel(weight)
+
+
+class Linear(nn.Module):
+    """``y = x W^T + b`` with the weight kernel installed by the loader."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.has_bias = bias
+        self.kernel: WeightKernel | None = None
+        self.bias: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.kernel(x)
+        if self.bias is not None:
+            y = y + self.bias
+        return y
+
+    @property
+    def resident_bytes(self) -> int:
+        n = self.kernel.nbytes if self.kernel is not None else 0
+        if self.bias is not None:
+            n += self.bias.numel() * self.bias.element_size()
+        return n
+
+    def extra_repr(self) -> str:
+        kind = self.kernel.name if self.kernel is not None else "unloaded"
+        return f"{self.in_features} -> {self.out_features}, bias={self.has_bias}, kernel={kind}"

@@ -1,0 +1,144 @@
+"""One decoder for Llama, Qwen2, Qwen3 and Mistral checkpoints.
+
+The families differ only in flags of ``ModelConfig``: q/k/v bias (Qwen2),
+per-head q/k RMSNorm (Qwen3), an explicit ``head_dim``, Llama-3 RoPE scaling,
+a sliding window (Mistral). q/k/v and gate/up are fused into one linear each,
+so a layer runs four matrix products.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edge_infer.engine.attention import AttentionMetadata, paged_attention, write_kv
+from edge_infer.models.config import ModelConfig
+from edge_infer.models.linear import DenseKernel, Linear
+from edge_infer.models.rope import RotaryTable, apply_rotary
+from edge_infer.models.weights import WeightSpec, weight_specs
+
+if TYPE_CHECKING:
+    from edge_infer.engine.kv_cache import KVCache
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.qkv = Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
+        self.o_proj = Linear(cfg.q_size, cfg.hidden_size, bias=False)
+        self.gate_up = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.input_norm: torch.Tensor | None = None
+        self.post_attention_norm: torch.Tensor | None = None
+        self.q_norm: torch.Tensor | None = None
+        self.k_norm: torch.Tensor | None = None
+        self.scale = cfg.head_dim**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        cfg = self.cfg
+        n = x.shape[0]
+        h = rms_norm(x, self.input_norm, cfg.rms_norm_eps)
+        qkv = self.qkv(h)
+        q = qkv[:, : cfg.q_size].view(n, cfg.num_attention_heads, cfg.head_dim)
+        k = qkv[:, cfg.q_size : cfg.q_size + cfg.kv_size].view(n, cfg.num_key_value_heads, cfg.head_dim)
+        v = qkv[:, cfg.q_size + cfg.kv_size :].view(n, cfg.num_key_value_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q = rms_norm(q, self.q_norm, cfg.rms_norm_eps)
+            k = rms_norm(k, self.k_norm, cfg.rms_norm_eps)
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(k, cos, sin)
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        attn = paged_attention(q, k_cache, v_cache, meta, self.scale)
+        x = x + self.o_proj(attn)
+        h = rms_norm(x, self.post_attention_norm, cfg.rms_norm_eps)
+        gate, up = self.gate_up(h).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+class DecoderLM(nn.Module):
+    """Embedding, decoder layers, final norm and output head.
+
+    Built without tensors; ``models.loader`` installs weights from
+    ``weight_specs()``. ``forward`` returns fp32 logits only for the rows the
+    sampler needs (``logits_rows``), never for every prompt token.
+    """
+
+    def __init__(self, cfg: ModelConfig, max_positions: int):
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.embed: torch.Tensor | None = None
+        self.final_norm: torch.Tensor | None = None
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rope = RotaryTable(cfg.head_dim, cfg.rope_theta, max_positions, cfg.rope_scaling)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    def weight_specs(self) -> list[WeightSpec]:
+        return weight_specs(self.cfg)
+
+    def resolve(self, target: str) -> tuple[object, str]:
+        """The object owning ``target`` and the attribute name to set on it."""
+        obj: object = self
+        parts = target.split(".")
+        for part in parts[:-1]:
+            obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
+        return obj, parts[-1]
+
+    def tie_head(self) -> None:
+        """Read the output head from the embedding table: one copy for both."""
+        self.lm_head.kernel = DenseKernel(self.embed)
+
+    def linears(self) -> list[tuple[str, Linear]]:
+        return [(name, m) for name, m in self.named_modules() if isinstance(m, Linear)]
+
+    def resident_bytes(self) -> int:
+        """Bytes of every weight as held in memory, shared storage counted once."""
+        total = self.embed.numel() * self.embed.element_size()
+        for layer in self.layers:
+            total += sum(lin.resident_bytes for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down))
+            for t in (layer.input_norm, layer.post_attention_norm, layer.q_norm, layer.k_norm):
+                if t is not None:
+                    total += t.numel() * t.element_size()
+        total += self.final_norm.numel() * self.final_norm.element_size()
+        if not self.cfg.tie_word_embeddings:
+            total += self.lm_head.resident_bytes
+        return total
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.embed)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: "KVCache",
+        logits_rows: torch.Tensor,
+    ) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rope.lookup(positions, x.dtype)
+        for n, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, meta, kv_cache.k[n], kv_cache.v[n])
+        if logits_rows.numel() == 0:  # only mid-prompt chunks this step: nothing to sample
+            return torch.empty(0, self.cfg.vocab_size)
+        x = x.index_select(0, logits_rows)
+        x = rms_norm(x, self.final_norm, self.cfg.rms_norm_eps)
+        return self.lm_head(x).float()

@@ -1,0 +1,133 @@
+"""Load Hugging Face safetensors checkpoints into ``DecoderLM``.
+
+Files are memory-mapped by ``safetensors`` and every tensor is copied into
+its final dtype a block of rows at a time, so the load-time peak is the
+steady state plus one block plus one weight being repacked — not a second
+copy of the model. Sharded checkpoints are read through their index.
+"""
+from __future__ import annotations
+
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from edge_infer.errors import CheckpointError
+from edge_infer.models.checkpoint import TensorInfo, read_tensor_index
+from edge_infer.models.linear import Linear, make_kernel
+
+# Rows copied per step are chosen so a block holds about this many bytes.
+BLOCK_BYTES = 16 << 20
+
+DTYPES = {
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I32": torch.int32,
+    "I64": torch.int64,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+}
+
+
+class CheckpointReader:
+    """Blocked reads of named tensors from memory-mapped safetensors files."""
+
+    def __init__(self, model_dir: str | Path):
+        from safetensors import safe_open
+
+        self.model_dir = Path(model_dir)
+        self.index = read_tensor_index(self.model_dir)
+        self._stack = ExitStack()
+        self._handles = {}
+        self._open = lambda p: self._stack.enter_context(safe_open(str(p), framework="pt"))
+
+    def __enter__(self) -> "CheckpointReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+        self._handles.clear()
+
+    def info(self, name: str) -> TensorInfo:
+        try:
+            return self.index[name]
+        except KeyError:
+            raise CheckpointError(f"checkpoint {self.model_dir} lacks tensor {name!r}") from None
+
+    def row_blocks(self, name: str) -> Iterator[tuple[int, torch.Tensor]]:
+        """(first row, tensor) blocks of ``name`` along dim 0, in the file's dtype."""
+        info = self.info(name)
+        handle = self._handles.get(info.file)
+        if handle is None:
+            handle = self._handles[info.file] = self._open(info.file)
+        sl = handle.get_slice(name)
+        if len(info.shape) == 0:
+            yield 0, sl[:]
+            return
+        rows = info.shape[0]
+        row_bytes = max(1, _numel(info.shape[1:]) * DTYPES.get(info.dtype, torch.float32).itemsize)
+        step = max(1, BLOCK_BYTES // row_bytes)
+        for start in range(0, rows, step):
+            yield start, sl[start : min(rows, start + step)]
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def fill_concatenated(reader: CheckpointReader, sources: tuple[str, ...], out: torch.Tensor) -> None:
+    """Copy ``sources`` (concatenated along dim 0) into ``out``, converting dtype per block."""
+    row = 0
+    for name in sources:
+        info = reader.info(name)
+        expected = tuple(out.shape[1:])
+        if tuple(info.shape[1:]) != expected:
+            raise CheckpointError(f"tensor {name!r} has shape {info.shape}; expected (*, {', '.join(map(str, expected))}) from config.json")
+        for start, block in reader.row_blocks(name):
+            out[row + start : row + start + block.shape[0]].copy_(block)
+        row += info.shape[0] if info.shape else 1
+    if row != (out.shape[0] if out.dim() else 1):
+        raise CheckpointError(f"tensors {', '.join(sources)} give {row} rows; config.json implies {out.shape[0]}")
+
+
+LinearInstaller = Callable[[Linear, str, tuple[str, ...], CheckpointReader, torch.dtype], None]
+
+
+def install_dense(backend: str) -> LinearInstaller:
+    """Installer that loads a linear weight as-is and wraps it for ``backend``."""
+
+    def install(linear: Linear, target: str, sources: tuple[str, ...], reader: CheckpointReader, dtype: torch.dtype) -> None:
+        weight = torch.empty(linear.out_features, linear.in_features, dtype=dtype)
+        fill_concatenated(reader, sources, weight)
+        linear.kernel = make_kernel(weight, backend)
+
+    return install
+
+
+def load_weights(
+    model: "torch.nn.Module",
+    model_dir: str | Path,
+    dtype: torch.dtype,
+    install_linear: LinearInstaller,
+    progress: Callable[[int, int], None] | None = None,
+) -> None:
+    """Fill every tensor of ``model.weight_specs()`` from the checkpoint."""
+    specs = model.weight_specs()
+    with CheckpointReader(model_dir) as reader:
+        for n, spec in enumerate(specs):
+            owner, attr = model.resolve(spec.target)
+            if spec.is_linear:
+                install_linear(getattr(owner, attr), spec.target, spec.sources, reader, dtype)
+            else:
+                tensor = torch.empty(spec.shape, dtype=dtype)
+                fill_concatenated(reader, spec.sources, tensor)
+                setattr(owner, attr, tensor)
+            if progress is not None:
+                progress(n + 1, len(specs))
+    if model.cfg.tie_word_embeddings:
+        model.tie_head()

@@ -1,0 +1,154 @@
+"""Tokenizer and chat template of a checkpoint, without ``transformers``.
+
+``tokenizers`` reads ``tokenizer.json``; the chat template (from
+``tokenizer_config.json`` or ``chat_template.jinja``) is rendered with a
+sandboxed jinja2 environment configured the way Hugging Face renders it, then
+tokenized without adding special tokens (the template writes them).
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from edge_infer.errors import CheckpointError, InvalidRequestError
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+class Tokenizer:
+    def __init__(self, model_dir: str | Path):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        model_dir = Path(model_dir)
+        path = model_dir / "tokenizer.json"
+        if not path.is_file():
+            raise CheckpointError(f"{path} is missing: edge-infer needs the fast tokenizer file tokenizer.json")
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises a bare Exception on parse errors
+            raise CheckpointError(f"{path} could not be read ({exc})") from exc
+        cfg_path = model_dir / "tokenizer_config.json"
+        self.config: dict[str, Any] = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        self.chat_template = self._find_chat_template(model_dir)
+        self.bos_token = _token_text(self.config.get("bos_token"))
+        self.eos_token = _token_text(self.config.get("eos_token"))
+        self.pad_token = _token_text(self.config.get("pad_token"))
+        self.unk_token = _token_text(self.config.get("unk_token"))
+
+    def _find_chat_template(self, model_dir: Path) -> str | None:
+        jinja_file = model_dir / "chat_template.jinja"
+        if jinja_file.is_file():
+            return jinja_file.read_text()
+        template = self.config.get("chat_template")
+        if isinstance(template, list):  # named templates: use "default"
+            named = {t["name"]: t["template"] for t in template}
+            template = named.get("default") or next(iter(named.values()), None)
+        return template
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str | None) -> int | None:
+        return None if token is None else self._tok.token_to_id(token)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.token_to_id(self.eos_token)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self.token_to_id(self.bos_token)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(token_id)
+
+    def decode_stream(self, skip_special_tokens: bool = True) -> "IncrementalDecoder":
+        return IncrementalDecoder(self, skip_special_tokens)
+
+    @cached_property
+    def _template(self):
+        from jinja2 import TemplateError
+        from jinja2.ext import loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise InvalidRequestError(f"chat template: {message}")
+
+        def tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
+            return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        env.filters["tojson"] = tojson
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            return env.from_string(self.chat_template)
+        except TemplateError as exc:
+            raise CheckpointError(f"the checkpoint's chat template does not parse: {exc}") from exc
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str:
+        if not self.chat_template:
+            raise InvalidRequestError(
+                "this checkpoint has no chat template (tokenizer_config.json 'chat_template'); "
+                "send a plain prompt instead of chat messages"
+            )
+        from jinja2 import TemplateError
+
+        try:
+            return self._template.render(
+                messages=messages,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+                pad_token=self.pad_token or "",
+                unk_token=self.unk_token or "",
+                **kwargs,
+            )
+        except TemplateError as exc:
+            raise InvalidRequestError(f"chat template failed on these messages: {exc}") from exc
+
+    def encode_chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
+        return self.encode(self.apply_chat_template(messages, **kwargs), add_special_tokens=False)
+
+
+class IncrementalDecoder:
+    """Text of a growing token sequence, emitted as it becomes stable.
+
+    Bytes of a multi-byte character split across tokens are held back until
+    the character is complete (``tokenizers.decoders.DecodeStream``). Token
+    ids unknown to the tokenizer (a model vocabulary larger than the
+    tokenizer's) decode to nothing.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+        from tokenizers.decoders import DecodeStream
+
+        self._tok = tokenizer._tok
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+
+    def step(self, token_id: int) -> str:
+        try:
+            return self._stream.step(self._tok, token_id) or ""
+        except Exception:  # ids beyond the tokenizer's vocabulary
+            return ""
