@@ -1,0 +1,328 @@
+"""``AsyncEngine``: the asyncio frontend shared by LocalTextEngine and the server.
+
+A reader thread waits on the core's output pipe and on the worker's pidfd and
+hands messages to the event loop. Each request has a ``RequestStream`` (what
+the consumer reads), a ``RequestText`` (detokenization and stop strings) and
+a ``RequestRecord`` (what happened, kept after the end for inspection).
+
+If the worker dies, every unfinished stream ends with an ``error`` event at
+once, the engine reports itself unhealthy, and ``restart()`` starts a new
+worker.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from edge_infer.engine.detokenizer import RequestText
+from edge_infer.engine.frontend import Frontend, PreparedPrompt
+from edge_infer.engine.protocol import CoreStats, ReadyInfo, TokenDelta
+from edge_infer.engine.sampling_params import SamplingParams
+from edge_infer.engine.streams import RequestStream, StreamEvent
+from edge_infer.engine.worker import CoreClient
+from edge_infer.errors import EngineDeadError, InvalidRequestError
+
+log = logging.getLogger(__name__)
+
+# How long cancel() waits for the core to confirm that a request's blocks are free.
+ABORT_ACK_TIMEOUT_S = 5.0
+
+
+@dataclass
+class RequestRecord:
+    request_id: str
+    session_id: str | None
+    prompt_token_ids: list[int]
+    output_token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finished: bool = False
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    error: str | None = None
+    cancelled: bool = False
+    num_preemptions: int = 0
+    late_events: int = 0  # core deltas that arrived after the request was cancelled
+    submitted_at: float = field(default_factory=time.time)
+    first_token_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["output_tokens"] = self.output_tokens
+        d["prompt_tokens"] = len(self.prompt_token_ids)
+        d["ttft_s"] = None if self.first_token_at is None else self.first_token_at - self.submitted_at
+        d["e2e_s"] = None if self.finished_at is None else self.finished_at - self.submitted_at
+        return d
+
+
+@dataclass
+class _Active:
+    stream: RequestStream
+    text: RequestText
+    record: RequestRecord
+    uses_credits: bool
+    abort_ack: asyncio.Future | None = None
+
+
+class AsyncEngine:
+    def __init__(self, frontend: Frontend, worker: str = "process", max_records: int = 10000):
+        self.frontend = frontend
+        self.worker_mode = worker
+        self.max_records = max_records
+        self.records: OrderedDict[str, RequestRecord] = OrderedDict()
+        self.core_stats = CoreStats()
+        self.ready_info: ReadyInfo | None = None
+        self.dead_reason: str | None = None
+        self._active: dict[str, _Active] = {}
+        self._client: CoreClient | None = None
+        self._reader: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ids = itertools.count()
+        self._closing = False
+        self.on_event: Callable[[str, StreamEvent], None] | None = None  # metrics hook
+
+    # -- life cycle ----------------------------------------------------------
+
+    async def start(self, progress: Callable[[int, int], None] | None = None) -> ReadyInfo:
+        self._loop = asyncio.get_running_loop()
+        self._closing = False
+        client = CoreClient(self.frontend.engine_config, mode=self.worker_mode)
+        self.ready_info = await self._loop.run_in_executor(None, client.start, progress)
+        self._client = client
+        self.dead_reason = None
+        self._reader = threading.Thread(target=self._read_loop, args=(client,), name="edge-infer-reader", daemon=True)
+        self._reader.start()
+        return self.ready_info
+
+    @property
+    def healthy(self) -> bool:
+        return self._client is not None and self.dead_reason is None and self._client.alive
+
+    @property
+    def worker_pid(self) -> int | None:
+        return self._client.pid if self._client is not None else None
+
+    async def close(self) -> None:
+        for rid in list(self._active):
+            self.cancel_nowait(rid)
+        self._closing = True
+        client, self._client = self._client, None
+        if client is not None:
+            await asyncio.get_running_loop().run_in_executor(None, client.close)
+        if self._reader is not None:
+            self._reader.join(2)
+
+    async def restart(self, progress: Callable[[int, int], None] | None = None) -> ReadyInfo:
+        """Replace the worker (dead or alive); unfinished requests end with an error."""
+        if self._client is not None:
+            self._fail_all("the engine is restarting")
+            client, self._client = self._client, None
+            await asyncio.get_running_loop().run_in_executor(None, client.close, 1.0)
+        return await self.start(progress)
+
+    # -- requests ------------------------------------------------------------
+
+    def new_request_id(self) -> str:
+        return f"req-{next(self._ids)}"
+
+    def add_request(
+        self,
+        prompt: PreparedPrompt,
+        params: SamplingParams,
+        request_id: str | None = None,
+        max_chunks: int | None = None,
+        session_id: str | None = None,
+    ) -> RequestStream:
+        if not self.healthy:
+            raise EngineDeadError(f"{self.dead_reason or 'the engine is not running'}; call restart()")
+        if max_chunks is not None and max_chunks < 1:
+            raise InvalidRequestError(f"max_chunks must be at least 1, got {max_chunks}")
+        rid = request_id or self.new_request_id()
+        if rid in self._active:
+            raise InvalidRequestError(f"request id {rid!r} is already in use")
+        request = self.frontend.request(rid, prompt, params, credits=max_chunks)
+        stream = RequestStream(rid, max_chunks, lambda n, rid=rid: self._grant(rid, n))
+        record = RequestRecord(rid, session_id, list(request.prompt_token_ids))
+        self._remember(record)
+        self._active[rid] = _Active(stream, RequestText(self.frontend.tokenizer, request.params), record, max_chunks is not None)
+        self._client.send(("add", request))
+        return stream
+
+    def cancel_nowait(self, request_id: str) -> int | None:
+        """The fence part of a cancel: end the stream now and tell the core.
+
+        Returns the number of undelivered events discarded, or None when the
+        request is unknown or already ended.
+        """
+        active = self._active.get(request_id)
+        if active is None or active.record.cancelled:
+            return None
+        record = active.record
+        record.cancelled = True
+        record.finished, record.finish_reason, record.finished_at = True, "abort", time.time()
+        discarded = active.stream.cancel(StreamEvent("cancelled", request_id, finish_reason="abort"))
+        active.abort_ack = self._loop.create_future()
+        try:
+            self._client.send(("abort", [request_id]))
+        except EngineDeadError:
+            active.abort_ack.set_result(False)
+        return discarded
+
+    async def abort(self, request_id: str) -> dict[str, Any]:
+        """Cancel a request as a fence: after this returns, no token event of it is delivered.
+
+        Waits (bounded) for the core to confirm the request's KV blocks are free.
+        """
+        t0 = time.perf_counter()
+        active = self._active.get(request_id)
+        discarded = self.cancel_nowait(request_id)
+        if discarded is None:
+            record = self.records.get(request_id)
+            reason = "unknown request" if record is None else f"already ended ({record.finish_reason})"
+            return {"request_id": request_id, "cancelled": False, "reason": reason}
+        try:
+            acknowledged = await asyncio.wait_for(asyncio.shield(active.abort_ack), ABORT_ACK_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            acknowledged = False
+        self._active.pop(request_id, None)
+        return {
+            "request_id": request_id,
+            "cancelled": True,
+            "discarded_events": discarded,
+            "output_tokens_at_cancel": active.record.output_tokens,
+            "acknowledged": acknowledged,
+            "ack_s": round(time.perf_counter() - t0, 4),
+        }
+
+    @property
+    def num_active(self) -> int:
+        return len(self._active)
+
+    async def refresh_stats(self) -> CoreStats:
+        if self.healthy:
+            self._client.send(("stats",))
+            await asyncio.sleep(0.05)
+        return self.core_stats
+
+    # -- core messages (event loop thread) -------------------------------------
+
+    def _read_loop(self, client: CoreClient) -> None:
+        while not self._closing and client is self._client:
+            try:
+                msgs = client.receive(0.5)
+            except EngineDeadError as exc:
+                if not self._closing:
+                    self._loop.call_soon_threadsafe(self._on_dead, client, str(exc))
+                return
+            except (OSError, ValueError):
+                return
+            if msgs:
+                self._loop.call_soon_threadsafe(self._on_messages, msgs)
+
+    def _on_messages(self, msgs: list[tuple[Any, ...]]) -> None:
+        for msg in msgs:
+            if msg[0] == "deltas":
+                self.core_stats = msg[2]
+                for delta in msg[1]:
+                    self._on_delta(delta)
+            elif msg[0] == "stats":
+                self.core_stats = msg[1]
+
+    def _on_delta(self, delta: TokenDelta) -> None:
+        active = self._active.get(delta.request_id)
+        if active is None:
+            return
+        record = active.record
+        if record.cancelled:
+            if delta.finish_reason == "abort" and active.abort_ack is not None and not active.abort_ack.done():
+                active.abort_ack.set_result(True)
+                self._active.pop(delta.request_id, None)
+            else:
+                record.late_events += 1
+            return
+        if delta.finish_reason == "abort":  # our own abort after a stop string; already reported
+            self._active.pop(delta.request_id, None)
+            return
+        if active.stream.ended:
+            return
+        update = active.text.apply(delta)
+        record.num_preemptions = delta.num_preemptions
+        now = time.time()
+        if delta.token_id is not None:
+            record.output_token_ids.append(delta.token_id)
+            record.first_token_at = record.first_token_at or now
+            logprobs = None if delta.logprob is None else [(delta.logprob, delta.top_logprobs or [])]
+            self._emit(active, StreamEvent("token", delta.request_id, update.text, [delta.token_id], logprobs, time=now))
+        elif update.text:
+            self._emit(active, StreamEvent("token", delta.request_id, update.text, time=now))
+        record.text = active.text.text
+        if delta.error:
+            record.error = delta.error
+            record.finished, record.finish_reason, record.finished_at = True, "error", now
+            self._emit(active, StreamEvent("error", delta.request_id, error=delta.error, finish_reason="error"))
+            self._active.pop(delta.request_id, None)
+        elif update.finished:
+            record.finished, record.finish_reason, record.stop_reason, record.finished_at = (
+                True,
+                update.finish_reason,
+                update.stop_reason,
+                now,
+            )
+            self._emit(
+                active,
+                StreamEvent("finished", delta.request_id, finish_reason=update.finish_reason, stop_reason=update.stop_reason),
+            )
+            if update.stop_string_hit:
+                self._client.send(("abort", [delta.request_id]))  # the core still runs it; its ack clears it
+            else:
+                self._active.pop(delta.request_id, None)
+
+    def _emit(self, active: _Active, event: StreamEvent) -> None:
+        active.stream.push(event)
+        if self.on_event is not None:
+            self.on_event(active.record.request_id, event)
+
+    def _grant(self, request_id: str, n: int) -> None:
+        active = self._active.get(request_id)
+        if active is None or not active.uses_credits or active.stream.ended or not self.healthy:
+            return
+        try:
+            self._client.send(("grant", request_id, n))
+        except EngineDeadError:
+            pass
+
+    def _on_dead(self, client: CoreClient, reason: str) -> None:
+        if client is not self._client:
+            return
+        self.dead_reason = reason
+        log.error("%s", reason)
+        self._fail_all(f"{reason}; the engine is unhealthy until restart()")
+
+    def _fail_all(self, message: str) -> None:
+        now = time.time()
+        for rid, active in list(self._active.items()):
+            record = active.record
+            if not record.finished:
+                record.error, record.finished, record.finish_reason, record.finished_at = message, True, "error", now
+                self._emit(active, StreamEvent("error", rid, error=message, finish_reason="error"))
+            if active.abort_ack is not None and not active.abort_ack.done():
+                active.abort_ack.set_result(False)
+        self._active.clear()
+
+    def _remember(self, record: RequestRecord) -> None:
+        self.records[record.request_id] = record
+        while len(self.records) > self.max_records:
+            oldest = next(iter(self.records))
+            if oldest in self._active:
+                break
+            self.records.pop(oldest)
