@@ -19,7 +19,8 @@ from edge_infer.engine.kv_cache import KVCache, KVLayout
 from edge_infer.engine.protocol import CoreStats, EngineRequest, ReadyInfo, TokenDelta
 from edge_infer.engine.runner import ModelRunner
 from edge_infer.engine.sampler import sample_row
-from edge_infer.engine.scheduler import Scheduler
+from edge_infer.engine.scheduler import ScheduledSeq, Scheduler
+from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.engine.sequence import Sequence
 from edge_infer.memory.measure import malloc_trim
 from edge_infer.models.config import ModelConfig
@@ -82,6 +83,7 @@ class EngineCore:
         self.scheduler = Scheduler(self.layout, self.cache.num_blocks, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.cache)
         self.generator = torch.Generator().manual_seed(config.seed)
+        self.scheduler_params = SamplingParams(max_tokens=None)
         self.sequences: dict[str, Sequence] = {}
         self.stats = CoreStats(kv_blocks_total=self.cache.num_blocks)
         kernels: dict[str, int] = {}
@@ -149,6 +151,29 @@ class EngineCore:
         seq = self.sequences.get(request_id)
         if seq is not None and seq.credits is not None:
             seq.credits += credits
+
+    def score(self, token_ids: list[int]) -> torch.Tensor:
+        """fp32 logits ``[len(token_ids), vocab]``: the next-token distribution after each prefix.
+
+        Teacher forcing for fidelity metrics and tests. Runs alone (call it
+        when no request is in flight), in chunks of max_num_batched_tokens.
+        """
+        if self.scheduler.num_unfinished:
+            raise RuntimeError("score() needs an idle engine")
+        if not 0 < len(token_ids) <= self.config.max_model_len:
+            raise ValueError(f"score() takes 1..{self.config.max_model_len} tokens, got {len(token_ids)}")
+        seq = Sequence("score", list(token_ids), self.scheduler_params, frozenset(), None, time.time())
+        rows = []
+        try:
+            while seq.num_computed < seq.num_tokens:
+                n = min(seq.remaining, self.config.max_num_batched_tokens)
+                if not self.scheduler.reserve(seq, seq.num_computed + n):
+                    raise RuntimeError("the KV cache cannot hold the tokens to score")
+                rows.append(self.runner.forward_all_logits(ScheduledSeq(seq, n)))
+                seq.num_computed += n
+        finally:
+            self.scheduler.release(seq)
+        return torch.cat(rows)
 
     def has_work(self) -> bool:
         return self.scheduler.has_schedulable()

@@ -19,8 +19,9 @@ class ModelRunner:
         self.block_size = cache.layout.block_size
 
     @torch.inference_mode()
-    def forward(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, list[ScheduledSeq]]:
-        """Run the batch; returns fp32 logits ``[S, vocab]`` for the S sequences that sample."""
+    def forward(self, batch: list[ScheduledSeq], all_logits: bool = False) -> tuple[torch.Tensor, list[ScheduledSeq]]:
+        """Run the batch; returns fp32 logits ``[S, vocab]`` for the S sequences that sample
+        (with ``all_logits``, one row per computed token instead)."""
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -38,7 +39,9 @@ class ModelRunner:
             seqs.append(
                 build_seq_attention(q_start, item.num_new, end, seq.blocks, bs, self.group, self.sliding_window)
             )
-            if item.samples:
+            if all_logits:
+                logits_rows.extend(range(q_start, len(ids)))
+            elif item.samples:
                 logits_rows.append(len(ids) - 1)
                 sampling.append(item)
         meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.long), seqs=seqs)
@@ -50,3 +53,6 @@ class ModelRunner:
             torch.tensor(logits_rows, dtype=torch.long),
         )
         return logits, sampling
+
+    def forward_all_logits(self, item: ScheduledSeq) -> torch.Tensor:
+        return self.forward([item], all_logits=True)[0]

@@ -53,6 +53,13 @@ class Scheduler:
     def has_schedulable(self) -> bool:
         return bool(self.waiting) or any(not s.paused for s in self.running)
 
+    def reserve(self, seq: Sequence, tokens: int) -> bool:
+        """Blocks for ``tokens`` tokens of a sequence run outside the queue (scoring)."""
+        return self._ensure_blocks(seq, tokens)
+
+    def release(self, seq: Sequence) -> None:
+        self._release(seq)
+
     def _ensure_blocks(self, seq: Sequence, tokens: int) -> bool:
         needed = self.layout.blocks_for_tokens(tokens) - len(seq.blocks)
         if needed <= 0:

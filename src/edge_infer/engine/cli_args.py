@@ -1,0 +1,44 @@
+"""Engine settings shared by the commands that load a text model (serve, generate, chat, plan)."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True) -> None:
+    parser.add_argument(
+        "model", nargs="?" if model_optional else None, default=None,
+        help="Hugging Face checkpoint directory (default: the embedded demo model)",
+    )
+    g = parser.add_argument_group("engine")
+    g.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it), bfloat16 or float32")
+    g.add_argument("--max-model-len", type=int, default=None, help="context length (prompt + output) per sequence")
+    g.add_argument("--max-num-seqs", type=int, default=None, help="sequences decoded together")
+    g.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step (prefill chunk size)")
+    g.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="exact KV cache budget in bytes")
+    g.add_argument("--quantization", default=None, choices=["cpu_int4", "none"], help="weight quantization")
+    g.add_argument("--group-size", type=int, default=None, help="cpu_int4 group size (32, 64 or 128)")
+    g.add_argument("--asym", action="store_true", help="cpu_int4 with zero points (asymmetric)")
+    g.add_argument("--quantize-head", action="store_true", help="cpu_int4: quantize the output head too")
+    g.add_argument("--num-threads", type=int, default=None, help="compute threads (default: the CPUs this process may use)")
+    g.add_argument("--weight-backend", default="auto", choices=["auto", "onednn", "dense"], help=argparse.SUPPRESS)
+    g.add_argument("--worker", default="process", choices=["process", "thread"], help=argparse.SUPPRESS)
+
+
+def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Keyword arguments for plan_text_session / LLM from parsed flags."""
+    quant: Any = args.quantization
+    if quant == "cpu_int4" and (args.group_size or args.asym or args.quantize_head):
+        from edge_infer.engine.config import QuantConfig
+
+        quant = QuantConfig(group_size=args.group_size or 128, symmetric=not args.asym, quantize_head=args.quantize_head)
+    return dict(
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        quantization=quant,
+        num_threads=args.num_threads,
+        weight_backend=args.weight_backend,
+    )

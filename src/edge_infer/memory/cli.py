@@ -1,0 +1,34 @@
+"""``edge-infer plan``: the memory plan, before anything is loaded."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from edge_infer.engine.cli_args import add_engine_args, engine_settings
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_engine_args(parser)
+    parser.add_argument("--deploy-config", default=None, help="plan a multi-stage deploy config instead of one text model")
+    parser.add_argument("--profile", default=None, help="device profile file for --deploy-config")
+    parser.add_argument("--available-bytes", type=int, default=None, help="plan against this much memory instead of MemAvailable")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.deploy_config:
+        from edge_infer.runtime.plan_cli import run_deploy_plan
+
+        return run_deploy_plan(args)
+    from edge_infer.engine.frontend import resolve_model
+    from edge_infer.errors import EdgeInferError
+    from edge_infer.memory.plan import plan_text_session
+
+    try:
+        plan = plan_text_session(resolve_model(args.model), available_bytes=args.available_bytes, **engine_settings(args))
+    except EdgeInferError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.table())
+    return 0 if plan.admitted else 1

@@ -1,0 +1,32 @@
+"""Shared fixtures: checkpoints built on the spot (no model hub here)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from testutil import FAMILY_CONFIGS, write_hf_checkpoint
+
+# Keep test processes polite on small machines; the engine's own thread choice is tested separately.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+@pytest.fixture(scope="session")
+def hf_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hf")
+    return {fam: write_hf_checkpoint(root / fam, fam) for fam in FAMILY_CONFIGS}
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny random Qwen2 checkpoint with a working tokenizer and chat template (edge-infer synth)."""
+    from edge_infer.models.synth import write_checkpoint
+
+    return write_checkpoint(tmp_path_factory.mktemp("synth") / "tiny-qwen2", "qwen2", "tiny", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def demo_model() -> Path:
+    from edge_infer.engine.frontend import demo_model_dir
+
+    return demo_model_dir()

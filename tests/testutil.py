@@ -1,0 +1,45 @@
+"""Helpers shared by tests (importable: tests/ is on pytest's pythonpath)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+FAMILY_CONFIGS = {
+    # Odd shapes on purpose: head counts that are not powers of two, MQA, head_dim != hidden / heads.
+    "llama": dict(
+        cls="LlamaConfig", vocab_size=384, hidden_size=96, intermediate_size=160, num_hidden_layers=3,
+        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False,
+        rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 64},
+    ),
+    "qwen2": dict(
+        cls="Qwen2Config", vocab_size=384, hidden_size=80, intermediate_size=144, num_hidden_layers=2,
+        num_attention_heads=5, num_key_value_heads=1, max_position_embeddings=512, tie_word_embeddings=True,
+        rope_theta=1000000.0,
+    ),
+    "qwen3": dict(
+        cls="Qwen3Config", vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=3, num_key_value_heads=1, head_dim=40, max_position_embeddings=512,
+        tie_word_embeddings=True, rope_theta=1000000.0,
+    ),
+    "mistral": dict(
+        cls="MistralConfig", vocab_size=384, hidden_size=96, intermediate_size=160, num_hidden_layers=2,
+        num_attention_heads=6, num_key_value_heads=3, max_position_embeddings=512, tie_word_embeddings=False,
+        sliding_window=24,
+    ),
+}
+
+
+def write_hf_checkpoint(path: Path, family: str, **overrides) -> Path:
+    """A random checkpoint written by transformers itself (fp32), for parity tests."""
+    import torch
+    import transformers
+
+    spec = {**FAMILY_CONFIGS[family], **overrides}
+    cls = getattr(transformers, spec.pop("cls"))
+    # A wide init makes greedy outputs vary, so a token-for-token match means something.
+    config = cls(initializer_range=0.15, **spec)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model.save_pretrained(path)
+    return path
