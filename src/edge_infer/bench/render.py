@@ -51,7 +51,7 @@ def summary_table(result: GridResult, control: str | None = None) -> str:
         if control:
             base = result.row(control, r.metric)
             ratio = r.median / base.median if base and base.median and r.median is not None else None
-            cells.append(fmt(ratio, "×") if ratio is not None else "—")
+            cells.append("—" if ratio is None else f"{ratio:.3g}×")
         cells.append(row_flags(result, r))
         rows.append(cells)
     return format_table(headers, rows)

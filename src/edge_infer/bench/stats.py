@@ -25,7 +25,7 @@ _MEMORY_SUFFIXES = ("_mb", "_mib", "_gb", "_gib", "_kb", "_kib", "_bytes")
 _MEMORY_PREFIXES = ("rss", "peak")
 _OP_TIME_SUFFIXES = ("_ms", "_us", "_ns")
 _TIME_SUFFIXES = ("_s", "_sec", "_seconds")
-_LATENCY_PARTS = ("latency", "ttft", "ttfa", "itl", "rtf")
+_LATENCY_WORDS = ("latency", "ttft", "ttfa", "itl", "rtf")  # matched as whole "_"-separated words
 
 
 def is_rate(metric: str) -> bool:
@@ -48,7 +48,7 @@ def is_time(metric: str) -> bool:
     name = metric.lower()
     if is_rate(name) or is_op_time(name):
         return False
-    return name.endswith(_TIME_SUFFIXES) or any(p in name for p in _LATENCY_PARTS)
+    return name.endswith(_TIME_SUFFIXES) or any(w in name.split("_") for w in _LATENCY_WORDS)
 
 
 def direction_of(metric: str, overrides: dict[str, Direction] | None = None) -> Direction | None:
