@@ -158,3 +158,8 @@ def test_invalid_spec_is_refused_with_the_reason(tmp_path, grid, capsys, spec, m
 def test_cores_outside_affinity_are_refused(write_spec, grid, capsys):
     rc, _ = grid(write_spec([metrics_arm("A", {"step_ms": [1.0]})]), "--cores", "4096")
     assert rc == 2 and "not available" in capsys.readouterr().err
+
+
+def test_spec_cores_may_be_a_list(write_spec, grid):
+    rc, result = grid(write_spec([metrics_arm("A", {"step_ms": [1.0]})], cores=[0]), "--passes", "1")
+    assert result.settings.cores == [0] and result.provenance.target_cores == [0]

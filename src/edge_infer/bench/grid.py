@@ -29,25 +29,26 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--spec", type=Path, required=True, help="JSON file: {\"arms\": [{\"tag\", \"command\", \"env\"}], \"cores\", \"metric\"}")
-    parser.add_argument("--passes", type=int, default=3, help="passes per arm (default 3; fewer is flagged)")
-    parser.add_argument("--metric", help="headline metric for the ranking (default: the spec's, else the first key)")
-    parser.add_argument("--keys", help="comma-separated metrics to keep; each is required in every arm's output")
+    parser.epilog = "exit status: 0 all passes ok and checks passed; 1 a pass or a check failed; 2 bad input; 3 refused (cores busy or host lock held)"
+    parser.add_argument("--spec", type=Path, required=True, metavar="FILE", help="JSON file: {\"arms\": [{\"tag\", \"command\", \"env\"}], \"cores\", \"metric\"}")
+    parser.add_argument("--passes", type=int, default=3, metavar="N", help="passes per arm (default 3; fewer is flagged)")
+    parser.add_argument("--metric", metavar="NAME", help="headline metric for the ranking (default: the spec's, else the first key)")
+    parser.add_argument("--keys", metavar="LIST", help="comma-separated metrics to keep; each is required in every arm's output")
     parser.add_argument("--direction", action="append", default=[], metavar="METRIC=max|min",
                         help="override the direction inferred from a metric's name (repeatable)")
-    parser.add_argument("--cores", help="cores to pin arms to, e.g. 0-1 (default: the spec's, else this process's affinity)")
+    parser.add_argument("--cores", metavar="LIST", help="cores to pin arms to, e.g. 0-1 (default: the spec's, else this process's affinity)")
     parser.add_argument("--allow-busy", action="store_true", help="run even when the target cores are busy; passes are labelled as under load")
-    parser.add_argument("--max-stolen-pct", type=float, default=5.0, help="refuse when the target cores' mean utilisation exceeds this (default 5)")
-    parser.add_argument("--max-core-busy-pct", type=float, default=50.0, help="refuse when any target core's utilisation exceeds this (default 50)")
-    parser.add_argument("--preflight-window-s", type=float, default=0.75, help="length of each of the two load windows (default 0.75)")
+    parser.add_argument("--max-stolen-pct", type=float, default=5.0, metavar="PCT", help="refuse when the target cores' mean utilisation exceeds this (default 5)")
+    parser.add_argument("--max-core-busy-pct", type=float, default=50.0, metavar="PCT", help="refuse when any target core's utilisation exceeds this (default 50)")
+    parser.add_argument("--preflight-window-s", type=float, default=0.75, metavar="S", help="length of each of the two load windows (default 0.75)")
     parser.add_argument("--no-lock", action="store_true", help="skip the host lock (only for runs on cores no other benchmark uses)")
     parser.add_argument("--wait-lock", action="store_true", help="wait for the host lock instead of refusing when it is held")
-    parser.add_argument("--settle-s", type=float, default=2.0, help="pause between arms (default 2)")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds one arm pass may run (default 1800)")
-    parser.add_argument("--noise-threshold", type=float, default=8.0, help="flag NOISY above this spread in percent (default 8)")
+    parser.add_argument("--settle-s", type=float, default=2.0, metavar="S", help="pause between arms (default 2)")
+    parser.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="seconds one arm pass may run (default 1800)")
+    parser.add_argument("--noise-threshold", type=float, default=8.0, metavar="PCT", help="flag NOISY above this spread in percent (default 8)")
     parser.add_argument("--check", type=Path, metavar="EXPECTATIONS", help="gate medians against an expectations JSON")
     parser.add_argument("--write-expectations", type=Path, metavar="FILE", help="write expectations (medians, bands from spread) from this run")
-    parser.add_argument("--out", type=Path, help="write the full result JSON here")
+    parser.add_argument("--out", type=Path, metavar="FILE", help="write the full result JSON here")
 
 
 def rotation(n_arms: int, pass_index: int) -> list[int]:
@@ -72,10 +73,11 @@ def _progress(obs: Observation, headline: str | None) -> None:
     print(f"  pass {obs.pass_index} #{obs.position} {obs.arm}: {detail} ({obs.wall_s:.1f} s){load}", file=sys.stderr, flush=True)
 
 
-def _run_passes(spec: GridSpec, settings: GridSettings, first_load: LoadSample, loads: list[LoadSample]) -> list[Observation]:
+def _run_passes(spec: GridSpec, settings: GridSettings, preflight_load: LoadSample) -> tuple[list[Observation], list[LoadSample]]:
+    """Every pass of every arm, in rotated order; each pass labelled by the load check before it."""
     required = settings.keys or ([settings.headline_metric] if settings.headline_metric else [])
     observations: list[Observation] = []
-    load = first_load
+    load, loads = preflight_load, [preflight_load]
     for p in range(1, settings.passes + 1):
         if p > 1:
             load = preflight.check_cores(
@@ -93,7 +95,7 @@ def _run_passes(spec: GridSpec, settings: GridSettings, first_load: LoadSample, 
             )
             observations.append(obs)
             _progress(obs, settings.headline_metric)
-    return observations
+    return observations, loads
 
 
 def _settings(args: argparse.Namespace, spec: GridSpec) -> GridSettings:
@@ -148,8 +150,7 @@ def run(args: argparse.Namespace) -> int:
             )
         if first.busy:
             print(f"target cores busy ({first.reason}); running anyway (--allow-busy), passes labelled as under load", file=sys.stderr)
-        loads = [first]
-        observations = _run_passes(spec, settings, first, loads)
+        observations, loads = _run_passes(spec, settings, first)
     finally:
         if lock:
             lock.release()

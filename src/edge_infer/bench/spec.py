@@ -44,7 +44,7 @@ class _ArmIn(BaseModel):
 class _SpecIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     arms: list[_ArmIn]
-    cores: str | None = None
+    cores: str | list[int] | None = None  # "0-1,4" or [0, 1, 4]
     metric: str | None = None
 
 
@@ -81,4 +81,5 @@ def load_spec(path: Path) -> GridSpec:
     if duplicates:
         raise SpecError(f"spec {path}: arm tags must be unique, repeated: {', '.join(duplicates)}")
     arms = [Arm(tag=a.tag, command=a.command, env={k: str(v) for k, v in a.env.items()}) for a in parsed.arms]
-    return GridSpec(arms=arms, cores=parsed.cores, metric=parsed.metric, sha256=hashlib.sha256(raw).hexdigest())
+    cores = ",".join(map(str, parsed.cores)) if isinstance(parsed.cores, list) else parsed.cores
+    return GridSpec(arms=arms, cores=cores or None, metric=parsed.metric, sha256=hashlib.sha256(raw).hexdigest())
