@@ -1,0 +1,41 @@
+"""`edge-infer bench SUBCOMMAND`: the measurement harness's own command table.
+
+Each entry names a module exposing ``configure(parser)`` and ``run(args) ->
+int``, like the top-level table. Every listed module is imported to build
+the parser, so a module's top level must stay light: import torch, engines
+or matplotlib inside ``run``. To add a subcommand, add one line here.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "grid": ("edge_infer.bench.grid", "run arms for rotated passes: median, spread, flags, checks"),
+    "archive": ("edge_infer.bench.archive", "create, verify or restore a result archive (SHA-256 manifest)"),
+    "report": ("edge_infer.bench.report", "Markdown tables and PNG plots from grid results"),
+}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        importlib.import_module(module).configure(sp)
+
+
+def usage() -> str:
+    width = max(map(len, SUBCOMMANDS))
+    lines = ["usage: edge-infer bench SUBCOMMAND [options]", "", "subcommands:"]
+    lines += [f"  {name.ljust(width)}  {help_text}" for name, (_, help_text) in SUBCOMMANDS.items()]
+    lines += ["", "edge-infer bench SUBCOMMAND --help shows a subcommand's options."]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    if getattr(args, "bench_command", None) is None:
+        print(usage())
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[args.bench_command][0])
+    return int(module.run(args) or 0)
