@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -234,11 +235,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.family == "qwen3-tts":
-        from edge_infer.models.qwen3_tts.synth import write_random_checkpoint
+    try:
+        if args.family == "qwen3-tts":
+            from edge_infer.models.qwen3_tts.synth import write_random_checkpoint
 
-        write_random_checkpoint(args.out, preset=args.preset, seed=args.seed)
-    else:
-        write_checkpoint(args.out, args.family, args.preset, args.seed, args.dtype, args.shard_bytes)
+            write_random_checkpoint(args.out, preset=args.preset, seed=args.seed)
+        else:
+            write_checkpoint(args.out, args.family, args.preset, args.seed, args.dtype, args.shard_bytes)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(f"wrote {args.family} ({args.preset}) checkpoint to {args.out}")
     return 0
