@@ -23,7 +23,7 @@ from edge_infer.models.qwen3_tts.config import ConfigError, parse_config
 from edge_infer.models.qwen3_tts.generate import SamplingParams, generate_frames
 from edge_infer.models.qwen3_tts.model import Qwen3TTS
 from edge_infer.models.qwen3_tts.presets import checkpoint_spec
-from edge_infer.models.qwen3_tts.prompt import VoiceRequest, build_prompt
+from edge_infer.models.qwen3_tts.prompt import VoiceRequest
 from edge_infer.models.qwen3_tts.synth import write_random_checkpoint
 from edge_infer.models.qwen3_tts.talker import Qwen3TTSTalkerCheckpoint
 
@@ -200,3 +200,11 @@ def test_real_size_preset_has_the_released_shapes() -> None:
     assert shapes["talker.model.layers.27.self_attn.k_proj.weight"] == (8 * 128, 1024)
     assert shapes["talker.code_predictor.lm_head.14.weight"] == (2048, 1024)
     assert "talker.code_predictor.small_to_mtp_projection.weight" not in shapes
+
+
+def test_committed_fixture_was_written_from_the_tiny_preset() -> None:
+    # If this fails, presets.py changed: rerun scripts/make_tts_fixtures.py.
+    spec = checkpoint_spec("tiny")
+    tiny = FIXTURES / "tiny"
+    assert json.loads((tiny / "config.json").read_text(encoding="utf-8")) == spec.config
+    assert json.loads((tiny / "speech_tokenizer" / "config.json").read_text(encoding="utf-8")) == spec.speech_tokenizer_config

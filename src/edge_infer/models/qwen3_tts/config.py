@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -176,7 +176,6 @@ class GenerationDefaults:
     subtalker_top_k: int = 50
     subtalker_top_p: float = 1.0
     max_new_tokens: int = 2048
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -311,9 +310,7 @@ def parse_generation_defaults(data: dict[str, Any], where: str = "generation_con
         "subtalker_top_k": ("subtalker_top_k", int), "subtalker_top_p": ("subtalker_top_p", float),
         "max_new_tokens": ("max_new_tokens", int),
     }
-    values = {attr: r.get(key, kind, getattr(base, attr)) for key, (attr, kind) in known.items()}
-    extra = {k: v for k, v in data.items() if k not in known}
-    return GenerationDefaults(**values, extra=extra)
+    return GenerationDefaults(**{attr: r.get(key, kind, getattr(base, attr)) for key, (attr, kind) in known.items()})
 
 
 def load_config(model_dir: str | Path) -> Qwen3TTSConfig:

@@ -120,7 +120,7 @@ class FrameSampler:
         self.history.append(code)
         return code
 
-    def residual_code(self, logits: torch.Tensor, step: int) -> int:
+    def residual_code(self, logits: torch.Tensor) -> int:
         p = self.params
         scores = logits.float().reshape(1, -1)
         return _choose(scores, p.subtalker_do_sample, p.subtalker_temperature, p.subtalker_top_k,

@@ -69,6 +69,16 @@ class Qwen3TTS:
     def sample_rate(self) -> int:
         return self.code2wav_config.sample_rate
 
+    @property
+    def speakers(self) -> list[str]:
+        """The speaker table's names (lower case)."""
+        return sorted(self.config.talker.speakers)
+
+    @property
+    def languages(self) -> list[str]:
+        """Accepted ``language`` values; dialects are chosen through their speakers."""
+        return ["auto"] + sorted(n for n in self.config.talker.languages if "dialect" not in n)
+
     def request(self, text: str, speaker: str, language: str = "auto", instruct: str | None = None,
                 non_streaming_text: bool = True) -> VoiceRequest:
         if instruct and self.config.model_size == "0b6":

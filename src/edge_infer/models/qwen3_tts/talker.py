@@ -21,8 +21,8 @@ from edge_infer.models.qwen3_tts.attention import ContiguousKVCache, KVCache
 from edge_infer.models.qwen3_tts.config import CodePredictorConfig, Qwen3TTSConfig, TalkerConfig
 from edge_infer.models.qwen3_tts.layers import DecoderStack
 
-# Chooses a code from a logits vector; ``step`` is the residual codebook index (0-based).
-CodeSelector = Callable[[torch.Tensor, int], int]
+# Chooses a code from a logits vector.
+CodeSelector = Callable[[torch.Tensor], int]
 
 
 class TextProjection(nn.Module):
@@ -87,7 +87,7 @@ class CodePredictor(nn.Module):
         for step in range(self.config.num_code_groups - 1):
             hidden = self.model(self.small_to_mtp_projection(x), cache)
             cache.advance(x.shape[0])
-            code = select(self.lm_head[step](hidden[-1]), step)
+            code = select(self.lm_head[step](hidden[-1]))
             codes.append(code)
             if step + 1 < len(self.lm_head):
                 x = self.model.codec_embedding[step](torch.tensor([code], device=hidden.device))
