@@ -151,9 +151,10 @@ def plan_deploy(config: DeployConfig, profile: MachineProfile | str | None = Non
                      tuple(s.stage_id for s in plan.stages if s.reservation.pool == usage.pool.name))
         )
         if usage.over:
-            stages = ", ".join(str(s.stage_id) for s in plan.stages if s.reservation.pool == usage.pool.name)
+            ids = [str(s.stage_id) for s in plan.stages if s.reservation.pool == usage.pool.name]
+            who = f"stages {', '.join(ids)} together overrun" if len(ids) > 1 else f"stage {ids[0]} overruns"
             plan.reasons.append(
-                f"stages {stages} together overrun {usage.describe(devices)}; lower a stage's reservation "
+                f"{who} {usage.describe(devices)}; lower a stage's reservation "
                 "(kv_cache_memory_bytes, max_num_seqs, max_model_len, quantization) or move a stage to a pool with room"
             )
     return plan

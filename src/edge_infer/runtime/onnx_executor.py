@@ -39,7 +39,8 @@ class OnnxVocoderExecutor(ChunkedVocoder):
     devices = frozenset(PROVIDERS)
     Options = OnnxVocoderOptions
     requires_model = True
-    # RssAnon of a stage process with an ONNX Runtime CPU session of the toy model.
+    # RssAnon of its stage process with an ONNX Runtime CPU session of the toy model:
+    # ~38 MiB measured, with margin (a real model's arena grows with it: set runtime_bytes).
     RUNTIME_BYTES = 64 * MiB
 
     @classmethod
