@@ -40,6 +40,19 @@ def test_sync_generate_collects_outputs_with_stage_defaults_and_overrides():
             omni.generate(1.5)
 
 
+def test_a_crashing_stage_reports_why_and_can_be_replaced(tmp_path):
+    path = write_config(tmp_path, "base_config: toy_text\nstages: [{stage_id: 0, executor_options: {crash_on_token: 66}}]\n")
+    with Omni(path) as omni:
+        (crashed,) = omni.generate([1, 66])
+        assert crashed.status == "error"
+        assert "stage 0" in crashed.error and "exited with code 1" in crashed.error and "crashes on token 66" in crashed.error
+        health = omni.health()
+        assert health.dead_stages == [0] and "crashes on token 66" in health.stages[0].detail
+        omni.retire_worker(0)
+        (ok,) = omni.generate([1, 2])
+        assert ok.status == "finished" and omni.health().healthy
+
+
 def test_deploy_that_does_not_fit_is_refused_before_any_process(tmp_path):
     path = write_config(tmp_path, """
         base_config: toy_text
@@ -55,21 +68,26 @@ def test_deploy_that_does_not_fit_is_refused_before_any_process(tmp_path):
 SCRIPT = """
 import json, sys, threading, time
 from edge_infer.runtime.omni import Omni
+from edge_infer.runtime.transport import list_segments
 
 if __name__ == "__main__":
     omni = Omni(sys.argv[1])
     threading.Thread(target=omni.generate, args=([1, 2],), daemon=True).start()
-    time.sleep(0.5)
-    print(json.dumps({"pids": list(omni.worker_pids().values()), "prefix": omni._omni._orchestrator.prefix}), flush=True)
+    time.sleep(1.5)
+    prefix = omni._omni._orchestrator.prefix
+    print(json.dumps({"pids": list(omni.worker_pids().values()), "prefix": prefix, "segments": list_segments(prefix)}), flush=True)
     time.sleep(120)
 """
 
 
 def test_workers_die_with_their_parent_and_take_their_segments(tmp_path):
+    # A slow consumer: the producer's shared buffers pile up (to max_unacked) unreleased.
     config = write_config(tmp_path, """
         base_config: toy_speech
         connectors: {shared_memory: {inline_threshold_bytes: 0}}
-        stages: [{stage_id: 0, executor_options: {step_delay_s: 0.05}, default_sampling: {max_tokens: 1000}}]
+        stages:
+          - {stage_id: 0, executor_options: {step_delay_s: 0.02}, default_sampling: {max_tokens: 400}}
+          - {stage_id: 1, executor_options: {step_delay_s: 0.3}}
     """)
     script = tmp_path / "parent.py"
     script.write_text(textwrap.dedent(SCRIPT))
@@ -81,6 +99,6 @@ def test_workers_die_with_their_parent_and_take_their_segments(tmp_path):
         parent.send_signal(signal.SIGKILL)
         parent.wait()
     workers = info["pids"]
-    assert len(workers) == 2
+    assert len(workers) == 2 and info["segments"]  # killed with shared buffers in flight
     assert wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in workers))
     assert wait_until(lambda: list_segments(info["prefix"]) == [])

@@ -228,10 +228,14 @@ class Omni:
         return self._call(self._omni.retire_worker(stage_id, replace, drain_timeout_s))
 
     def health(self) -> PipelineHealth:
-        return self._omni.health()
+        return self._call(self._on_loop(self._omni.health))
 
     def worker_pids(self) -> dict[int, int | None]:
-        return self._omni.worker_pids()
+        return self._call(self._on_loop(self._omni.worker_pids))
+
+    @staticmethod
+    async def _on_loop(fn: Any) -> Any:
+        return fn()  # read the orchestrator's state on its own thread
 
     def _close_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)

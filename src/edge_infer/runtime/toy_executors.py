@@ -46,6 +46,8 @@ class ToyAROptions(ExecutorOptions):
     step_delay_s: float = Field(default=0.0, ge=0)
     # A prompt containing this token id fails with a request error (error-path tests).
     fail_on_token: int | None = None
+    # A prompt containing this token id makes step() raise: the stage process dies (crash tests).
+    crash_on_token: int | None = None
 
 
 @dataclass
@@ -112,6 +114,9 @@ class ToyARExecutor(StageExecutor):
 
     def step(self) -> list[StepOutput]:
         batch = [rid for rid, s in self.seqs.items() if s.ready][: self.max_num_seqs]
+        crash = self.opts.crash_on_token
+        if crash is not None and any(crash in self.seqs[rid].history for rid in batch):
+            raise RuntimeError(f"toy AR crashes on token {crash} (crash_on_token)")
         if self.opts.step_delay_s:
             time.sleep(self.opts.step_delay_s)
         out = []
