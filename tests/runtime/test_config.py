@@ -269,3 +269,39 @@ def test_bad_value_from_override_is_blamed_on_the_override(tmp_path):
     p = only_problem(exc)
     assert (p.file, p.key_path) == (OVERRIDES, "stages[id=0].engine.max_num_seqs")
     assert ">= 1" in p.fix
+
+
+@pytest.mark.parametrize(
+    ("text", "key_path", "words"),
+    [
+        ("- just a list\n", "", "not a mapping"),
+        ("stages: {stage_id: 0}\nfinal_outputs: [0]\n", "stages", "must be a list"),
+        ("stages: [3]\nfinal_outputs: [0]\n", "stages[0]", "must be a mapping"),
+        ("stages: [{stage_id: one, kind: ar, executor: toy_ar}]\nfinal_outputs: [0]\n", "stages[0].stage_id", "integer >= 0"),
+        ("base_config: [a.yaml]\n", "base_config", "must be a file path"),
+        ("stages: [{stage_id: 0, kind: ar, executor: toy_ar}]\nfinal_outputs: []\n", "final_outputs", "at least 1"),
+        ("stages: [{stage_id: 0, kind: ar, executor: toy_ar}]\nfinal_outputs: [0, 0]\n", "final_outputs", "listed twice"),
+        ("stages: [{stage_id: 0, kind: external, executor: onnx_vocoder}]\nfinal_outputs: [0]\n", "stages[id=0].model", "needs a model"),
+        ("stages: [{stage_id: 0, kind: ar, executor: toy_ar, engine: {dtype: int8}}]\nfinal_outputs: [0]\n", "stages[id=0].engine.dtype", "'bfloat16'"),
+    ],
+)
+def test_more_config_errors_name_file_key_and_fix(tmp_path, text, key_path, words):
+    top = write(tmp_path, "top.yaml", text)
+    with pytest.raises(DeployConfigError) as exc:
+        load_deploy_config(top)
+    p = only_problem(exc)
+    assert (p.file, p.key_path) == (str(top), key_path)
+    assert words in p.problem + p.fix and p.fix
+
+
+def test_override_cannot_change_a_stage_id(tmp_path):
+    top = write(tmp_path, "top.yaml", BASE)
+    with pytest.raises(DeployConfigError) as exc:
+        load_deploy_config(top, stage_overrides='{"0": {"stage_id": 3}}')
+    p = only_problem(exc)
+    assert (p.file, p.key_path) == (OVERRIDES, '["0"].stage_id')
+
+
+def test_missing_config_file_lists_bundled_configs(tmp_path):
+    with pytest.raises(FileNotFoundError, match="bundled configs: .*toy_speech"):
+        load_deploy_config(tmp_path / "nope.yaml")

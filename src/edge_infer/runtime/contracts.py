@@ -312,6 +312,8 @@ def from_wire(doc: dict[str, Any]) -> Payload:
     if not isinstance(doc, dict) or not isinstance(doc.get("contract"), str):
         raise WireError(ENCODING, "a wire payload is an object with a string 'contract'")
     meta = doc.get("metadata", {})
+    if "text" in doc and "tensor" in doc:
+        raise WireError(ENCODING, "a wire payload has either 'text' or 'tensor', not both")
     if "text" in doc:
         if not isinstance(doc["text"], str):
             raise WireError(DATA_KIND, "'text' must be a string")
