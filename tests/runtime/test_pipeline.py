@@ -188,14 +188,33 @@ def test_retirement_drains_without_losing_requests(loop_thread, omni):
     # Stopping a stage: its in-flight requests finish, new ones are refused until it is replaced.
     async def stop_stage():
         task = asyncio.ensure_future(collect(omni, [3], request_id="last", sampling_params_list=params(40)))
-        while omni.health().stages[1].inflight < 1:
+        while omni.health().stages[0].inflight < 1:
             await asyncio.sleep(0.01)
-        report = await omni.retire_worker(1, replace=False)
+        report = await omni.retire_worker(0, replace=False)
         return report, await task, await collect(omni, [3])
 
     report, finished, refused = loop_thread.run(stop_stage())
     assert report.new_pid is None and report.drained_requests == 1
     assert finished[-1].kind == "finished" and tokens_of(finished) == toy_ar_tokens([3], 40)
     assert refused[-1].kind == "error" and "stopped" in refused[-1].error
-    loop_thread.run(omni.retire_worker(1))
+    loop_thread.run(omni.retire_worker(0))
+    assert omni.health().healthy
+
+
+def test_retirement_that_times_out_keeps_draining_then_stops_the_old_worker(loop_thread, omni):
+    import psutil
+
+    async def scenario():
+        task = asyncio.ensure_future(collect(omni, [8], request_id="slow", sampling_params_list=params(250)))
+        while omni.health().stages[0].inflight < 1:
+            await asyncio.sleep(0.01)
+        old = omni.worker_pids()[0]
+        with pytest.raises(TimeoutError, match="keeps draining"):
+            await omni.retire_worker(0, drain_timeout_s=0.1)
+        return old, await task
+
+    old, events = loop_thread.run(scenario())
+    assert events[-1].kind == "finished" and tokens_of(events) == toy_ar_tokens([8], 250)
+    assert omni.worker_pids()[0] != old
+    assert wait_until(lambda: not psutil.pid_exists(old) or psutil.Process(old).status() == psutil.STATUS_ZOMBIE)
     assert omni.health().healthy

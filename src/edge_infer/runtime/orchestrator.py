@@ -135,6 +135,7 @@ class Orchestrator:
         self.sources = config.source_stages
         self.closed = False
         self.swept_stale: list[str] = []
+        self._background: set[asyncio.Future[None]] = set()
 
     # --- workers -------------------------------------------------------------
 
@@ -394,9 +395,23 @@ class Orchestrator:
             slot.draining.append(old)
             old.drained = asyncio.get_running_loop().create_future()
             self._check_drained(old)
-            await asyncio.wait_for(asyncio.shield(old.drained), drain_timeout_s)
+            try:
+                await asyncio.wait_for(asyncio.shield(old.drained), drain_timeout_s)
+            except asyncio.TimeoutError:
+                task = asyncio.ensure_future(self._stop_when_drained(old))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+                raise TimeoutError(
+                    f"{slot.stage.label}: the old worker (pid {old.pid}) still has {len(old.inflight)} requests "
+                    f"after drain_timeout_s={drain_timeout_s:g}; it keeps draining and stops when they finish "
+                    "(abort them to stop it sooner)"
+                ) from None
             await self._stop(old)
         return RetirementReport(stage_id, old.pid if old else None, new.pid if new else None, drained)
+
+    async def _stop_when_drained(self, worker: WorkerProcess) -> None:
+        await asyncio.shield(worker.drained)
+        await self._stop(worker)
 
     async def _stop(self, worker: WorkerProcess) -> None:
         if worker.alive:
