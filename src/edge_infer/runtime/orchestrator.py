@@ -283,7 +283,8 @@ class Orchestrator:
             self._stage_finished(req, worker)
 
     def _forward(self, req: _Request, producer: WorkerProcess, ref: PayloadRef) -> None:
-        consumers = [req.workers[r.to_stage] for r in self.config.routes_from(producer.stage_id) if r.contract == ref.contract]
+        routes = self.config.routes_from(producer.stage_id)
+        consumers = [req.workers[r.to_stage] for r in routes if r.contract == ref.contract and req.workers[r.to_stage].alive]
         if not consumers:
             producer.send(m.Release([ref.seq]))
             return
