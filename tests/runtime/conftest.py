@@ -1,6 +1,12 @@
+import sys
+from pathlib import Path
+
 import pytest
 
-from omni_helpers import LoopThread
+# The runtime tests share omni_helpers.py; make it importable whatever pytest's import mode.
+sys.path.insert(0, str(Path(__file__).parent))
+
+from omni_helpers import LoopThread  # noqa: E402
 
 
 @pytest.fixture(scope="module")

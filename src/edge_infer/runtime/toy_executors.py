@@ -67,7 +67,7 @@ class ToyARExecutor(StageExecutor):
     DEFAULT_MAX_TOKENS = 16
     DEFAULT_MAX_MODEL_LEN = 4096
     # RssAnon of its stage process: ~30 MiB measured (Python 3.11, numpy, pydantic), with margin.
-    # Checked by tests/runtime/test_external.py. Spawn re-imports the parent's main module in
+    # Checked by tests/runtime/test_external_backend.py. Spawn re-imports the parent's main module in
     # every stage process: a main module that imports torch adds ~120 MiB to each.
     RUNTIME_BYTES = 48 * MiB
 

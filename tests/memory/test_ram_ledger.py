@@ -98,3 +98,21 @@ def test_ledger_reserve_refuses_and_release_frees():
         Reservation("stage 2", "ram", "cpu", kv_bytes=-1)
     with pytest.raises(KeyError, match="known pools: ram"):
         ledger.reserve(Reservation("stage 3", "vram", "igpu"))
+
+
+def test_plan_command_prints_the_table_and_exits_by_admission(tmp_path, capsys):
+    import argparse
+
+    from edge_infer.runtime.plan_cli import run_deploy_plan
+
+    laptop_config(tmp_path, "7 GiB")
+    path = str(tmp_path / "laptop-deploy.yaml")
+    args = argparse.Namespace(deploy_config=path, profile="laptop", available_bytes=None, json=False)
+    assert run_deploy_plan(args) == 1
+    assert "DOES NOT FIT" in capsys.readouterr().out
+    args.available_bytes, args.json = 64 * GiB, True
+    assert run_deploy_plan(args) == 0
+    assert '"admitted": true' in capsys.readouterr().out
+    args.deploy_config = str(tmp_path / "missing.yaml")
+    assert run_deploy_plan(args) == 2
+    assert "not found" in capsys.readouterr().err
