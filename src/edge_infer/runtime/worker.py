@@ -326,7 +326,9 @@ class WorkerProcess:
                 msg = self.conn.recv()
             except (EOFError, OSError):
                 break
-            except Exception:  # noqa: BLE001 - an unreadable message: treat the stage as gone
+            except Exception as exc:  # noqa: BLE001 - an unreadable message: the stage cannot be trusted
+                self.fatal_error = f"sent an unreadable message ({type(exc).__name__}: {exc}); stopped"
+                self.kill()
                 break
             try:
                 loop.call_soon_threadsafe(self._on_message, self, msg)
