@@ -18,9 +18,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError
 
+from edge_infer.memory.system import cgroup_memory, cpu_flags, meminfo
+
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "runtime" / "profiles"
 DEVICE_CLASSES = ("cpu", "igpu", "npu")
-_UNLIMITED = 1 << 62  # cgroup v1 reports "no limit" as a huge number
 _ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "bf16")
 
 
@@ -84,76 +85,16 @@ class MachineProfile:
 # --- detection --------------------------------------------------------------
 
 
-def _meminfo() -> dict[str, int]:
-    out = {}
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            parts = rest.split()
-            if parts:
-                out[key] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
-    except OSError:
-        pass
-    return out
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    return None if text == "max" else int(text)
-
-
-def _cgroup_memory() -> tuple[int | None, int | None, str]:
-    """(limit, usage, where) of the tightest memory cgroup limit over this process's ancestry."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None, None, "no cgroup information"
-    root = Path("/sys/fs/cgroup")
-    for line in lines:
-        _, controllers, rel = line.split(":", 2)
-        if controllers == "":  # v2: one unified hierarchy
-            files, bases = ("memory.max", "memory.current"), [root, root / "unified"]
-        elif "memory" in controllers.split(","):
-            files, bases = ("memory.limit_in_bytes", "memory.usage_in_bytes"), [root / "memory"]
-        else:
-            continue
-        for base in bases:
-            best: tuple[int, int | None, str] | None = None
-            node = base / rel.lstrip("/")
-            for directory in [node, *node.parents]:
-                if not str(directory).startswith(str(base)):
-                    break
-                limit = _read_int(directory / files[0])
-                if limit is not None and limit < _UNLIMITED and (best is None or limit < best[0]):
-                    best = (limit, _read_int(directory / files[1]), str(directory / files[0]))
-            if best is not None:
-                return best
-    return None, None, "no cgroup memory limit"
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return set(line.partition(":")[2].split())
-    except OSError:
-        pass
-    return set()
-
-
 def _nodes(directory: str, prefix: str) -> list[str]:
     path = Path(directory)
     return sorted(str(p) for p in path.glob(f"{prefix}*")) if path.is_dir() else []
 
 
 def detect_machine() -> MachineProfile:
-    info = _meminfo()
+    info = meminfo()
     total = info.get("MemTotal", 0)
     available = info.get("MemAvailable", total)
-    limit, usage, where = _cgroup_memory()
+    limit, usage, where = cgroup_memory()
     source = "MemTotal/MemAvailable from /proc/meminfo"
     if limit is not None:
         total = min(total, limit)
@@ -164,7 +105,7 @@ def detect_machine() -> MachineProfile:
     ram = MemoryPool("ram", total, available, source=source)
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    flags = _cpu_flags()
+    flags = cpu_flags()
     isa = tuple(f for f in _ISA_FLAGS if f in flags)
     cpu = DeviceProfile("cpu", True, "ram", ComputeTraits(cores=cpus, isa=isa, bf16=bool({"avx512_bf16", "amx_bf16", "bf16"} & flags)), note=f"{cpus} CPUs in this process's affinity")
     render = _nodes("/dev/dri", "renderD")
