@@ -3,17 +3,10 @@
 The Talker's decoder and its code predictor are Qwen3-architecture stacks
 (q/k RMSNorm, GQA, 1-D RoPE), so both are ``DecoderLM``s of the text engine:
 fused q/k/v and gate/up, the engine's weight kernels (oneDNN bf16, and the
-int4 path when quantization is set) and ``paged_attention``. Only the names
-differ; ``TalkerDecoder`` and ``PredictorDecoder`` map them:
-
-    DecoderLM         Talker                                  code predictor
-    embed             talker.model.codec_embedding            code_predictor.model.codec_embedding.{0..G-2} (stacked)
-    layers.N          talker.model.layers.N                   talker.code_predictor.model.layers.N
-    final_norm        talker.model.norm                       talker.code_predictor.model.norm
-    lm_head           talker.codec_head                       heads.{i} <- talker.code_predictor.lm_head.{i}
-
-The text side (text embedding + projection MLP) only builds prompts; it is a
-plain torch module (``TextSide``), loaded with the model's dtype.
+int4 path when quantization is set) and ``paged_attention``.
+``talker_weights`` maps the checkpoint names. The text side (text embedding
++ projection MLP) only builds prompts; it is a plain torch module
+(``TextSide``) in the model's dtype.
 """
 from __future__ import annotations
 
@@ -28,46 +21,22 @@ from edge_infer.engine.config import EngineConfig
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.linear import Linear
 from edge_infer.models.llama import DecoderLM, rms_norm
+from edge_infer.models.checkpoint import read_tensor_index
 from edge_infer.models.loader import LinearInstaller, load_weights
-from edge_infer.models.qwen3_tts.config import Qwen3TTSConfig, TransformerShape
+from edge_infer.models.qwen3_tts.config import Qwen3TTSConfig
 from edge_infer.models.qwen3_tts.talker import TextProjection
 from edge_infer.models.qwen3_tts.weights import build_and_load
-from edge_infer.models.weights import WeightSpec, weight_specs
-
-TALKER = "talker."
-PREDICTOR = "talker.code_predictor."
-
-
-def decoder_config(shape: TransformerShape, vocab_size: int, max_positions: int, dtype: str) -> ModelConfig:
-    """A text-engine config for one of the Talker's Qwen3-style stacks."""
-    return ModelConfig(
-        family="qwen3", architecture="Qwen3TTSTalker", vocab_size=vocab_size, hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size, num_hidden_layers=shape.num_layers,
-        num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_kv_heads, head_dim=shape.head_dim,
-        rms_norm_eps=shape.rms_norm_eps, rope_theta=shape.rope_theta, max_position_embeddings=max_positions,
-        tie_word_embeddings=False, attention_bias=False, qk_norm=True, sliding_window=None, rope_scaling=None,
-        torch_dtype=dtype,
-    )
-
-
-def _renamed(spec: WeightSpec, prefix: str) -> WeightSpec:
-    return WeightSpec(spec.target, spec.shape, tuple(prefix + s for s in spec.sources), spec.is_linear)
+from edge_infer.models.weights import WeightSpec
+from edge_infer.tts.talker_weights import (
+    TEXT_SIDE, predictor_decoder_config, predictor_specs, talker_decoder_config, talker_specs,
+)
 
 
 class TalkerDecoder(DecoderLM):
     """The Talker's decoder: codec embedding in, codec head out."""
 
     def weight_specs(self) -> list[WeightSpec]:
-        out = []
-        for spec in weight_specs(self.cfg):
-            if spec.target == "embed":
-                spec = WeightSpec("embed", spec.shape, (TALKER + "model.codec_embedding.weight",), False)
-            elif spec.target == "lm_head":
-                spec = WeightSpec("lm_head", spec.shape, (TALKER + "codec_head.weight",), True)
-            else:
-                spec = _renamed(spec, TALKER)
-            out.append(spec)
-        return out
+        return talker_specs(self.cfg)
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm over decoder outputs ``[n, hidden]``; returns (normed hidden, fp32 codec logits)."""
@@ -93,17 +62,7 @@ class PredictorDecoder(DecoderLM):
         self.projection = Linear(talker_hidden, cfg.hidden_size, bias=True) if talker_hidden != cfg.hidden_size else None
 
     def weight_specs(self) -> list[WeightSpec]:
-        cfg, pm = self.cfg, PREDICTOR + "model."
-        out = [WeightSpec("embed", (self.num_residual * self.codebook_size, self.talker_hidden),
-                          tuple(f"{pm}codec_embedding.{i}.weight" for i in range(self.num_residual)), False)]
-        out += [_renamed(s, PREDICTOR) for s in weight_specs(cfg) if s.target not in ("embed", "lm_head")]
-        out += [WeightSpec(f"heads.{i}", (self.codebook_size, cfg.hidden_size), (f"{PREDICTOR}lm_head.{i}.weight",), True)
-                for i in range(self.num_residual)]
-        if self.projection is not None:
-            name = PREDICTOR + "small_to_mtp_projection."
-            out += [WeightSpec("projection", (cfg.hidden_size, self.talker_hidden), (name + "weight",), True),
-                    WeightSpec("projection.bias", (cfg.hidden_size,), (name + "bias",), False)]
-        return out
+        return predictor_specs(self.cfg, self.talker_hidden, self.num_residual + 1)
 
     def resident_bytes(self) -> int:
         extra = sum(h.resident_bytes for h in self.heads)
@@ -133,10 +92,6 @@ class _TalkerText(nn.Module):
 
 class TextSide(nn.Module):
     """``talker.model.text_embedding`` and ``talker.text_projection``: text ids -> Talker inputs."""
-
-    # Everything else in model.safetensors belongs to the decoders (or to voice cloning).
-    OTHERS = (TALKER + "model.layers.", TALKER + "model.norm.", TALKER + "model.codec_embedding.",
-              TALKER + "codec_head.", PREDICTOR, "speaker_encoder.")
 
     def __init__(self, config: Qwen3TTSConfig) -> None:
         super().__init__()
@@ -183,14 +138,12 @@ def load_paged_talker(model_dir: str | Path, config: Qwen3TTSConfig, engine: Eng
     """Build and fill the Talker's decoders (through the engine's loader) and its text side."""
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[engine.dtype]
     talker = config.talker
-    predictor_cfg = talker.code_predictor
-    decoder = TalkerDecoder(decoder_config(talker.shape, talker.vocab_size, engine.max_model_len, engine.dtype),
-                            engine.max_model_len)
-    predictor = PredictorDecoder(
-        decoder_config(predictor_cfg.shape, predictor_cfg.codebook_size, talker.num_code_groups, engine.dtype),
-        talker.shape.hidden_size, talker.num_code_groups,
-    )
+    decoder = TalkerDecoder(talker_decoder_config(config, engine.max_model_len, engine.dtype), engine.max_model_len)
+    predictor = PredictorDecoder(predictor_decoder_config(config, engine.dtype), talker.shape.hidden_size,
+                                 talker.num_code_groups)
     for model in (decoder, predictor):
         load_weights(model, model_dir, dtype, install_linear)
-    text = build_and_load(lambda: TextSide(config), model_dir, ignore=TextSide.OTHERS, dtype=dtype)
+    # Everything else in model.safetensors belongs to the decoders (or to voice cloning's speaker encoder).
+    others = tuple(name for name in read_tensor_index(model_dir) if not name.startswith(TEXT_SIDE))
+    text = build_and_load(lambda: TextSide(config), model_dir, ignore=others, dtype=dtype)
     return PagedTalker(config, decoder.eval(), predictor.eval(), text)

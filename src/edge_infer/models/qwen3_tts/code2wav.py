@@ -33,13 +33,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from edge_infer.models.qwen3_tts.attention import SlidingKVCache
+from edge_infer.models.qwen3_tts.code2wav_shapes import (
+    CONVNEXT_KERNEL, DECODER_KERNEL, PRE_CONV_KERNEL, RESIDUAL_DILATIONS, decoder_dims,
+)
 from edge_infer.models.qwen3_tts.config import Code2WavConfig
 from edge_infer.models.qwen3_tts.layers import DecoderStack
 
 CODEBOOK_EPS = 1e-5
 SNAKE_EPS = 1e-9
-CONVNEXT_KERNEL = 7
-RESIDUAL_DILATIONS = (1, 3, 9)
 
 
 class DecodeState:
@@ -186,7 +187,7 @@ class ResidualUnit(nn.Module):
     def __init__(self, dim: int, dilation: int) -> None:
         super().__init__()
         self.act1 = SnakeBeta(dim)
-        self.conv1 = CausalConv(dim, dim, 7, dilation=dilation)
+        self.conv1 = CausalConv(dim, dim, DECODER_KERNEL, dilation=dilation)
         self.act2 = SnakeBeta(dim)
         self.conv2 = CausalConv(dim, dim, 1)
 
@@ -229,17 +230,17 @@ class Code2Wav(nn.Module):
         super().__init__()
         self.config = config
         self.quantizer = SplitResidualVQ(config)
-        self.pre_conv = CausalConv(config.codebook_dim, config.latent_dim, 3)
+        self.pre_conv = CausalConv(config.codebook_dim, config.latent_dim, PRE_CONV_KERNEL)
         self.pre_transformer = PreTransformer(config)
         self.upsample = nn.ModuleList(
             nn.ModuleList([CausalTransposedConv(config.latent_dim, config.latent_dim, r, r), ConvNeXtBlock(config.latent_dim)])
             for r in config.upsampling_ratios
         )
-        dims = [config.decoder_dim // 2 ** i for i in range(len(config.upsample_rates) + 1)]
+        dims = decoder_dims(config)
         self.decoder = nn.ModuleList(
-            [CausalConv(config.latent_dim, config.decoder_dim, 7)]
+            [CausalConv(config.latent_dim, config.decoder_dim, DECODER_KERNEL)]
             + [DecoderBlock(dims[i], dims[i + 1], rate) for i, rate in enumerate(config.upsample_rates)]
-            + [SnakeBeta(dims[-1]), CausalConv(dims[-1], 1, 7)]
+            + [SnakeBeta(dims[-1]), CausalConv(dims[-1], 1, DECODER_KERNEL)]
         )
 
     def new_state(self) -> DecodeState:
