@@ -8,8 +8,8 @@ import pytest
 
 from .serverutil import ServerProcess
 
-# A ChatML template that renders tools the way Qwen2.5's does (only used until the demo model lands).
-_BRIDGE_TEMPLATE = (
+# ChatML that renders tools the way Qwen2.5's template does: the server offers tools only to templates that take them.
+CHAT_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\n"
     "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}"
     "# Tools\n\nYou may call functions. Signatures within <tools></tools>:\n<tools>\n"
@@ -23,39 +23,50 @@ _BRIDGE_TEMPLATE = (
     "{% endfor %}{% endif %}<|im_end|>\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def _bridge_base(root: Path) -> Path:
-    """A byte-level BPE tokenizer dir standing in for the demo model's (synth copies its tokenizer)."""
+def write_test_checkpoint(out: Path) -> Path:
+    """A tiny Qwen2 checkpoint whose outputs vary from token to token.
+
+    ``edge-infer synth --preset tiny`` ties its embeddings at a scale that makes
+    the model repeat one token, which would let "streamed text equals
+    non-streamed text" or "stop strings cut the text" pass vacuously. Here:
+    transformers' random init, wide (as in the parity tests), with a small
+    byte-level BPE trained on the spot and a tools-capable chat template.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from testutil import write_hf_checkpoint
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     corpus = ["The weather in Paris is sunny today.", "What is the weather like in Berlin?", "Hello, how are you?"] * 20
     tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    root.mkdir(parents=True, exist_ok=True)
-    tok.save(str(root / "tokenizer.json"))
-    (root / "tokenizer_config.json").write_text(json.dumps({"chat_template": _BRIDGE_TEMPLATE}))
-    return root
+    tok.add_special_tokens(SPECIALS)
+    write_hf_checkpoint(out, "qwen2", vocab_size=tok.get_vocab_size(), eos_token_id=tok.token_to_id("<|im_end|>"))
+    tok.save(str(out / "tokenizer.json"))
+    config = {"chat_template": CHAT_TEMPLATE, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    return out
 
 
 @pytest.fixture(scope="session")
-def served_model(request, tmp_path_factory) -> Path:
-    from edge_infer.engine.frontend import demo_model_dir
-
-    if (demo_model_dir() / "tokenizer.json").is_file():
-        return request.getfixturevalue("tiny_model")
-    from edge_infer.models import synth
-
-    base = _bridge_base(tmp_path_factory.mktemp("bridge-tokenizer"))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(synth, "_base_tokenizer_dir", lambda: base)
-        return synth.write_checkpoint(tmp_path_factory.mktemp("synth") / "tiny-qwen2", "qwen2", "tiny", dtype="float32")
+def served_model(tmp_path_factory) -> Path:
+    return write_test_checkpoint(tmp_path_factory.mktemp("server") / "tiny-qwen2")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(served_model):
-    """One server for a test module (tests must leave it usable for the next)."""
+    """The shared server (tests must leave it usable for the next). Tests that stop or break
+    a server start their own."""
     with ServerProcess(served_model, "--max-num-seqs", "4", "--max-model-len", "512") as proc:
         yield proc
+
+
+@pytest.fixture(scope="session")
+def tokenizer(served_model):
+    from edge_infer.models.tokenizer import Tokenizer
+
+    return Tokenizer(served_model)

@@ -27,7 +27,9 @@ class ServerProcess:
     def __init__(self, model: Path, *args: str, api_key: str | None = None):
         self.port = free_port()
         self.api_key = api_key
-        self.cmd = [sys.executable, "-m", "edge_infer.cli", "serve", str(model), "--port", str(self.port), "--dtype", "float32", *args]
+        self.cmd = [sys.executable, "-m", "edge_infer.cli", "serve", str(model), "--port", str(self.port), "--dtype", "float32",
+                    # one compute thread: a tiny model on a shared machine is many times faster without thread contention
+                    "--num-threads", "1", *args]
         if api_key:
             self.cmd += ["--api-key", api_key]
         self.base_url = f"http://127.0.0.1:{self.port}"
