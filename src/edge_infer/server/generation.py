@@ -115,6 +115,7 @@ class Generation:
         for s in self.samples:
             if not s.stream.ended:
                 self.state.engine.cancel_nowait(s.stream.request_id)
+            self._end(s, "abort")  # counted now: nobody may read the stream's cancelled event
 
     def close(self) -> None:
         self.cancel(None)
@@ -174,8 +175,12 @@ class Generation:
             for tid, (lp, top) in zip(event.token_ids, event.logprobs or []):
                 s.logprobs.append(TokenLogprob(tid, lp, top))
             return
-        s.finish_reason = event.finish_reason or ("abort" if event.kind == "cancelled" else "error")
-        if event.kind == "error":
-            s.error = event.error or "the engine reported an error"
-        metrics.finished.labels(s.finish_reason).inc()
-        metrics.e2e.observe(max(0.0, time.time() - s.submitted_at))
+        reason = event.finish_reason or ("abort" if event.kind == "cancelled" else "error")
+        self._end(s, reason, (event.error or "the engine reported an error") if event.kind == "error" else None)
+
+    def _end(self, s: Sample, reason: str, error: str | None = None) -> None:
+        if s.ended:
+            return
+        s.finish_reason, s.error = reason, error
+        self.state.metrics.finished.labels(reason).inc()
+        self.state.metrics.e2e.observe(max(0.0, time.time() - s.submitted_at))
