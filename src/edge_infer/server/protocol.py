@@ -64,7 +64,8 @@ class SamplingFields(_Request):
     min_p: float | None = Field(None, ge=0, le=1, description="edge-infer extension")
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    repetition_penalty: float | None = Field(None, gt=0, le=10, description="edge-infer extension")
+    # Below 0.01 the penalty divides logits into infinities; the distribution becomes NaN.
+    repetition_penalty: float | None = Field(None, ge=0.01, le=100, description="edge-infer extension")
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stop: Stop | None = None
     ignore_eos: bool = Field(False, description="keep generating past end-of-sequence (edge-infer extension)")

@@ -88,6 +88,11 @@ class ServerState:
             )
 
     def admit(self, n: int) -> Admission:
+        if n > self.capacity:
+            raise APIError(
+                400, f"the request asks for {n} sequences (n x prompts) but this server admits at most {self.capacity} "
+                f"at once; lower n or send fewer prompts per request", param="n", code="too_many_sequences",
+            )
         if self.in_flight + n > self.capacity:
             self.metrics.rejected.inc()
             raise APIError(
