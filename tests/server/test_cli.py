@@ -14,7 +14,7 @@ def test_a_plan_that_does_not_fit_is_printed_and_refused_before_loading(served_m
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
     assert "REFUSED" in out.stderr and "kv cache" in out.stderr and "levers" in out.stderr
-    assert "loaded" not in out.stderr + out.stdout
+    assert "is serving" not in out.stderr + out.stdout
 
 
 def test_ready_banner_prints_the_url_and_a_curl_example(server):
