@@ -10,9 +10,9 @@ being ignored.
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 # n samples of one prompt; more is never admitted on an edge box anyway.
 MAX_N = 16
@@ -28,6 +28,19 @@ class _Request(BaseModel):
 
 class _Response(BaseModel):
     pass
+
+
+class _KeepNulls(_Response):
+    """Responses are sent without null fields; the fields named here are sent even when null."""
+
+    _keep_null: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _with_nulls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out = handler(self)
+        for name in self._keep_null:
+            out.setdefault(name, None)
+        return out
 
 
 # -- errors ----------------------------------------------------------------------
@@ -246,8 +259,10 @@ class Usage(_Response):
     total_tokens: int
 
 
-class ToolCallRecovery(_Response):
+class ToolCallRecovery(_KeepNulls):
     """A tool call the model wrote malformed: what was wrong and what the server did."""
+
+    _keep_null = ("index",)
 
     index: int | None = Field(description="index of the resulting tool call, or null when it was kept as text")
     parser: str
@@ -289,7 +304,9 @@ class ChatLogprobs(_Response):
     content: list[TokenLogprob]
 
 
-class ResponseMessage(_Response):
+class ResponseMessage(_KeepNulls):
+    _keep_null = ("content",)  # OpenAI sends "content": null beside tool calls
+
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] | None = None
