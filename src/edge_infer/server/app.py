@@ -11,7 +11,7 @@ import asyncio
 import logging
 import secrets
 from contextlib import asynccontextmanager, suppress
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -75,6 +75,25 @@ class RequestCounter:
             self.metrics.count_request(scope["path"], status[0])
 
 
+class EventStream(StreamingResponse):
+    """An SSE response that ends its generation however the response ends.
+
+    A client can leave before the body is iterated at all; the body's own
+    ``finally`` would then never run, and its engine requests would hold
+    their admission and KV blocks.
+    """
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]):
+        super().__init__(content, media_type=MEDIA_TYPE, headers=HEADERS)
+        self.on_close = on_close
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
 def api_key_check(api_key: str | None) -> Callable[..., None]:
     bearer = HTTPBearer(auto_error=False, description="the server's --api-key, when it has one")
 
@@ -132,15 +151,11 @@ def build_app(state: ServerState, loader: Callable[[], Awaitable[None]] | None =
         gen, ticket = admit_and_start(body, job)
         if body.stream:
 
-            async def events():
-                try:
-                    async for piece in module.stream(state, job, gen):
-                        yield piece
-                finally:
-                    gen.close()
-                    ticket.release()
+            def close() -> None:
+                gen.close()
+                ticket.release()
 
-            return StreamingResponse(events(), media_type=MEDIA_TYPE, headers=HEADERS)
+            return EventStream(module.stream(state, job, gen), close)
         work = asyncio.ensure_future(module.complete(state, job, gen))
         watch = asyncio.ensure_future(_disconnected(request))
         try:
