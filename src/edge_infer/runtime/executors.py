@@ -112,6 +112,7 @@ class StageExecutor(ABC):
 
 
 _BUILTIN = {
+    "text": "edge_infer.runtime.text_executor:TextEngineExecutor",
     "toy_ar": "edge_infer.runtime.toy_executors:ToyARExecutor",
     "toy_vocoder": "edge_infer.runtime.toy_executors:ToyVocoderExecutor",
     "onnx_vocoder": "edge_infer.runtime.onnx_executor:OnnxVocoderExecutor",
