@@ -3,7 +3,8 @@
 Unset sampling values come from the checkpoint's generation_config.json.
 A temperature of 0 means greedy decoding (for the first codebook with
 ``temperature``, for the residual codebooks with ``subtalker_temperature``).
-``max_tokens`` counts frames (80 ms of audio each).
+``max_tokens`` counts frames (80 ms of audio each); with ``ignore_eos`` a
+request speaks exactly that many (for benchmarks on random weights).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class SpeechParams(BaseModel):
     subtalker_top_k: int | None = Field(default=None, ge=0)
     subtalker_top_p: float | None = Field(default=None, gt=0, le=1)
     seed: int | None = None
+    ignore_eos: bool = False  # speak max_tokens frames whatever the model says (benchmarks)
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> "SpeechParams":
@@ -56,4 +58,4 @@ class SpeechParams(BaseModel):
                 overrides[sample] = False
             elif value is not None:
                 overrides[name] = value
-        return replace(params, **overrides)
+        return replace(params, ignore_eos=self.ignore_eos, **overrides)
