@@ -15,7 +15,7 @@ import torch
 from edge_infer.engine.config import EngineConfig
 from edge_infer.errors import InvalidRequestError
 from edge_infer.models.qwen3_tts.generate import SamplingParams
-from edge_infer.models.qwen3_tts.prompt import VoiceRequest
+from edge_infer.models.qwen3_tts.prompt import VoiceRequest, build_prompt, prompt_length
 from edge_infer.tts.talker_engine import TalkerEngine, load_talker_engine
 
 TINY = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_tts" / "tiny"
@@ -98,6 +98,14 @@ def test_preempted_requests_are_recomputed_to_the_same_codes() -> None:
 def eng_bytes_per_token() -> int:
     shape = json.loads((TINY / "config.json").read_text())["talker_config"]
     return 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * 4
+
+
+def test_prompt_length_is_the_prefill_the_engine_builds(roomy: TalkerEngine) -> None:
+    for case in CASES.values():
+        voice = VoiceRequest(case["input_ids"], case["speaker"], case["language"], case["instruct_ids"], case["non_streaming_mode"])
+        with torch.inference_mode():
+            prefill = build_prompt(roomy.talker, roomy.config, voice).prefill
+        assert prompt_length(roomy.config, voice) == prefill.shape[0], case["name"]
 
 
 @pytest.mark.parametrize("name", SAMPLED)

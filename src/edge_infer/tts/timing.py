@@ -30,6 +30,11 @@ class SpeechTiming:
         self.chunks += 1
 
     @property
+    def elapsed_s(self) -> float:
+        """Time since submission, now."""
+        return time.perf_counter() - self.start
+
+    @property
     def ttfp_s(self) -> float | None:
         return None if self.first_audio is None else self.first_audio - self.start
 

@@ -93,6 +93,15 @@ def _check_layout(config: Qwen3TTSConfig, ids: list[int]) -> None:
         )
 
 
+def prompt_length(config: Qwen3TTSConfig, request: VoiceRequest) -> int:
+    """The Talker positions ``build_prompt`` makes for ``request``, without building it (admission checks)."""
+    _check_layout(config, request.input_ids)
+    think = 3 if resolve_language(config, request.speaker, request.language) is None else 4
+    body = len(request.input_ids) - ROLE_TOKENS - TAIL_TOKENS
+    text = body + 2 if request.non_streaming_text else 1
+    return len(request.instruct_ids or ()) + ROLE_TOKENS + think + 2 + text
+
+
 def build_prompt(talker: PromptEmbedder, config: Qwen3TTSConfig, request: VoiceRequest) -> TalkerPrompt:
     _check_layout(config, request.input_ids)
     codec = config.talker.codec
