@@ -42,5 +42,6 @@ def encode(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
     import soundfile
 
     buffer = io.BytesIO()
-    soundfile.write(buffer, np.asarray(samples, dtype=np.float32), sample_rate, format=fmt.upper(), subtype="PCM_16")
+    # Our 16-bit samples, so every format carries the same ones (libsndfile would round floats its own way).
+    soundfile.write(buffer, np.frombuffer(pcm16(samples), dtype="<i2"), sample_rate, format=fmt.upper(), subtype="PCM_16")
     return buffer.getvalue()
