@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "archive": ("edge_infer.bench.archive", "create, verify or restore a result archive (SHA-256 manifest)"),
     "report": ("edge_infer.bench.report", "Markdown tables and PNG plots from grid results"),
     "serve": ("edge_infer.bench.serve", "serving TTFT/ITL/throughput at 1/2/4 clients vs the engine without HTTP"),
+    "tts": ("edge_infer.bench.tts", "speech pipeline: TTFP and RTF p50/p95 at 1/2/4 clients per length band, per-stage times"),
 }
 
 

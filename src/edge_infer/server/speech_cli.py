@@ -14,35 +14,22 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from edge_infer.tts.deploy import EngineFlags
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in over.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
+def engine_flags(args: argparse.Namespace) -> "EngineFlags":
+    from edge_infer.tts.deploy import EngineFlags
 
-
-def flag_overrides(args: argparse.Namespace, talker: int = 0, code2wav: int = 1) -> dict[str, dict[str, Any]]:
-    """Stage overrides from the engine flags the user set."""
-    both: dict[str, Any] = {}
-    only_talker: dict[str, Any] = {}
-    if args.dtype not in (None, "auto"):
-        both.setdefault("engine", {})["dtype"] = args.dtype
-    if args.max_num_seqs is not None:
-        both.setdefault("engine", {})["max_num_seqs"] = args.max_num_seqs
-    if args.num_threads is not None:
-        both["executor_options"] = {"num_threads": args.num_threads}
-    for flag, key in (("max_model_len", "max_model_len"), ("max_num_batched_tokens", "max_num_batched_tokens"),
-                      ("kv_cache_memory_bytes", "kv_cache_memory_bytes"), ("quantization", "quantization")):
-        if getattr(args, flag) is not None:
-            only_talker.setdefault("engine", {})[key] = getattr(args, flag)
-    return {str(talker): _merge(both, only_talker), str(code2wav): dict(both)}
+    return EngineFlags(dtype=args.dtype, max_num_seqs=args.max_num_seqs, num_threads=args.num_threads,
+                       max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens,
+                       kv_cache_memory_bytes=args.kv_cache_memory_bytes, quantization=args.quantization)
 
 
 def serve_speech(args: argparse.Namespace, serve: Any) -> int:
-    from edge_infer.runtime.config import DeployConfigError, load_deploy_config, parse_stage_overrides
+    from edge_infer.runtime.config import DeployConfigError, load_deploy_config
     from edge_infer.runtime.omni import DeployRefused
     from edge_infer.server.speech_app import build_speech_app
     from edge_infer.server.speech_state import SpeechServerState
@@ -62,10 +49,7 @@ def serve_speech(args: argparse.Namespace, serve: Any) -> int:
                 return 2
             pipeline = SpeechPipeline.from_config(load_deploy_config(args.deploy_config, args.stage_overrides))
         else:
-            user = {str(k): v for k, v in parse_stage_overrides(args.stage_overrides).items()}
-            flags = flag_overrides(args)
-            merged = {sid: _merge(flags.get(sid, {}), user.get(sid, {})) for sid in sorted(set(flags) | set(user))}
-            pipeline = SpeechPipeline.for_checkpoint(args.model, merged)
+            pipeline = SpeechPipeline.for_checkpoint(args.model, args.stage_overrides, engine_flags(args))
         settings = ServeSettings(
             served_model_name=args.served_model_name or Path(pipeline.model or "speech").name,
             api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,

@@ -32,6 +32,43 @@ def is_qwen3_tts_checkpoint(model_dir: str | os.PathLike[str]) -> bool:
         return False
 
 
+def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` on ``base``, mappings merged key by key."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merge(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), Mapping) else value
+    return out
+
+
+@dataclass(frozen=True)
+class EngineFlags:
+    """The engine flags of ``serve``/``bench tts`` as stage settings of the bundled pipeline.
+
+    ``dtype``, ``max_num_seqs`` and ``num_threads`` apply to both stages;
+    the others to the Talker (the KV cache and the weights to quantize are its own).
+    """
+
+    dtype: str | None = None
+    max_num_seqs: int | None = None
+    num_threads: int | None = None
+    max_model_len: int | None = None
+    max_num_batched_tokens: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    quantization: str | None = None
+
+    def overrides(self) -> dict[int, dict[str, Any]]:
+        both: dict[str, Any] = {}
+        if self.dtype not in (None, "auto"):
+            both["engine"] = {"dtype": self.dtype}
+        if self.max_num_seqs is not None:
+            both = merge(both, {"engine": {"max_num_seqs": self.max_num_seqs}})
+        if self.num_threads is not None:
+            both["executor_options"] = {"num_threads": self.num_threads}
+        talker = {k: getattr(self, k) for k in ("max_model_len", "max_num_batched_tokens", "kv_cache_memory_bytes", "quantization")
+                  if getattr(self, k) is not None}
+        return {0: merge(both, {"engine": talker}) if talker else both, 1: both}
+
+
 @dataclass(frozen=True)
 class SpeechPipeline:
     config: DeployConfig
@@ -39,14 +76,18 @@ class SpeechPipeline:
     audio_stage: int
 
     @classmethod
-    def for_checkpoint(cls, model_dir: str | os.PathLike[str],
-                       stage_overrides: str | Mapping[Any, Any] | None = None) -> "SpeechPipeline":
-        """The bundled two-stage config with ``model: model_dir`` on both stages (unless an override sets one)."""
-        overrides = parse_stage_overrides(stage_overrides)
+    def for_checkpoint(cls, model_dir: str | os.PathLike[str], stage_overrides: str | Mapping[Any, Any] | None = None,
+                       engine: EngineFlags | None = None) -> "SpeechPipeline":
+        """The bundled two-stage config with ``model: model_dir`` on both stages.
+
+        ``engine`` flags come first, ``stage_overrides`` over them (an override may set ``model`` too).
+        """
+        user = parse_stage_overrides(stage_overrides)
+        flags = (engine or EngineFlags()).overrides()
         model = str(Path(model_dir).resolve())
-        for sid in BUNDLED_STAGES:
-            overrides[sid] = {"model": model, **overrides.get(sid, {})}
-        return cls.from_config(load_deploy_config(BUNDLED, {str(k): v for k, v in overrides.items()}))
+        merged = {sid: merge(merge({"model": model}, flags[sid]), user.pop(sid, {})) for sid in BUNDLED_STAGES}
+        merged.update(user)  # stage ids the bundled config lacks: its loader names them
+        return cls.from_config(load_deploy_config(BUNDLED, {str(k): v for k, v in merged.items()}))
 
     @classmethod
     def from_config(cls, config: DeployConfig) -> "SpeechPipeline":
