@@ -81,6 +81,17 @@ def test_ignore_eos_speaks_exactly_max_tokens_frames(loop_thread, omni, pipeline
     assert audio.shape == (30 * SAMPLES_PER_FRAME,) and np.isfinite(audio).all()
 
 
+def test_stage_processes_stay_within_their_reservations(loop_thread, omni, pipeline) -> None:
+    # RssAnon of each stage process after serving, against its planned reservation (shared-memory
+    # payload buffers are RssShmem, not RssAnon: the transport item is left out).
+    loop_thread.run(collect(omni, pipeline, "Fill the buffers.", {"voice": "ryan", "max_tokens": 40, "ignore_eos": True}))
+    for sid, pid in omni.worker_pids().items():
+        status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status"))
+        measured = int(status["RssAnon"].split()[0]) * 1024
+        reservation = omni.plan.stage(sid).reservation
+        assert measured <= reservation.total_bytes - reservation.transport_bytes, (sid, measured, reservation)
+
+
 def test_sync_omni_generates_a_batch(pipeline) -> None:
     case = CASES["english_ryan"]
     with Omni(pipeline.config) as omni:

@@ -43,6 +43,15 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
 CODE_BYTES = 8  # codec_codes/1 travels as int64
 PCM_BYTES = 4  # pcm_audio/1 is float32
+MiB = 1 << 20
+# A stage process beyond an engine worker (memory/overhead.json worker_bytes): the runtime's modules
+# (pydantic, yaml, transport), conv and matmul scratch, allocator arenas. Measured 150-158 MiB RssAnon
+# in all for a tiny-model stage; checked by tests/tts/test_tts_pipeline.py.
+STAGE_EXTRA_BYTES = 24 * MiB
+
+
+def stage_runtime_bytes() -> int:
+    return runtime_overhead()["worker_bytes"] + STAGE_EXTRA_BYTES
 
 
 def stage_threads(requested: int | None) -> int:
@@ -151,7 +160,7 @@ def talker_reservation(stage: "StageConfig", max_chunk_frames: int) -> Reservati
     sizes = talker_bytes(config, engine)
     return ReservationPlan(
         weights_bytes=sizes.weights, kv_bytes=sizes.kv, buffers_bytes=sizes.buffers,
-        runtime_bytes=runtime_overhead()["worker_bytes"] + tokenizer_bytes(Path(engine.model)),
+        runtime_bytes=stage_runtime_bytes() + tokenizer_bytes(Path(engine.model)),
         max_payload_bytes=max_chunk_frames * config.talker.num_code_groups * CODE_BYTES,
     )
 
@@ -186,6 +195,6 @@ def code2wav_reservation(stage: "StageConfig", max_chunk_frames: int, left_conte
         weights_bytes=code2wav_weight_bytes(Path(settings.model), dtype_bytes),
         kv_bytes=settings.max_num_seqs * per_stream,
         buffers_bytes=decode_activation_bytes(config, decoded, dtype_bytes),
-        runtime_bytes=runtime_overhead()["worker_bytes"],
+        runtime_bytes=stage_runtime_bytes(),
         max_payload_bytes=max_chunk_frames * config.samples_per_frame * PCM_BYTES,
     )
