@@ -16,6 +16,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "archive": ("edge_infer.bench.archive", "create, verify or restore a result archive (SHA-256 manifest)"),
     "report": ("edge_infer.bench.report", "Markdown tables and PNG plots from grid results"),
     "serve": ("edge_infer.bench.serve", "serving TTFT/ITL/throughput at 1/2/4 clients vs the engine without HTTP"),
+    "transport": ("edge_infer.bench.transport", "per-chunk cost between stage processes: inline vs shared memory, by size"),
+    "pipeline": ("edge_infer.bench.pipeline", "a text model as an omni stage vs the engine alone; stage start-up cost"),
 }
 
 
