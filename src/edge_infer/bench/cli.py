@@ -15,6 +15,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "grid": ("edge_infer.bench.grid", "run arms for rotated passes: median, spread, flags, checks"),
     "archive": ("edge_infer.bench.archive", "create, verify or restore a result archive (SHA-256 manifest)"),
     "report": ("edge_infer.bench.report", "Markdown tables and PNG plots from grid results"),
+    "init-memory": ("edge_infer.bench.init_memory", "ready time from process creation, sampled peak RssAnon, memory at a filled context vs the plan"),
+    "pp-tg": ("edge_infer.bench.pp_tg", "edge-infer prefill/decode rates with llama-bench semantics (one JSON line)"),
+    "reliability": ("edge_infer.bench.reliability", "fault behaviours (saturation, cancel, stale handle, oversized plan, worker kill), each a recorded outcome"),
 }
 
 
