@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from edge_infer.bench.runner import numeric_metrics
+from edge_infer.bench.stats import direction_of
 from edge_infer.cli import main
 
-from .engine_models import last_json, run_cli, tiny_text_checkpoint
+from .engine_models import PP_TG_METRICS, last_json, run_cli, tiny_text_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +26,8 @@ def test_init_memory_measures_sane_figures_and_the_plan_reached_the_engine(tiny,
     assert done.returncode == 0, done.stderr
     r = last_json(done.stdout)
     assert json.loads(out.read_text()) == r
+    # As a grid arm: every top-level number is a metric whose direction its name tells.
+    assert [k for k in numeric_metrics(r) if direction_of(k) is None] == []
 
     assert r["rss_anon_tree_mb"] > 0
     assert r["peak_rss_anon_mb"] >= r["rss_anon_tree_mb"]
@@ -32,7 +36,7 @@ def test_init_memory_measures_sane_figures_and_the_plan_reached_the_engine(tiny,
     assert r["ready_s"] >= r["init_s"] + r["import_s"] > 0
     assert [m["phase"] for m in r["phase_marks"]] == [
         "before_import", "after_import", "after_load", "after_trim", "after_generate", "at_context"]
-    assert r["context_len"] == 256
+    assert r["filled_context"]["tokens"] == 256
     assert r["process_tree"]["n_procs_max"] >= 2  # the engine core runs in a worker process
 
     plan = r["plan"]
@@ -48,6 +52,7 @@ def test_pp_tg_prints_llama_bench_rates_and_what_was_loaded(tiny):
     done = run_cli("bench", "pp-tg", str(tiny), "--pp", "32", "--tg", "8", "--reps", "2", "--dtype", "float32")
     assert done.returncode == 0, done.stderr
     r = last_json(done.stdout)
+    assert set(numeric_metrics(r)) == PP_TG_METRICS
     for key in ("pp_tps", "tg_tps", "pp_tps_median", "tg_tps_median"):
         assert r[key] > 0, key
     assert len(r["raw"]["reps"]) == 2 and r["engine"] == "edge-infer"

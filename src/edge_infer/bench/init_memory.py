@@ -148,7 +148,7 @@ def measure(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any
     return {
         **figures,
         "model": model_dir,
-        "context_len": context_len,
+        "filled_context": {"tokens": context_len, "prompt_tokens": context_len - args.generate, "generated_tokens": args.generate},
         "plan_vs_measured": plan_vs_measured(plan, ready, figures),
         "phase_marks": [
             {"phase": m.phase, "t_s": m.t_s, "rss_anon_mb": mib(m.rss_anon_bytes), "peak_so_far_mb": mib(m.peak_so_far_bytes)}
