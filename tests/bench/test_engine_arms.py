@@ -49,7 +49,7 @@ def test_init_memory_measures_sane_figures_and_the_plan_reached_the_engine(tiny,
 
 @pytest.mark.slow
 def test_pp_tg_prints_llama_bench_rates_and_what_was_loaded(tiny):
-    done = run_cli("bench", "pp-tg", str(tiny), "--pp", "32", "--tg", "8", "--reps", "2", "--dtype", "float32")
+    done = run_cli("bench", "pp-tg", str(tiny), "--pp", "32", "--tg", "16", "--reps", "2", "--dtype", "float32")
     assert done.returncode == 0, done.stderr
     r = last_json(done.stdout)
     assert set(numeric_metrics(r)) == PP_TG_METRICS

@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "report": ("edge_infer.bench.report", "Markdown tables and PNG plots from grid results"),
     "init-memory": ("edge_infer.bench.init_memory", "ready time from process creation, sampled peak RssAnon, memory at a filled context vs the plan"),
     "pp-tg": ("edge_infer.bench.pp_tg", "edge-infer prefill/decode rates with llama-bench semantics (one JSON line)"),
+    "llamacpp": ("edge_infer.bench.llamacpp", "the llama.cpp baseline: GGUF export, quantize, pp-tg arm, greedy check"),
     "reliability": ("edge_infer.bench.reliability", "fault behaviours (saturation, cancel, stale handle, oversized plan, worker kill), each a recorded outcome"),
 }
 
