@@ -15,7 +15,7 @@ CHATML = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 # The metrics both engines' pp-tg arms print (so one grid compares them key by key).
-PP_TG_METRICS = {"pp_tps", "tg_tps", "pp_tps_median", "tg_tps_median", "init_s", "rss_anon_mb", "rss_file_mb"}
+PP_TG_METRICS = {"pp_tps", "tg_tps", "pp_median_tps", "tg_median_tps", "init_s", "rss_anon_mb", "rss_file_mb"}
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CORPUS = [
     "The lighthouse keeper climbed the stairs every evening to light the lamp.",

@@ -53,7 +53,7 @@ def test_pp_tg_prints_llama_bench_rates_and_what_was_loaded(tiny):
     assert done.returncode == 0, done.stderr
     r = last_json(done.stdout)
     assert set(numeric_metrics(r)) == PP_TG_METRICS
-    for key in ("pp_tps", "tg_tps", "pp_tps_median", "tg_tps_median"):
+    for key in ("pp_tps", "tg_tps", "pp_median_tps", "tg_median_tps"):
         assert r[key] > 0, key
     assert len(r["raw"]["reps"]) == 2 and r["engine"] == "edge-infer"
     assert r["loaded"]["dtype"] == "float32"

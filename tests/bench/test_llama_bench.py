@@ -4,6 +4,8 @@ from __future__ import annotations
 import pytest
 
 from edge_infer.bench.llama_bench import PpTgSettings, RepTimes, measure, prompt_ids, rates
+from edge_infer.bench.runner import numeric_metrics
+from edge_infer.bench.stats import direction_of
 
 
 def test_measure_runs_warmup_then_pp_tg1_tg_per_rep_from_the_same_one_token_prompt():
@@ -35,10 +37,12 @@ def test_rates_subtract_the_one_token_prefill_and_report_best_and_median():
     s = PpTgSettings(pp=100, tg=11, reps=3)
     reps = [RepTimes(pp_s=0.5, tg1_s=0.1, tg_s=1.1), RepTimes(pp_s=0.25, tg1_s=0.1, tg_s=2.1), RepTimes(pp_s=1.0, tg1_s=0.2, tg_s=0.7)]
     out = rates(reps, s)
-    assert out["pp_tps"] == 400.0 and out["pp_tps_median"] == 200.0
+    assert out["pp_tps"] == 400.0 and out["pp_median_tps"] == 200.0
     # (tg - 1) / (t_tg - t_1): 10/1.0, 10/2.0, 10/0.5
-    assert out["tg_tps"] == 20.0 and out["tg_tps_median"] == 10.0
+    assert out["tg_tps"] == 20.0 and out["tg_median_tps"] == 10.0
     assert out["raw"]["tg_tps"] == [10.0, 5.0, 20.0]
+    # Printed by a grid arm, every number must be a rate the grid knows to maximise.
+    assert {k: direction_of(k) for k in numeric_metrics(out)} == dict.fromkeys(out.keys() - {"raw"}, "max")
 
 
 def test_rates_refuse_when_no_repetition_yields_a_decode_rate():

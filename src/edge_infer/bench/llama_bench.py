@@ -103,9 +103,9 @@ def rates(reps: list[RepTimes], s: PpTgSettings) -> dict[str, Any]:
         )
     out: dict[str, Any] = {
         "pp_tps": round(max(pp_rates), 3),
-        "pp_tps_median": round(statistics.median(pp_rates), 3),
+        "pp_median_tps": round(statistics.median(pp_rates), 3),
         "tg_tps": round(max(tg_rates), 3),
-        "tg_tps_median": round(statistics.median(tg_rates), 3),
+        "tg_median_tps": round(statistics.median(tg_rates), 3),
     }
     out["raw"] = {
         "reps": [asdict(r) for r in reps],
