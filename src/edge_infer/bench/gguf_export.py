@@ -184,7 +184,8 @@ def export_gguf(model_dir: str | Path, out: str | Path, outtype: str = "bf16") -
     import numpy as np
     from safetensors import safe_open
 
-    from edge_infer.models.checkpoint import read_tensor_index
+    from edge_infer.models.checkpoint import check_checkpoint
+    from edge_infer.models.weights import weight_specs
 
     if outtype not in OUTTYPES:
         raise ValueError(f"outtype {outtype!r} is not supported; use one of {', '.join(OUTTYPES)}")
@@ -197,7 +198,7 @@ def export_gguf(model_dir: str | Path, out: str | Path, outtype: str = "bf16") -
         )
     if cfg.quantization_config is not None:
         raise CheckpointError(f"{model_dir} holds quantized weights; export the unquantized checkpoint and quantize the GGUF")
-    index = read_tensor_index(model_dir)
+    index = check_checkpoint(cfg, model_dir, weight_specs(cfg))  # every tensor edge-infer loads is there
     jobs = plan_tensors(cfg, index)
     vocab = read_vocab(model_dir, cfg)
 

@@ -84,7 +84,7 @@ def measure(model: str | None, settings: dict[str, Any], s: llama_bench.PpTgSett
             "worker_pid": ready.pid,
         },
         "settings": {
-            **{k: v for k, v in plan.settings.items()},
+            **plan.settings,
             "pp": s.pp, "tg": s.tg, "reps": s.reps, "seed": s.seed,
             "worker": worker, "prefix_cache": False, "detokenize": False,
         },
