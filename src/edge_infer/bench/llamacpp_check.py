@@ -66,7 +66,9 @@ def run_check(model_dir: Path, gguf: Path, prompts: list[str] | None, n_tokens: 
         params = SamplingParams(max_tokens=n_tokens, temperature=0.0, ignore_eos=True)
         ours = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in ids], params)]
         loaded_dtype = llm.ready.dtype
-    model = LlamaCppModel(gguf, LlamaCppSettings(n_ctx=context, n_batch=context, n_threads=1))
+    # An f32 KV cache when edge-infer runs in fp32, so that llama.cpp does too (its default is f16).
+    kv_type = "f32" if loaded_dtype == "float32" else "f16"
+    model = LlamaCppModel(gguf, LlamaCppSettings(n_ctx=context, n_batch=context, n_threads=1, kv_type=kv_type))
     try:
         theirs = [model.greedy(p, n_tokens) for p in ids]
         loaded = model.loaded()

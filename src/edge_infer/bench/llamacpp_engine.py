@@ -53,6 +53,8 @@ class LlamaCppSettings:
     n_threads: int
     flash_attn: bool = False
     use_mmap: bool = True  # llama-bench's default: weights stay in the page cache (RssFile)
+    # llama.cpp's default KV cache is f16; an f32 one makes an f32 GGUF compute in f32 throughout.
+    kv_type: str = "f16"
 
 
 class LlamaCppModel:
@@ -61,10 +63,11 @@ class LlamaCppModel:
         self._lc = lc
         self.path = path
         self.settings = s
+        kv = {"f16": lc.GGML_TYPE_F16, "f32": lc.GGML_TYPE_F32}[s.kv_type]
         self.llm = lc.Llama(
             model_path=str(path), n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_batch,
             n_threads=s.n_threads, n_threads_batch=s.n_threads, flash_attn=s.flash_attn,
-            use_mmap=s.use_mmap, logits_all=False, n_gpu_layers=0, verbose=False,
+            use_mmap=s.use_mmap, type_k=kv, type_v=kv, logits_all=False, n_gpu_layers=0, verbose=False,
         )
         self.n_vocab = self.llm.n_vocab()
 
@@ -106,6 +109,7 @@ class LlamaCppModel:
             "n_batch": self.settings.n_batch,
             "flash_attn": self.settings.flash_attn,
             "use_mmap": self.settings.use_mmap,
+            "kv_cache_type": self.settings.kv_type,
             "system_info": lc.llama_print_system_info().decode(errors="replace").strip(),
         }
 
