@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
         return serve_speech(args, _serve)
     try:
-        frontend = Frontend.create(args.model, **engine_settings(args))
+        frontend = Frontend.create(args.model, frontend="server", **engine_settings(args))
     except PlanRefusedError as exc:
         print(exc, file=sys.stderr)
         print("error: the model does not fit; use one of the levers above (nothing was loaded)", file=sys.stderr)
