@@ -33,6 +33,11 @@ def one_thread():
     torch.set_num_threads(previous)
 
 
+def kv_bytes_per_position() -> int:
+    shape = json.loads((TINY / "config.json").read_text())["talker_config"]
+    return 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * 4  # K and V, fp32
+
+
 def engine(kv_bytes: int = 1 << 20, max_num_seqs: int = 8, max_num_batched_tokens: int = 64) -> TalkerEngine:
     return load_talker_engine(EngineConfig(
         model=str(TINY), dtype="float32", max_model_len=128, max_num_seqs=max_num_seqs,
@@ -85,7 +90,7 @@ def test_batched_requests_each_match_the_reference_codes(roomy: TalkerEngine) ->
 
 def test_preempted_requests_are_recomputed_to_the_same_codes() -> None:
     # 8 blocks of 16 positions: the five prompts and their frames do not fit together.
-    eng = engine(kv_bytes=8 * 16 * eng_bytes_per_token(), max_num_batched_tokens=32)
+    eng = engine(kv_bytes=8 * 16 * kv_bytes_per_position(), max_num_batched_tokens=32)
     for name in GREEDY:
         submit(eng, name)
     frames = drain(eng)
@@ -93,11 +98,6 @@ def test_preempted_requests_are_recomputed_to_the_same_codes() -> None:
     for name in GREEDY:
         assert frames[name] == CASES[name]["codes"], name
     assert eng.scheduler.allocator.num_used == 0
-
-
-def eng_bytes_per_token() -> int:
-    shape = json.loads((TINY / "config.json").read_text())["talker_config"]
-    return 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * 4
 
 
 def test_prompt_length_is_the_prefill_the_engine_builds(roomy: TalkerEngine) -> None:
@@ -139,4 +139,4 @@ def test_bad_requests_are_refused_with_the_reason(roomy: TalkerEngine) -> None:
 
 def test_a_kv_budget_below_one_request_is_refused_at_start() -> None:
     with pytest.raises(ValueError, match="kv_cache_memory_bytes"):
-        engine(kv_bytes=4 * 16 * eng_bytes_per_token())
+        engine(kv_bytes=4 * 16 * kv_bytes_per_position())

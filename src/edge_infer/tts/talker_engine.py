@@ -71,15 +71,6 @@ class _Request:
         return self.prompt.prefill.shape[0]
 
 
-@dataclass
-class TalkerStats:
-    steps: int = 0
-    frames: int = 0
-    num_preemptions: int = 0
-    kv_blocks_total: int = 0
-    kv_blocks_used: int = 0
-
-
 class TalkerEngine:
     def __init__(self, config: Qwen3TTSConfig, engine: EngineConfig, talker: PagedTalker):
         self.config = config
@@ -93,8 +84,6 @@ class TalkerEngine:
         self.group = shape.num_heads // shape.num_kv_heads
         self.eos = config.talker.codec.eos
         self.requests: dict[str, _Request] = {}
-        self.steps = 0
-        self.frames = 0
         if self.capacity_tokens < engine.max_model_len:
             raise ValueError(
                 f"kv_cache_memory_bytes={engine.kv_cache_memory_bytes} holds {self.capacity_tokens} Talker positions, "
@@ -140,12 +129,6 @@ class TalkerEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_schedulable()
 
-    def stats(self) -> TalkerStats:
-        return TalkerStats(
-            steps=self.steps, frames=self.frames, num_preemptions=self.scheduler.num_preemptions,
-            kv_blocks_total=self.cache.num_blocks, kv_blocks_used=self.scheduler.allocator.num_used,
-        )
-
     # -- the loop ------------------------------------------------------------
 
     def _inputs(self, req: _Request, start: int, end: int) -> torch.Tensor:
@@ -173,7 +156,6 @@ class TalkerEngine:
         step = prepare_step(batch, self.layout.block_size, self.group, None)
         x = torch.cat([self._inputs(self.requests[item.seq.request_id], start, end) for item, start, end in step.spans])
         hidden = self.talker.decoder.decode(x, step.positions, step.meta, self.cache)
-        self.steps += 1
         for item in batch:
             item.seq.num_computed += item.num_new
         if not step.sampling:
@@ -203,7 +185,6 @@ class TalkerEngine:
         index = len(req.frame_inputs)
         req.frame_inputs.append(self.talker.embed_frame(frame) + req.prompt.text_for_step(index))
         req.seq.output_token_ids.append(int(frame[0]))
-        self.frames += 1
         if len(req.frame_inputs) >= req.max_frames:
             return self._finish(req, frame, "length")
         return FrameEvent(req.seq.request_id, frame)

@@ -38,7 +38,7 @@ class TalkerDecoder(DecoderLM):
     def weight_specs(self) -> list[WeightSpec]:
         return talker_specs(self.cfg)
 
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+    def head(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Final norm over decoder outputs ``[n, hidden]``; returns (normed hidden, fp32 codec logits)."""
         normed = rms_norm(hidden, self.final_norm, self.cfg.rms_norm_eps)
         return normed, self.lm_head(normed).float()
