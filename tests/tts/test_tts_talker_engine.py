@@ -140,3 +140,11 @@ def test_bad_requests_are_refused_with_the_reason(roomy: TalkerEngine) -> None:
 def test_a_kv_budget_below_one_request_is_refused_at_start() -> None:
     with pytest.raises(ValueError, match="kv_cache_memory_bytes"):
         engine(kv_bytes=4 * 16 * kv_bytes_per_position())
+
+
+def test_planned_weight_and_kv_bytes_are_what_the_engine_holds(roomy: TalkerEngine) -> None:
+    from edge_infer.tts.planning import talker_bytes
+
+    planned = talker_bytes(roomy.config, roomy.engine)
+    assert planned.weights == roomy.talker.resident_bytes()
+    assert planned.kv == roomy.cache.nbytes + roomy.predictor.cache.nbytes

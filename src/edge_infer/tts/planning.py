@@ -106,7 +106,8 @@ def talker_kv_layout(config: Qwen3TTSConfig, dtype: str) -> KVLayout:
 def _spec_bytes(specs: list[WeightSpec], dtype_bytes: int, quant: QuantConfig | None) -> int:
     total = 0
     for spec in specs:
-        if spec.is_linear and quant is not None:
+        # As the int4 installer does: every linear but the Talker's codec head (unless quantize_head).
+        if spec.is_linear and quant is not None and (spec.target != "lm_head" or quant.quantize_head):
             from edge_infer.quant.sizes import linear_nbytes
 
             total += linear_nbytes(spec, quant, dtype_bytes)
