@@ -36,6 +36,11 @@ def test_tts_without_text_says_how_to_call_it(checkpoint: Path, capsys) -> None:
     assert "give the text to speak" in capsys.readouterr().err
 
 
+def test_tts_writes_only_wav_or_flac(checkpoint: Path, capsys) -> None:
+    assert main(["tts", str(checkpoint), "hello", "-o", "hello.mp3"]) == 2
+    assert ".wav or .flac" in capsys.readouterr().err
+
+
 def test_tts_on_a_directory_that_is_not_a_checkpoint(tmp_path: Path, capsys) -> None:
     assert main(["tts", str(tmp_path), "hello"]) == 2
     assert "config.json not found" in capsys.readouterr().err

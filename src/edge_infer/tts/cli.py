@@ -49,7 +49,7 @@ async def speak(args: argparse.Namespace, voice: str) -> int:
 
     pipeline = SpeechPipeline.for_checkpoint(args.model, args.stage_overrides)
     out_path = Path(args.output)
-    fmt = out_path.suffix.lstrip(".").upper() or "WAV"
+    fmt = out_path.suffix.lstrip(".").upper()
     async with AsyncOmni(pipeline.config) as omni:
         timing = SpeechTiming()
         sink = None
@@ -92,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.text:
         print("error: give the text to speak (edge-infer tts DIR \"text\" -o out.wav)", file=sys.stderr)
+        return 2
+    if Path(args.output).suffix.lower() not in (".wav", ".flac"):
+        print(f"error: write a .wav or .flac file, not {args.output!r}", file=sys.stderr)
         return 2
     voice = args.voice or voices[0]
     try:
