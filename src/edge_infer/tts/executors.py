@@ -17,8 +17,9 @@ method: cheaper state, approximate joins).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 from pydantic import Field
@@ -152,7 +153,7 @@ class Code2WavOptions(ExecutorOptions):
 
 @dataclass
 class _Stream:
-    decoder: Any  # DecodeState, or StreamingDecoder in left-context mode
+    decode: Callable[["torch.Tensor"], "torch.Tensor"]  # frames [n, Q] -> PCM, continuing this stream
     pending: list[np.ndarray] = field(default_factory=list)
     count: int = 0
     ended: bool = False
@@ -197,8 +198,11 @@ class Code2WavExecutor(StageExecutor):
 
     def submit(self, request_id: str, params: dict[str, Any]) -> None:
         context = self.opts.left_context_frames
-        decoder = self.model.new_state() if context is None else self.StreamingDecoder(self.model, context)
-        self.streams[request_id] = _Stream(decoder)
+        if context is None:
+            decode = functools.partial(self.model, state=self.model.new_state())
+        else:
+            decode = self.StreamingDecoder(self.model, context).push
+        self.streams[request_id] = _Stream(decode)
 
     def feed(self, request_id: str, payload: Payload) -> None:
         codes = np.asarray(payload.data).astype(np.int64, copy=False)
@@ -218,14 +222,6 @@ class Code2WavExecutor(StageExecutor):
     def has_work(self) -> bool:
         return any(s.count or s.ended for s in self.streams.values())
 
-    def _decode(self, stream: _Stream, codes: np.ndarray) -> np.ndarray:
-        frames = self.torch.from_numpy(codes)
-        if isinstance(stream.decoder, self.StreamingDecoder):
-            pcm = stream.decoder.push(frames)
-        else:
-            pcm = self.model(frames, stream.decoder)
-        return pcm.float().numpy()
-
     def step(self) -> list[StepOutput]:
         out = []
         for rid, stream in list(self.streams.items()):
@@ -233,8 +229,8 @@ class Code2WavExecutor(StageExecutor):
                 continue
             payload = None
             if stream.count:
-                pcm = self._decode(stream, stream.take(self.opts.max_chunk_frames))
-                payload = Payload("pcm_audio/1", pcm, dict(self.metadata))
+                pcm = stream.decode(self.torch.from_numpy(stream.take(self.opts.max_chunk_frames)))
+                payload = Payload("pcm_audio/1", pcm.float().numpy(), dict(self.metadata))
             finished = stream.ended and stream.count == 0
             out.append(StepOutput(rid, payload, finished=finished))
             if finished:
