@@ -140,10 +140,11 @@ def talker_bytes(config: Qwen3TTSConfig, engine: EngineConfig) -> TalkerBytes:
     rope = 2 * 4 * (engine.max_model_len * talker.shape.head_dim + talker.num_code_groups * pshape.head_dim)
     # Prompt rows and fed-back frames of every running request, one hidden vector per position.
     embeddings = engine.max_num_seqs * engine.max_model_len * talker.shape.hidden_size * dtype_bytes
+    # The predictor runs within the Talker's step: its activations, but the step's fixed scratch only once.
+    predictor_acts = activation_bytes(predictor, dtype_bytes, 2 * engine.max_num_seqs, engine.max_num_seqs, talker.num_code_groups)
     buffers = (
         activation_bytes(decoder, dtype_bytes, engine.max_num_batched_tokens, engine.max_num_seqs, engine.max_model_len)
-        + activation_bytes(predictor, dtype_bytes, 2 * engine.max_num_seqs, engine.max_num_seqs, talker.num_code_groups)
-        + rope + embeddings
+        + predictor_acts - int(runtime_overhead()["activation_fixed_bytes"]) + rope + embeddings
     )
     return TalkerBytes(weights, kv, buffers)
 
