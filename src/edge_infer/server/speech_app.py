@@ -76,7 +76,7 @@ def build_speech_app(state: SpeechServerState, loader: Callable[[], Awaitable[No
     @app.get("/health", responses={503: {"description": "loading, shutting down, or a pipeline stage is down"}})
     async def health() -> JSONResponse:
         if state.phase == "ready" and state.healthy():
-            return JSONResponse({"status": "ok"})
+            return JSONResponse({"status": "ok", "stages": [st.to_dict() for st in state.omni.health().stages]})
         if state.phase in ("loading", "failed"):
             return JSONResponse({"status": state.phase, "detail": state.load_error}, status_code=503)
         down = [f"{s.label} is {s.state} ({s.detail})" for s in state.omni.health().stages if s.state != "running"]
