@@ -1,0 +1,54 @@
+"""``edge-infer quantize SRC DST``: write a cpu_int4 (W4A16) checkpoint that loads directly."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _group_size(text: str) -> int:
+    from edge_infer.quant.export import ROW_GROUP
+
+    if text == "row":
+        return ROW_GROUP
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"group size must be an integer or 'row', not {text!r}") from None
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("src", help="bf16/fp32/fp16 Hugging Face checkpoint directory")
+    parser.add_argument("dst", help="new directory for the quantized checkpoint (must not exist or be empty)")
+    parser.add_argument("--group-size", type=_group_size, default=128, help="input columns per scale: 32, 64, 128 or 256 (default 128)")
+    parser.add_argument("--asym", action="store_true", help="asymmetric: a zero point per group (default symmetric)")
+    parser.add_argument("--quantize-head", action="store_true", help="quantize the output head too (a tied head is the embedding table)")
+    parser.add_argument(
+        "--simulate", action="store_true",
+        help="write dequantized float weights instead (any --group-size, or 'row' for one group per row): "
+        "a float checkpoint that behaves like that quantizer, for `edge-infer bench fidelity`",
+    )
+    parser.add_argument("--shard-bytes", type=int, default=2 << 30, help="split the output into shards of at most this size")
+
+
+def run(args: argparse.Namespace) -> int:
+    from edge_infer.engine.config import QuantConfig
+    from edge_infer.errors import EdgeInferError
+    from edge_infer.quant.export import ROW_GROUP, quantize_checkpoint
+
+    if args.group_size == ROW_GROUP and not args.simulate:
+        print("error: --group-size row is only possible with --simulate (the int4 kernel needs 32, 64, 128 or 256)", file=sys.stderr)
+        return 2
+    quant = QuantConfig(group_size=args.group_size, symmetric=not args.asym, quantize_head=args.quantize_head)
+    try:
+        result = quantize_checkpoint(args.src, args.dst, quant, simulate=args.simulate, shard_bytes=args.shard_bytes)
+    except EdgeInferError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    group = "row" if args.group_size == ROW_GROUP else f"g{args.group_size}"
+    kind = "simulated (dequantized float)" if args.simulate else "cpu_int4"
+    print(
+        f"wrote {kind} {group} {'asym' if args.asym else 'sym'} checkpoint to {result.out_dir}: "
+        f"{result.quantized_tensors} tensors quantized, {result.copied_tensors} copied, "
+        f"{result.source_bytes / 2**20:,.1f} MiB -> {result.written_bytes / 2**20:,.1f} MiB"
+    )
+    return 0
