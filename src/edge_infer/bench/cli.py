@@ -15,6 +15,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "grid": ("edge_infer.bench.grid", "run arms for rotated passes: median, spread, flags, checks"),
     "archive": ("edge_infer.bench.archive", "create, verify or restore a result archive (SHA-256 manifest)"),
     "report": ("edge_infer.bench.report", "Markdown tables and PNG plots from grid results"),
+    "fidelity": ("edge_infer.bench.fidelity", "top-1 agreement, KL and greedy divergence of a candidate vs a reference"),
 }
 
 
