@@ -96,3 +96,12 @@ def test_kernel_bytes_equal_planned_bytes_and_real_storage():
         kernel = Int4Kernel(300, 200, 64, dtype)
         storage = kernel.packed.untyped_storage().nbytes() + kernel.scales_zeros.untyped_storage().nbytes()
         assert kernel.nbytes == storage == linear_nbytes(spec, QuantConfig(group_size=64), nbytes)
+
+
+@pytest.mark.parametrize("cols", [64, 80])
+def test_quantizing_leaves_the_callers_weights_untouched(cols):
+    weight = torch.randn(16, cols)
+    before = weight.clone()
+    for symmetric in (True, False):
+        quantize_rows(weight, 32, symmetric)
+    assert torch.equal(weight, before)

@@ -36,20 +36,23 @@ def quantize_rows(weight: torch.Tensor, group_size: int, symmetric: bool) -> Qua
     """Quantize ``weight [rows, K]``; K is zero-padded to a multiple of ``group_size``."""
     rows, cols = weight.shape
     padded_cols = -(-cols // group_size) * group_size
+    # One fp32 working copy, changed in place below (this runs over every weight while loading).
     w = weight.float()
     if padded_cols != cols:
         w = torch.nn.functional.pad(w, (0, padded_cols - cols))
+    elif w is weight:
+        w = w.clone()
     groups = w.view(rows, padded_cols // group_size, group_size)
+    lo, hi = torch.aminmax(groups, dim=-1)
     if symmetric:
-        scale = (groups.abs().amax(-1) / 7).clamp_min(MIN_SCALE).to(SCALE_DTYPE)
+        scale = (torch.maximum(-lo, hi) / 7).clamp_min(MIN_SCALE).to(SCALE_DTYPE)
         zero = torch.zeros_like(scale)
     else:
-        lo, hi = groups.amin(-1), groups.amax(-1)
         scale = ((hi - lo) / 15).clamp_min(MIN_SCALE).to(SCALE_DTYPE)
         zero = (lo + 8 * scale.float()).to(SCALE_DTYPE)
-    q = torch.round((groups - zero.float().unsqueeze(-1)) / scale.float().unsqueeze(-1)) + 8
-    codes = q.clamp_(0, 15).to(torch.uint8).view(rows, padded_cols)
-    return QuantizedRows(codes, scale, zero)
+        groups.sub_(zero.float().unsqueeze(-1))
+    groups.div_(scale.float().unsqueeze(-1)).round_().add_(8).clamp_(0, 15)
+    return QuantizedRows(groups.to(torch.uint8).view(rows, padded_cols), scale, zero)
 
 
 def dequantize_rows(q: QuantizedRows, group_size: int, cols: int | None = None) -> torch.Tensor:
