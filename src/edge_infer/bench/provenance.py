@@ -18,6 +18,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from edge_infer.memory.system import cpu_model
+
 # Environment variables that change how many threads a process uses or which
 # code path it takes; any variable starting with one of these is recorded.
 THREAD_ENV_PREFIXES = (
@@ -56,17 +58,6 @@ class Provenance(BaseModel):
 
 def now_utc() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-
-
-def cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
 
 
 def thread_env(environ: dict[str, str] | None = None) -> dict[str, str]:

@@ -16,6 +16,7 @@ from edge_infer.engine.protocol import EngineRequest
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.errors import CheckpointError, InvalidRequestError, PlanRefusedError
 from edge_infer.memory.plan import TextPlan, plan_text_session
+from edge_infer.models.config import ModelConfig
 from edge_infer.models.generation_config import GenerationDefaults
 from edge_infer.models.tokenizer import Tokenizer
 
@@ -62,6 +63,7 @@ class Frontend:
     def create(cls, model: str | Path | None = None, skip_tokenizer_init: bool = False, **settings: Any) -> "Frontend":
         """Resolve, tokenize and plan; raises PlanRefusedError when the plan does not fit."""
         model_dir = resolve_model(model)
+        ModelConfig.from_dir(model_dir)  # a broken or unsupported config is the first thing to report
         tokenizer = None if skip_tokenizer_init else Tokenizer(model_dir)
         defaults = GenerationDefaults.from_dir(model_dir, tokenizer.eos_token_id if tokenizer else None)
         plan = plan_text_session(model_dir, eos_token_ids=defaults.eos_token_ids, **settings)

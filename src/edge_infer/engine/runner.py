@@ -1,5 +1,13 @@
-"""Turns a scheduled batch into one forward pass and the logits to sample from."""
+"""Turns a scheduled batch into one forward pass and the logits to sample from.
+
+``prepare_step`` is model-agnostic: positions, cache slots, per-sequence
+attention metadata and the rows that need an output. Any decoder that runs
+over the paged cache (the text models here, the Qwen3-TTS Talker) builds its
+step from it and supplies its own inputs for each token span.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -7,6 +15,46 @@ from edge_infer.engine.attention import AttentionMetadata, build_seq_attention
 from edge_infer.engine.kv_cache import KVCache
 from edge_infer.engine.scheduler import ScheduledSeq
 from edge_infer.models.llama import DecoderLM
+
+
+@dataclass
+class StepBatch:
+    spans: list[tuple[ScheduledSeq, int, int]]  # (item, first position, end position) computed this step
+    positions: torch.Tensor  # int64 [T]
+    meta: AttentionMetadata
+    output_rows: torch.Tensor  # int64 rows of the flat batch that need an output
+    sampling: list[ScheduledSeq]  # the items whose last token is computed (they sample), in row order
+
+
+def prepare_step(
+    batch: list[ScheduledSeq], block_size: int, group: int, sliding_window: int | None, all_rows: bool = False
+) -> StepBatch:
+    positions: list[int] = []
+    slots: list[int] = []
+    seqs = []
+    rows: list[int] = []
+    sampling: list[ScheduledSeq] = []
+    spans = []
+    for item in batch:
+        seq = item.seq
+        start, end = seq.num_computed, seq.num_computed + item.num_new
+        q_start = len(positions)
+        spans.append((item, start, end))
+        positions.extend(range(start, end))
+        slots.extend(seq.blocks[p // block_size] * block_size + p % block_size for p in range(start, end))
+        seqs.append(build_seq_attention(q_start, item.num_new, end, seq.blocks, block_size, group, sliding_window))
+        if all_rows:
+            rows.extend(range(q_start, len(positions)))
+        elif item.samples:
+            rows.append(len(positions) - 1)
+            sampling.append(item)
+    return StepBatch(
+        spans=spans,
+        positions=torch.tensor(positions, dtype=torch.long),
+        meta=AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.long), seqs=seqs),
+        output_rows=torch.tensor(rows, dtype=torch.long),
+        sampling=sampling,
+    )
 
 
 class ModelRunner:
@@ -22,37 +70,12 @@ class ModelRunner:
     def forward(self, batch: list[ScheduledSeq], all_logits: bool = False) -> tuple[torch.Tensor, list[ScheduledSeq]]:
         """Run the batch; returns fp32 logits ``[S, vocab]`` for the S sequences that sample
         (with ``all_logits``, one row per computed token instead)."""
+        step = prepare_step(batch, self.block_size, self.group, self.sliding_window, all_logits)
         ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        seqs = []
-        logits_rows: list[int] = []
-        sampling: list[ScheduledSeq] = []
-        bs = self.block_size
-        for item in batch:
-            seq = item.seq
-            start, end = seq.num_computed, seq.num_computed + item.num_new
-            q_start = len(ids)
-            ids.extend(seq.token_slice(start, end))
-            positions.extend(range(start, end))
-            slots.extend(seq.blocks[p // bs] * bs + p % bs for p in range(start, end))
-            seqs.append(
-                build_seq_attention(q_start, item.num_new, end, seq.blocks, bs, self.group, self.sliding_window)
-            )
-            if all_logits:
-                logits_rows.extend(range(q_start, len(ids)))
-            elif item.samples:
-                logits_rows.append(len(ids) - 1)
-                sampling.append(item)
-        meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.long), seqs=seqs)
-        logits = self.model(
-            torch.tensor(ids, dtype=torch.long),
-            torch.tensor(positions, dtype=torch.long),
-            meta,
-            self.cache,
-            torch.tensor(logits_rows, dtype=torch.long),
-        )
-        return logits, sampling
+        for item, start, end in step.spans:
+            ids.extend(item.seq.token_slice(start, end))
+        logits = self.model(torch.tensor(ids, dtype=torch.long), step.positions, step.meta, self.cache, step.output_rows)
+        return logits, step.sampling
 
     def forward_all_logits(self, item: ScheduledSeq) -> torch.Tensor:
         return self.forward([item], all_logits=True)[0]

@@ -11,7 +11,8 @@ from edge_infer.engine.cli_args import add_engine_args, engine_settings
 def configure(parser: argparse.ArgumentParser) -> None:
     add_engine_args(parser)
     parser.add_argument("--deploy-config", default=None, help="plan a multi-stage deploy config instead of one text model")
-    parser.add_argument("--profile", default=None, help="device profile file for --deploy-config")
+    parser.add_argument("--profile", default=None, help="device profile (a bundled name such as laptop, or a file) for --deploy-config")
+    parser.add_argument("--stage-overrides", default=None, help='per-stage overrides as JSON, e.g. \'{"1": {"device": "igpu"}}\'')
     parser.add_argument("--available-bytes", type=int, default=None, help="plan against this much memory instead of MemAvailable")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 

@@ -185,7 +185,7 @@ def plan_text_session(
     num_threads: int | None = None,
     seed: int = 0,
     eos_token_ids: tuple[int, ...] = (),
-    **_ignored: Any,
+    frontend: str = "library",
 ) -> TextPlan:
     """Plan a text session; see the module docstring. Raises only for unreadable checkpoints."""
     model_dir = str(model)
@@ -225,7 +225,10 @@ def plan_text_session(
     overhead = runtime_overhead()
     tokenizer_json = Path(model_dir) / "tokenizer.json"
     tok_bytes = int(overhead["tokenizer_bytes_per_json_byte"] * (tokenizer_json.stat().st_size if tokenizer_json.exists() else 0))
-    overhead_bytes = overhead["frontend_bytes"] + overhead["worker_bytes"] + tok_bytes
+    if frontend not in ("library", "server"):
+        raise InvalidRequestError(f"frontend must be 'library' or 'server', got {frontend!r}")
+    frontend_bytes = overhead["server_frontend_bytes" if frontend == "server" else "frontend_bytes"]
+    overhead_bytes = frontend_bytes + overhead["worker_bytes"] + tok_bytes
     weights, largest_linear = weight_bytes(cfg, dtype_bytes, quant)
     rope = 2 * max_model_len * cfg.head_dim * 4
     acts = activation_bytes(cfg, dtype_bytes, max_num_batched_tokens, max_num_seqs, max_model_len)
@@ -272,7 +275,7 @@ def plan_text_session(
         )
 
     items = [
-        PlanItem("runtime overhead", overhead_bytes, "anon", "steady", "interpreter, torch, tokenizer (measured once)"),
+        PlanItem("runtime overhead", overhead_bytes, "anon", "steady", f"{frontend} frontend + worker + tokenizer (measured once)"),
         PlanItem("weights", weights, "anon", "steady", _weights_note(cfg, dtype, quant)),
         PlanItem("kv cache", kv_bytes, "anon", "steady", f"{kv_blocks} blocks x {layout.bytes_per_block:,} B = {kv_tokens} tokens"),
         PlanItem("rope tables", rope, "anon", "steady", f"cos+sin fp32 for {max_model_len} positions"),

@@ -1,51 +1,81 @@
-"""What this machine offers: available memory (cgroup-aware) and CPU traits."""
+"""What this machine offers: memory (cgroup-aware) and CPU traits, read from /proc and /sys."""
 from __future__ import annotations
 
 import functools
 from pathlib import Path
 
-
-def _meminfo_bytes(key: str) -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
+_UNLIMITED = 1 << 62  # cgroup v1 reports "no limit" as a huge number
 
 
-def _cgroup_headroom_bytes() -> int | None:
-    """memory.max - memory.current of this process's cgroup (v2), if limited."""
+def meminfo() -> dict[str, int]:
+    out = {}
     try:
-        rel = Path("/proc/self/cgroup").read_text().strip().split("::", 1)[1]
-        base = Path("/sys/fs/cgroup") / rel.lstrip("/")
-        limit = (base / "memory.max").read_text().strip()
-        if limit == "max":
-            return None
-        return int(limit) - int((base / "memory.current").read_text())
-    except (OSError, IndexError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts:
+                out[key] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
+    except OSError:
+        pass
+    return out
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
         return None
+    return None if text == "max" else int(text)
 
 
-def available_memory_bytes() -> int:
-    """Memory a new process can still claim: MemAvailable, capped by the cgroup's headroom."""
-    avail = _meminfo_bytes("MemAvailable")
-    headroom = _cgroup_headroom_bytes()
-    return min(avail, headroom) if headroom is not None else avail
-
-
-def total_memory_bytes() -> int:
-    return _meminfo_bytes("MemTotal")
+def cgroup_memory() -> tuple[int | None, int | None, str]:
+    """(limit, usage, where) of the tightest memory cgroup limit over this process's ancestry."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None, None, "no cgroup information"
+    root = Path("/sys/fs/cgroup")
+    for line in lines:
+        _, controllers, rel = line.split(":", 2)
+        if controllers == "":  # v2: one unified hierarchy
+            files, bases = ("memory.max", "memory.current"), [root, root / "unified"]
+        elif "memory" in controllers.split(","):
+            files, bases = ("memory.limit_in_bytes", "memory.usage_in_bytes"), [root / "memory"]
+        else:
+            continue
+        for base in bases:
+            best: tuple[int, int | None, str] | None = None
+            node = base / rel.lstrip("/")
+            for directory in [node, *node.parents]:
+                if not str(directory).startswith(str(base)):
+                    break
+                limit = _read_int(directory / files[0])
+                if limit is not None and limit < _UNLIMITED and (best is None or limit < best[0]):
+                    best = (limit, _read_int(directory / files[1]), str(directory / files[0]))
+            if best is not None:
+                return best
+    return None, None, "no cgroup memory limit"
 
 
 @functools.lru_cache(maxsize=1)
 def cpu_flags() -> frozenset[str]:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split())
+            if line.startswith(("flags", "Features")):
+                return frozenset(line.partition(":")[2].split())
     except OSError:
         pass
     return frozenset()
+
+
+def available_memory_bytes() -> int:
+    """Memory a new process can still claim: MemAvailable, capped by the cgroup's headroom."""
+    info = meminfo()
+    avail = info.get("MemAvailable", info.get("MemTotal", 0))
+    limit, usage, _ = cgroup_memory()
+    if limit is not None:
+        avail = min(avail, max(0, limit - (usage or 0)))
+    return avail
 
 
 def cpu_has_bf16() -> bool:

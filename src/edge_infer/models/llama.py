@@ -132,6 +132,13 @@ class DecoderLM(nn.Module):
             return self.lm_head.kernel.rows(input_ids)
         return F.embedding(input_ids, self.embed)
 
+    def decode(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: "KVCache") -> torch.Tensor:
+        """Run the decoder layers over input embeddings ``[T, hidden]``; returns hidden states."""
+        cos, sin = self.rope.lookup(positions, x.dtype)
+        for n, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, meta, kv_cache.k[n], kv_cache.v[n])
+        return x
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -140,12 +147,8 @@ class DecoderLM(nn.Module):
         kv_cache: "KVCache",
         logits_rows: torch.Tensor,
     ) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
-        cos, sin = self.rope.lookup(positions, x.dtype)
-        for n, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, meta, kv_cache.k[n], kv_cache.v[n])
+        x = self.decode(self.embed_tokens(input_ids), positions, meta, kv_cache)
         if logits_rows.numel() == 0:  # only mid-prompt chunks this step: nothing to sample
             return torch.empty(0, self.cfg.vocab_size)
-        x = x.index_select(0, logits_rows)
-        x = rms_norm(x, self.final_norm, self.cfg.rms_norm_eps)
+        x = rms_norm(x.index_select(0, logits_rows), self.final_norm, self.cfg.rms_norm_eps)
         return self.lm_head(x).float()

@@ -1,0 +1,87 @@
+"""Attention over a KV cache, behind one small function.
+
+``attend`` is the only place where a layer touches its cache, so the
+engine can swap ``ContiguousKVCache`` for its paged cache: any object with
+``start`` (tokens cached before the current forward), ``store(layer, k,
+v)`` (write the new keys/values, return every key/value the new queries may
+see) and ``advance(n)`` (called once after a forward of n tokens) works. Shapes are per sequence, tokens first: ``[T, heads, head_dim]``.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+
+class KVCache(Protocol):
+    start: int
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def advance(self, num_tokens: int) -> None: ...
+
+
+class ContiguousKVCache:
+    """One sequence's keys and values in preallocated [layers, capacity, kv_heads, head_dim] tensors.
+
+    ``start`` moves only in ``advance`` (after all layers of a forward have
+    stored), so every layer of one forward writes at the same offset.
+    """
+
+    def __init__(self, num_layers: int, capacity: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+        shape = (num_layers, capacity, num_kv_heads, head_dim)
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.capacity = capacity
+        self.start = 0
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.start + k.shape[0]
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache full: {end} tokens needed, capacity {self.capacity}")
+        self.k[layer, self.start:end] = k
+        self.v[layer, self.start:end] = v
+        return self.k[layer, :end], self.v[layer, :end]
+
+    def advance(self, num_tokens: int) -> None:
+        self.start += num_tokens
+
+    def reset(self) -> None:
+        self.start = 0
+
+
+def attention_mask(q_start: int, num_q: int, num_k: int, window: int | None,
+                   device: torch.device) -> torch.Tensor | None:
+    """Boolean [num_q, num_k] mask: causal, and within ``window`` keys (itself included) if given.
+
+    ``None`` when every key is visible (a single query at the end of the cache, no window).
+    """
+    if num_q == 1 and window is None and q_start + 1 == num_k:
+        return None
+    q_pos = torch.arange(q_start, q_start + num_q, device=device)[:, None]
+    k_pos = torch.arange(num_k, device=device)[None, :]
+    allowed = k_pos <= q_pos
+    if window is not None:
+        allowed &= k_pos > q_pos - window
+    return allowed
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | None, layer: int,
+           window: int | None = None) -> torch.Tensor:
+    """Causal (optionally sliding-window) attention of new queries over cached + new keys.
+
+    q: [T, Hq, D]; k, v: [T, Hkv, D] (already rotated). Returns [T, Hq * D].
+    Without a cache the T tokens attend among themselves from position 0.
+    """
+    start = 0
+    if cache is not None:
+        start = cache.start
+        k, v = cache.store(layer, k, v)
+    mask = attention_mask(start, q.shape[0], k.shape[0], window, q.device)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+        attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1],
+    )
+    return out.transpose(0, 1).reshape(q.shape[0], -1)

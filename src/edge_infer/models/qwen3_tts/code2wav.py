@@ -1,0 +1,270 @@
+"""Code2Wav: the 12 Hz speech tokenizer's decoder, codec codes -> 24 kHz PCM.
+
+Pipeline for T frames of Q codes::
+
+    split residual VQ   codebook 0 and codebooks 1..Q-1 each summed, projected (1x1 conv), added
+                        -> [codebook_dim, T]
+    pre_conv            causal conv, k=3 -> [latent_dim, T]
+    pre_transformer     linear in, sliding-window causal transformer, linear out -> [latent_dim, T]
+    upsample            per ratio: causal transposed conv (stride = ratio) + ConvNeXt block
+    decoder             causal conv to decoder_dim, then per rate: SnakeBeta + causal
+                        transposed conv (halving channels) + 3 dilated residual units (1, 3, 9),
+                        SnakeBeta, causal conv to 1 channel, clamp to [-1, 1]
+
+Everything is causal, so audio up to frame t depends only on frames <= t,
+and a chunk decoded with enough frames of left context reproduces the
+whole-utterance output (``receptive_field_frames``). Module attributes
+mirror the checkpoint's ``decoder.*`` weight names.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edge_infer.models.qwen3_tts.config import Code2WavConfig
+from edge_infer.models.qwen3_tts.layers import DecoderStack
+
+CODEBOOK_EPS = 1e-5
+SNAKE_EPS = 1e-9
+CONVNEXT_KERNEL = 7
+RESIDUAL_DILATIONS = (1, 3, 9)
+
+
+class Codebook(nn.Module):
+    """EMA-style codebook: the entries are embedding_sum / cluster_usage."""
+
+    def __init__(self, size: int, dim: int) -> None:
+        super().__init__()
+        self.cluster_usage = nn.Parameter(torch.ones(size))
+        self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        table = self.embedding_sum / self.cluster_usage.clamp(min=CODEBOOK_EPS)[:, None]
+        return F.embedding(codes, table)
+
+
+class VectorQuantizer(nn.Module):
+    def __init__(self, size: int, dim: int) -> None:
+        super().__init__()
+        self._codebook = Codebook(size, dim)
+
+
+class _Layers(nn.Module):
+    def __init__(self, count: int, size: int, dim: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(VectorQuantizer(size, dim) for _ in range(count))
+
+
+class ResidualVQ(nn.Module):
+    def __init__(self, count: int, size: int, dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.vq = _Layers(count, size, dim)
+        self.output_proj = nn.Conv1d(dim, out_dim, 1, bias=False)
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [Q, T] -> [1, out_dim, T]."""
+        total = self.vq.layers[0]._codebook(codes[0])
+        for layer, layer_codes in zip(self.vq.layers[1:], codes[1:]):
+            total = total + layer._codebook(layer_codes)
+        return self.output_proj(total.t()[None])
+
+
+class SplitResidualVQ(nn.Module):
+    """Codebook 0 (semantic) and the acoustic rest, each with its own projection."""
+
+    def __init__(self, config: Code2WavConfig) -> None:
+        super().__init__()
+        dim = config.codebook_dim // 2
+        self.rvq_first = ResidualVQ(1, config.codebook_size, dim, config.codebook_dim)
+        self.rvq_rest = ResidualVQ(config.num_quantizers - 1, config.codebook_size, dim, config.codebook_dim)
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        return self.rvq_first(codes[:1]) + self.rvq_rest(codes[1:])
+
+
+class CausalConv(nn.Module):
+    def __init__(self, cin: int, cout: int, kernel: int, dilation: int = 1, groups: int = 1) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(cin, cout, kernel, dilation=dilation, groups=groups)
+        self.left = (kernel - 1) * dilation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.pad(x, (self.left, 0)))
+
+
+class CausalTransposedConv(nn.Module):
+    """Upsample by ``stride``; the tail that would reach past the input's end is cut."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, stride: int) -> None:
+        super().__init__()
+        self.conv = nn.ConvTranspose1d(cin, cout, kernel, stride=stride)
+        self.trim = kernel - stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)
+        return x[..., : x.shape[-1] - self.trim] if self.trim else x
+
+
+class ConvNeXtBlock(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dwconv = CausalConv(dim, dim, CONVNEXT_KERNEL, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.dwconv(x).transpose(1, 2)
+        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(h))))
+        return x + (self.gamma * h).transpose(1, 2)
+
+
+class SnakeBeta(nn.Module):
+    """x + sin^2(x * e^alpha) / e^beta, per channel (alpha, beta stored as logs)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(dim))
+        self.beta = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        alpha = torch.exp(self.alpha)[None, :, None]
+        beta = torch.exp(self.beta)[None, :, None]
+        return x + (1.0 / (beta + SNAKE_EPS)) * torch.pow(torch.sin(x * alpha), 2)
+
+
+class ResidualUnit(nn.Module):
+    def __init__(self, dim: int, dilation: int) -> None:
+        super().__init__()
+        self.act1 = SnakeBeta(dim)
+        self.conv1 = CausalConv(dim, dim, 7, dilation=dilation)
+        self.act2 = SnakeBeta(dim)
+        self.conv2 = CausalConv(dim, dim, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv2(self.act2(self.conv1(self.act1(x))))
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, rate: int) -> None:
+        super().__init__()
+        self.block = nn.ModuleList(
+            [SnakeBeta(cin), CausalTransposedConv(cin, cout, 2 * rate, rate)]
+            + [ResidualUnit(cout, d) for d in RESIDUAL_DILATIONS]
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.block:
+            x = layer(x)
+        return x
+
+
+class PreTransformer(DecoderStack):
+    def __init__(self, config: Code2WavConfig) -> None:
+        super().__init__(config.transformer, qk_norm=False, layer_scale=True)
+        self.input_proj = nn.Linear(config.latent_dim, config.transformer.hidden_size)
+        self.output_proj = nn.Linear(config.transformer.hidden_size, config.latent_dim)
+        self.window = config.sliding_window
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        """[T, latent] -> [T, latent], sliding-window causal attention from position 0."""
+        return self.output_proj(super().forward(self.input_proj(x), None, self.window))
+
+
+class Code2Wav(nn.Module):
+    def __init__(self, config: Code2WavConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.quantizer = SplitResidualVQ(config)
+        self.pre_conv = CausalConv(config.codebook_dim, config.latent_dim, 3)
+        self.pre_transformer = PreTransformer(config)
+        self.upsample = nn.ModuleList(
+            nn.ModuleList([CausalTransposedConv(config.latent_dim, config.latent_dim, r, r), ConvNeXtBlock(config.latent_dim)])
+            for r in config.upsampling_ratios
+        )
+        dims = [config.decoder_dim // 2 ** i for i in range(len(config.upsample_rates) + 1)]
+        self.decoder = nn.ModuleList(
+            [CausalConv(config.latent_dim, config.decoder_dim, 7)]
+            + [DecoderBlock(dims[i], dims[i + 1], rate) for i, rate in enumerate(config.upsample_rates)]
+            + [SnakeBeta(dims[-1]), CausalConv(dims[-1], 1, 7)]
+        )
+
+    @torch.inference_mode()
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [T, Q] (LongTensor) -> PCM [T * samples_per_frame] in [-1, 1]."""
+        if codes.ndim != 2 or codes.shape[1] != self.config.num_quantizers:
+            raise ValueError(f"codes must be [frames, {self.config.num_quantizers}], got {tuple(codes.shape)}")
+        weight = self.pre_conv.conv.weight
+        hidden = self.quantizer(codes.t().to(weight.device)).to(weight.dtype)
+        hidden = self.pre_conv(hidden)
+        hidden = self.pre_transformer(hidden[0].t()).t()[None]
+        for stage in self.upsample:
+            for layer in stage:
+                hidden = layer(hidden)
+        for layer in self.decoder:
+            hidden = layer(hidden)
+        return hidden[0, 0].clamp(-1.0, 1.0)
+
+
+def receptive_field_frames(config: Code2WavConfig) -> int:
+    """Frames of left context after which a frame's audio no longer depends on earlier frames.
+
+    An upper bound: the transformer's windows dominate (layers x (window - 1)),
+    plus the convolutions' reach expressed in frames. A transposed conv is
+    counted as two input steps (its output mixes the current and previous input).
+    """
+    frames = 2.0  # pre_conv, k=3
+    frames += config.transformer.num_layers * (config.sliding_window - 1)
+    steps_per_frame = 1
+    for ratio in config.upsampling_ratios:
+        frames += 2 / steps_per_frame
+        steps_per_frame *= ratio
+        frames += (CONVNEXT_KERNEL - 1) / steps_per_frame
+    frames += 6 / steps_per_frame  # decoder's first conv, k=7
+    for rate in config.upsample_rates:
+        frames += 2 / steps_per_frame
+        steps_per_frame *= rate
+        frames += sum(6 * d for d in RESIDUAL_DILATIONS) / steps_per_frame
+    frames += 6 / steps_per_frame  # final conv, k=7
+    return math.ceil(frames)
+
+
+class StreamingDecoder:
+    """Decode frames as they arrive: each chunk is decoded after up to ``left_context`` earlier frames.
+
+    With ``left_context >= receptive_field_frames(config)`` the concatenated
+    chunks equal the whole-utterance decode (up to fp32 rounding); with less
+    (the reference uses 25 frames) the joins are close but not exact.
+    """
+
+    def __init__(self, code2wav: Code2Wav, left_context: int) -> None:
+        if left_context < 0:
+            raise ValueError(f"left_context must be >= 0, got {left_context}")
+        self.code2wav = code2wav
+        self.left_context = left_context
+        self.history = torch.empty(0, code2wav.config.num_quantizers, dtype=torch.long)
+
+    def push(self, codes: torch.Tensor) -> torch.Tensor:
+        """PCM for exactly these frames ([n, Q] -> [n * samples_per_frame])."""
+        if codes.shape[0] == 0:
+            return torch.empty(0)
+        context = self.history[-self.left_context:] if self.left_context else self.history[:0]
+        wav = self.code2wav(torch.cat((context, codes.cpu())))
+        self.history = torch.cat((context, codes.cpu()))
+        return wav[context.shape[0] * self.code2wav.config.samples_per_frame:]
+
+
+def decode_chunked(code2wav: Code2Wav, codes: torch.Tensor, chunk_size: int, left_context: int) -> torch.Tensor:
+    """Decode in chunks of ``chunk_size`` frames, each with ``left_context`` frames before it.
+
+    The reference decodes whole utterances this way with chunk_size=300,
+    left_context=25; shorter utterances are a single chunk.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    stream = StreamingDecoder(code2wav, left_context)
+    return torch.cat([stream.push(codes[i:i + chunk_size]) for i in range(0, codes.shape[0], chunk_size)])

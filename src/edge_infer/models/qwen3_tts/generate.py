@@ -1,0 +1,154 @@
+"""The generation loop: one codec frame (all codebooks) at a time.
+
+Logit processing follows the reference (Hugging Face ``generate`` with the
+arguments ``Qwen3TTSForConditionalGeneration.generate`` passes), in this
+order, so greedy runs match token for token and seeded sampled runs draw
+the same random numbers:
+
+first codebook (Talker): repetition penalty over earlier first codes ->
+eos masked for the first ``MIN_FRAMES_BEFORE_EOS`` frames -> control ids
+(the top 1024 codec ids, eos excepted) masked -> temperature -> top-k ->
+top-p -> sample (or argmax).
+
+residual codebooks (code predictor): temperature -> top-k -> top-p ->
+sample (or argmax); no penalty, no masking.
+
+``max_frames`` counts complete frames. The reference's ``max_new_tokens``
+counts first-codebook tokens and its last token never gets residual codes,
+so ``max_new_tokens = N`` yields at most ``N - 1`` frames.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterator
+
+import torch
+
+from edge_infer.models.qwen3_tts.attention import KVCache
+from edge_infer.models.qwen3_tts.config import GenerationDefaults, TalkerConfig
+from edge_infer.models.qwen3_tts.prompt import TalkerPrompt
+from edge_infer.models.qwen3_tts.talker import Talker
+
+MIN_FRAMES_BEFORE_EOS = 2
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    do_sample: bool = True
+    temperature: float = 0.9
+    top_k: int = 50
+    top_p: float = 1.0
+    repetition_penalty: float = 1.05
+    subtalker_do_sample: bool = True
+    subtalker_temperature: float = 0.9
+    subtalker_top_k: int = 50
+    subtalker_top_p: float = 1.0
+    max_frames: int = 2047
+
+    @classmethod
+    def from_defaults(cls, defaults: GenerationDefaults, **overrides: object) -> "SamplingParams":
+        params = cls(
+            do_sample=defaults.do_sample, temperature=defaults.temperature, top_k=defaults.top_k,
+            top_p=defaults.top_p, repetition_penalty=defaults.repetition_penalty,
+            subtalker_do_sample=defaults.subtalker_do_sample, subtalker_temperature=defaults.subtalker_temperature,
+            subtalker_top_k=defaults.subtalker_top_k, subtalker_top_p=defaults.subtalker_top_p,
+            max_frames=max(defaults.max_new_tokens - 1, 1),
+        )
+        return replace(params, **overrides)
+
+    def greedy(self) -> "SamplingParams":
+        return replace(self, do_sample=False, subtalker_do_sample=False)
+
+    def __post_init__(self) -> None:
+        for name in ("temperature", "subtalker_temperature", "repetition_penalty"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("top_p", "subtalker_top_p"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+        if self.max_frames < 1:
+            raise ValueError(f"max_frames must be >= 1, got {self.max_frames}")
+
+
+def _warp(scores: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """Temperature, top-k, top-p on [1, V] fp32 scores (filtered entries become -inf)."""
+    if temperature != 1.0:
+        scores = scores / temperature
+    if top_k > 0:
+        k = min(top_k, scores.shape[-1])
+        kth = torch.topk(scores, k)[0][..., -1, None]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=False)
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative <= (1 - top_p)
+        drop[..., -1:] = False
+        scores = scores.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    return scores
+
+
+def _choose(scores: torch.Tensor, sample: bool, temperature: float, top_k: int, top_p: float,
+            generator: torch.Generator | None) -> int:
+    if not sample:
+        return int(torch.argmax(scores, dim=-1))
+    probs = torch.softmax(_warp(scores, temperature, top_k, top_p), dim=-1)
+    return int(torch.multinomial(probs, num_samples=1, generator=generator))
+
+
+class FrameSampler:
+    """Applies the processing chain above; keeps the first-codebook history for the penalty."""
+
+    def __init__(self, config: TalkerConfig, params: SamplingParams, generator: torch.Generator | None = None) -> None:
+        self.params = params
+        self.eos = config.codec.eos
+        suppressed = [i for i in config.suppressed_ids if i != self.eos]
+        self.suppressed = torch.tensor(suppressed, dtype=torch.long)
+        self.generator = generator
+        self.history: list[int] = []
+
+    def first_code(self, logits: torch.Tensor) -> int:
+        p = self.params
+        scores = logits.float().reshape(1, -1).clone()
+        if p.repetition_penalty != 1.0 and self.history:
+            seen = torch.tensor(sorted(set(self.history)), dtype=torch.long)
+            picked = scores[0, seen]
+            scores[0, seen] = torch.where(picked < 0, picked * p.repetition_penalty, picked / p.repetition_penalty)
+        if len(self.history) < MIN_FRAMES_BEFORE_EOS:
+            scores[0, self.eos] = float("-inf")
+        scores[0, self.suppressed.to(scores.device)] = float("-inf")
+        code = _choose(scores, p.do_sample, p.temperature, p.top_k, p.top_p, self.generator)
+        self.history.append(code)
+        return code
+
+    def residual_code(self, logits: torch.Tensor) -> int:
+        p = self.params
+        scores = logits.float().reshape(1, -1)
+        return _choose(scores, p.subtalker_do_sample, p.subtalker_temperature, p.subtalker_top_k,
+                       p.subtalker_top_p, self.generator)
+
+
+@torch.inference_mode()
+def generate_frames(talker: Talker, prompt: TalkerPrompt, params: SamplingParams,
+                    cache: KVCache | None = None, generator: torch.Generator | None = None) -> Iterator[torch.Tensor]:
+    """Yield frames as LongTensor [num_code_groups] until eos or ``params.max_frames``.
+
+    ``cache`` defaults to a contiguous cache sized for the prefill plus
+    ``max_frames``; pass the engine's cache to run inside it.
+    """
+    if cache is None:
+        cache = talker.new_cache(prompt.prefill.shape[0] + params.max_frames)
+    sampler = FrameSampler(talker.config, params, generator)
+    predictor_cache = talker.code_predictor.new_cache(prompt.prefill)
+    hidden = talker(prompt.prefill, cache)[-1]
+    for step in range(params.max_frames):
+        first = sampler.first_code(talker.codec_head(hidden))
+        if first == sampler.eos:
+            return
+        first_embedding = talker.embed_codec([first])[0]
+        residual = talker.code_predictor.predict(hidden, first_embedding, sampler.residual_code, predictor_cache)
+        frame = torch.tensor([first] + residual, dtype=torch.long)
+        yield frame
+        if step + 1 == params.max_frames:
+            return
+        embed = talker.embed_frame(frame.to(hidden.device)) + prompt.text_for_step(step)
+        hidden = talker(embed[None], cache)[-1]

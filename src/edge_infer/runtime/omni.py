@@ -1,0 +1,257 @@
+"""``Omni`` and ``AsyncOmni``: the Python API of a multi-stage pipeline.
+
+    async with AsyncOmni(deploy_config="toy_speech") as omni:
+        async for out in omni.generate("hello", request_id="r1"):
+            ...  # out.kind, out.stage_id, out.contract, out.payload, out.finished, out.metrics
+
+    with Omni(deploy_config="toy_speech") as omni:
+        results = omni.generate(["hello", "world"])
+
+The deploy config is loaded and checked, and its memory plan admitted, in
+the constructor, before any process starts. Stage processes are started with
+the multiprocessing "spawn" method: a script that creates a pipeline must
+guard its entry point with ``if __name__ == "__main__":``.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import os
+import secrets
+import threading
+from typing import Any, AsyncIterator, Sequence
+
+import numpy as np
+
+from edge_infer.memory.device import MachineProfile
+from edge_infer.runtime.config import DeployConfig, load_deploy_config
+from edge_infer.runtime.contracts import Payload, validate
+from edge_infer.runtime.deploy_plan import DeployPlan, plan_deploy
+from edge_infer.runtime.executors import executor_target, load_executor
+from edge_infer.runtime.orchestrator import AbortReport, Orchestrator, PipelineHealth, RetirementReport
+from edge_infer.runtime.outputs import OmniOutput, OmniRequestOutput
+
+Prompt = Any  # str | token ids | np.ndarray | Payload | {"prompt": ...} | {"prompt_token_ids": [...]}
+
+
+class DeployRefused(RuntimeError):
+    """The deploy plan does not fit (or cannot be made); nothing was started."""
+
+    def __init__(self, plan: DeployPlan):
+        self.plan = plan
+        super().__init__("deploy refused:\n" + "\n".join(f"  - {r}" for r in plan.reasons))
+
+
+def prompt_payload(prompt: Prompt) -> Payload:
+    """A prompt as a payload: text -> text/1, token ids -> token_ids/1, a Payload as is."""
+    if isinstance(prompt, Payload):
+        payload = prompt
+    elif isinstance(prompt, str):
+        payload = Payload("text/1", prompt)
+    elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+        payload = Payload("token_ids/1", np.asarray(prompt["prompt_token_ids"], dtype=np.int64).reshape(-1))
+    elif isinstance(prompt, dict) and "prompt" in prompt:
+        payload = Payload("text/1", prompt["prompt"])
+    elif isinstance(prompt, (list, tuple, np.ndarray)) and np.asarray(prompt).dtype.kind in "iu":
+        payload = Payload("token_ids/1", np.asarray(prompt, dtype=np.int64).reshape(-1))
+    else:
+        raise TypeError(f"cannot use a {type(prompt).__name__} as a prompt; pass text, token ids, {{'prompt_token_ids': [...]}} or a Payload")
+    verdict = validate(payload)
+    if not verdict.valid:
+        raise ValueError(f"the prompt is not a valid {payload.contract} payload: {'; '.join(verdict.reasons)}")
+    return payload
+
+
+def _params_dict(params: Any) -> dict[str, Any]:
+    if params is None:
+        return {}
+    if isinstance(params, dict):
+        raw = params
+    elif hasattr(params, "model_dump"):
+        raw = params.model_dump()
+    elif dataclasses.is_dataclass(params) and not isinstance(params, type):
+        raw = dataclasses.asdict(params)
+    elif hasattr(params, "to_dict"):
+        raw = params.to_dict()
+    else:
+        raw = vars(params)
+    return {k: v for k, v in raw.items() if v is not None}
+
+
+class AsyncOmni:
+    def __init__(
+        self,
+        deploy_config: str | os.PathLike[str] | DeployConfig,
+        *,
+        stage_overrides: str | dict[str, Any] | None = None,
+        profile: str | os.PathLike[str] | MachineProfile | None = None,
+    ):
+        if isinstance(deploy_config, DeployConfig):
+            if stage_overrides:
+                raise ValueError("stage_overrides apply while loading a file; pass the deploy config as a path")
+            self.config = deploy_config
+        else:
+            self.config = load_deploy_config(deploy_config, stage_overrides)
+        self.plan = plan_deploy(self.config, profile)
+        if not self.plan.admitted:
+            raise DeployRefused(self.plan)
+        self._sources = {sid: load_executor(executor_target(self.config.stage(sid).executor)).input_contracts for sid in self.config.source_stages}
+        self._orchestrator: Orchestrator | None = None
+        self._start_lock: asyncio.Lock | None = None
+        self._ids = itertools.count()
+        self._id_prefix = secrets.token_hex(3)
+
+    @property
+    def default_sampling_params_list(self) -> list[dict[str, Any]]:
+        return [s.default_sampling.as_params() for s in self.config.stages]
+
+    async def start(self) -> None:
+        if self._orchestrator is not None:
+            return
+        self._start_lock = self._start_lock or asyncio.Lock()
+        async with self._start_lock:
+            if self._orchestrator is None:
+                orchestrator = Orchestrator(self.config, self.plan)
+                await orchestrator.start()
+                self._orchestrator = orchestrator
+
+    def _stage_params(self, sampling_params_list: Sequence[Any] | None) -> dict[int, dict[str, Any]]:
+        stages = self.config.stages
+        if sampling_params_list is not None and len(sampling_params_list) != len(stages):
+            raise ValueError(f"sampling_params_list has {len(sampling_params_list)} entries; give one per stage ({len(stages)}, in stage_id order) or None")
+        given = list(sampling_params_list) if sampling_params_list is not None else [None] * len(stages)
+        return {s.stage_id: {**s.default_sampling.as_params(), **_params_dict(p)} for s, p in zip(stages, given)}
+
+    async def generate(
+        self, prompt: Prompt, request_id: str | None = None, sampling_params_list: Sequence[Any] | None = None
+    ) -> AsyncIterator[OmniOutput]:
+        """Stream a request's outputs; the last event is ``finished``, ``aborted`` or ``error``.
+
+        Leaving the loop early (``break``, cancellation) aborts the request.
+        """
+        payload = prompt_payload(prompt)
+        for sid, accepted in self._sources.items():
+            if payload.contract not in accepted:
+                raise ValueError(f"stage {sid} takes the prompt and accepts {', '.join(sorted(accepted))}; the prompt is {payload.contract}")
+        params = self._stage_params(sampling_params_list)
+        await self.start()
+        assert self._orchestrator is not None
+        request_id = request_id or f"omni-{self._id_prefix}-{next(self._ids)}"
+        stream = self._orchestrator.submit(request_id, payload, params)
+        try:
+            async for event in stream:
+                yield event
+        finally:
+            if stream.terminal is None and not self._orchestrator.closed:
+                await self._orchestrator.abort(request_id)
+
+    async def abort(self, request_id: str) -> AbortReport:
+        if self._orchestrator is None:
+            return AbortReport(request_id, found=False)
+        return await self._orchestrator.abort(request_id)
+
+    async def retire_worker(self, stage_id: int, replace: bool = True, drain_timeout_s: float | None = None) -> RetirementReport:
+        await self.start()
+        assert self._orchestrator is not None
+        return await self._orchestrator.retire_worker(stage_id, replace, drain_timeout_s)
+
+    def health(self) -> PipelineHealth:
+        if self._orchestrator is None:
+            raise RuntimeError("the pipeline has not started; await start() or generate() first")
+        return self._orchestrator.health()
+
+    def worker_pids(self) -> dict[int, int | None]:
+        """The process id of each stage's current worker (None when it has none)."""
+        return {s.stage_id: s.pid for s in self.health().stages}
+
+    async def shutdown(self) -> None:
+        if self._orchestrator is not None:
+            await self._orchestrator.shutdown()
+
+    async def __aenter__(self) -> "AsyncOmni":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.shutdown()
+
+
+class Omni:
+    """The synchronous API: an ``AsyncOmni`` driven by a private event-loop thread.
+
+    The stage processes are children of that thread (their parent-death
+    signal is tied to it), so it lives until ``shutdown``.
+    """
+
+    def __init__(
+        self,
+        deploy_config: str | os.PathLike[str] | DeployConfig,
+        *,
+        stage_overrides: str | dict[str, Any] | None = None,
+        profile: str | os.PathLike[str] | MachineProfile | None = None,
+    ):
+        self._omni = AsyncOmni(deploy_config, stage_overrides=stage_overrides, profile=profile)
+        self.config, self.plan = self._omni.config, self._omni.plan
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="edge-infer-omni", daemon=True)
+        self._thread.start()
+        try:
+            self._call(self._omni.start())
+        except BaseException:
+            self._close_loop()
+            raise
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    @property
+    def default_sampling_params_list(self) -> list[dict[str, Any]]:
+        return self._omni.default_sampling_params_list
+
+    def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params_list: Sequence[Any] | None = None) -> list[OmniRequestOutput]:
+        """Run prompts concurrently through the pipeline and collect each one's outputs."""
+        many = isinstance(prompts, (list, tuple)) and not all(isinstance(p, (int, np.integer)) for p in prompts)
+        batch = list(prompts) if many else [prompts]
+
+        async def collect(prompt: Prompt) -> OmniRequestOutput:
+            events = [e async for e in self._omni.generate(prompt, sampling_params_list=sampling_params_list)]
+            last = events[-1]
+            return OmniRequestOutput(last.request_id, last.kind, [e for e in events if e.kind == "output"], last.metrics, last.error)  # type: ignore[arg-type]
+
+        async def run() -> list[OmniRequestOutput]:
+            return list(await asyncio.gather(*(collect(p) for p in batch)))
+
+        return self._call(run())
+
+    def retire_worker(self, stage_id: int, replace: bool = True, drain_timeout_s: float | None = None) -> RetirementReport:
+        return self._call(self._omni.retire_worker(stage_id, replace, drain_timeout_s))
+
+    def health(self) -> PipelineHealth:
+        return self._call(self._on_loop(self._omni.health))
+
+    def worker_pids(self) -> dict[int, int | None]:
+        return self._call(self._on_loop(self._omni.worker_pids))
+
+    @staticmethod
+    async def _on_loop(fn: Any) -> Any:
+        return fn()  # read the orchestrator's state on its own thread
+
+    def _close_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def shutdown(self) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self._call(self._omni.shutdown())
+        finally:
+            self._close_loop()
+
+    def __enter__(self) -> "Omni":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()

@@ -1,0 +1,153 @@
+"""The text engine as an ``ar`` stage: a real checkpoint behind the stage protocol.
+
+The stage process runs an ``EngineCore`` in-process (stage processes cannot
+start worker processes of their own) and steps it from ``step()``. Input is
+``text/1`` (tokenized, or rendered as a user message with the chat template
+when ``chat: true``) or ``token_ids/1``; output is one ``token_ids/1`` chunk
+per generated token and, with ``emit_text``, the matching ``text/1`` chunk
+(stop strings held back as in the text API). The reservation comes from the
+same memory plan as ``edge-infer plan``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from edge_infer.errors import EdgeInferError
+from edge_infer.runtime.contracts import Payload
+from edge_infer.runtime.executors import ExecutorOptions, ReservationPlan, StageExecutor, StageRequestError, StepOutput
+
+if TYPE_CHECKING:  # pragma: no cover
+    from edge_infer.engine.detokenizer import RequestText
+    from edge_infer.memory.plan import TextPlan
+    from edge_infer.runtime.config import StageConfig
+
+# Text chunks are split to at most this many characters (4 UTF-8 bytes each at most).
+MAX_TEXT_CHUNK_CHARS = 256
+
+
+class TextEngineOptions(ExecutorOptions):
+    emit_text: bool = True
+    chat: bool = False  # render text input as a user message with the checkpoint's chat template
+
+
+@dataclass
+class _Request:
+    params: dict[str, Any]
+    prompt_ids: list[int] = field(default_factory=list)
+    text: "RequestText | None" = None
+
+
+def _plan(stage: StageConfig) -> TextPlan:
+    from edge_infer.memory.plan import plan_text_session
+
+    e = stage.engine
+    return plan_text_session(
+        stage.model,
+        max_model_len=e.max_model_len,
+        max_num_seqs=e.max_num_seqs,
+        max_num_batched_tokens=e.max_num_batched_tokens,
+        kv_cache_memory_bytes=e.kv_cache_memory_bytes,
+        quantization=e.quantization,
+        dtype=e.dtype,
+    )
+
+
+class TextEngineExecutor(StageExecutor):
+    kinds = frozenset({"ar"})
+    input_contracts = frozenset({"text/1", "token_ids/1"})
+    output_contracts = frozenset({"token_ids/1", "text/1"})
+    Options = TextEngineOptions
+    requires_model = True
+
+    @classmethod
+    def plan(cls, stage: StageConfig) -> ReservationPlan:
+        plan = _plan(stage)
+        return ReservationPlan(
+            weights_bytes=plan.item("weights"),
+            kv_bytes=plan.item("kv cache"),
+            buffers_bytes=plan.item("activations") + plan.item("rope tables"),
+            runtime_bytes=plan.item("runtime overhead"),
+            max_payload_bytes=4 * MAX_TEXT_CHUNK_CHARS,
+        )
+
+    def start(self, stage: StageConfig) -> None:
+        from edge_infer.engine.core import EngineCore
+        from edge_infer.engine.frontend import Frontend
+
+        self.opts: TextEngineOptions = self.options(stage)
+        self.frontend = Frontend.from_plan(_plan(stage))  # raises PlanRefusedError when it does not fit
+        self.core = EngineCore(self.frontend.engine_config)
+        self.requests: dict[str, _Request] = {}
+
+    def submit(self, request_id: str, params: dict[str, Any]) -> None:
+        self.requests[request_id] = _Request(params)
+
+    def feed(self, request_id: str, payload: Payload) -> None:
+        req = self.requests[request_id]
+        try:
+            if payload.contract == "text/1":
+                text = str(payload.data)
+                prepared = (
+                    self.frontend.prepare_chat([{"role": "user", "content": text}])
+                    if self.opts.chat and not req.prompt_ids
+                    else self.frontend.prepare(text)
+                )
+                req.prompt_ids += prepared.token_ids
+            else:
+                req.prompt_ids += [int(t) for t in np.asarray(payload.data)]
+        except EdgeInferError as exc:
+            raise StageRequestError(request_id, str(exc)) from exc
+
+    def end_input(self, request_id: str) -> None:
+        from edge_infer.engine.detokenizer import RequestText
+        from edge_infer.engine.frontend import PreparedPrompt
+        from edge_infer.engine.sampling_params import SamplingParams
+
+        req = self.requests[request_id]
+        known = SamplingParams.field_names()
+        try:
+            params = self.frontend.default_params(**{k: v for k, v in req.params.items() if k in known})
+            engine_request = self.frontend.request(request_id, PreparedPrompt(None, req.prompt_ids), params)
+        except EdgeInferError as exc:
+            raise StageRequestError(request_id, str(exc)) from exc
+        req.text = RequestText(self.frontend.tokenizer, engine_request.params)
+        problem = self.core.add_request(engine_request)
+        if problem is not None:
+            raise StageRequestError(request_id, problem.error)
+
+    def has_work(self) -> bool:
+        return self.core.has_work()
+
+    def step(self) -> list[StepOutput]:
+        out: list[StepOutput] = []
+        for delta in self.core.step():
+            req = self.requests.get(delta.request_id)
+            if req is None or req.text is None:
+                continue
+            if delta.error:
+                del self.requests[delta.request_id]
+                out.append(StepOutput(delta.request_id, None, finished=True, error=delta.error))
+                continue
+            update = req.text.apply(delta)
+            chunks = []
+            if update.token_ids:
+                chunks.append(Payload("token_ids/1", np.asarray(update.token_ids, dtype=np.int64)))
+            if self.opts.emit_text:
+                text = update.text
+                chunks += [Payload("text/1", text[i : i + MAX_TEXT_CHUNK_CHARS]) for i in range(0, len(text), MAX_TEXT_CHUNK_CHARS)]
+            if update.finished:
+                if update.stop_string_hit:
+                    self.core.abort([delta.request_id])
+                del self.requests[delta.request_id]
+            for i, chunk in enumerate(chunks):
+                out.append(StepOutput(delta.request_id, chunk, finished=update.finished and i == len(chunks) - 1))
+            if update.finished and not chunks:
+                out.append(StepOutput(delta.request_id, None, finished=True))
+        return out
+
+    def abort(self, request_id: str) -> None:
+        self.requests.pop(request_id, None)
+        self.core.abort([request_id])

@@ -1,0 +1,162 @@
+"""The offline LLM API on a tiny synthetic checkpoint: prompts, sampling, stops, budgets, errors."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import psutil
+import pytest
+
+from edge_infer import LLM, SamplingParams
+from edge_infer.errors import CheckpointError, InvalidRequestError
+
+GREEDY = dict(temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model):
+    with LLM(tiny_model, max_model_len=256, max_num_seqs=4, max_num_batched_tokens=64, worker="thread") as engine:
+        yield engine
+
+
+def test_text_and_token_id_prompts_give_the_same_tokens(llm):
+    params = SamplingParams(max_tokens=16, **GREEDY)
+    by_text = llm.generate("The quick brown fox", params)[0]
+    by_ids = llm.generate({"prompt_token_ids": by_text.prompt_token_ids}, params)[0]
+    assert by_text.outputs[0].token_ids == by_ids.outputs[0].token_ids
+    assert len(by_text.outputs[0].token_ids) == 16 and by_text.finish_reason == "length"
+    assert by_text.outputs[0].text == llm.get_tokenizer().decode(by_text.outputs[0].token_ids)
+
+
+def test_seed_reproducible_and_n_samples_differ(llm):
+    params = SamplingParams(max_tokens=12, temperature=1.0, seed=123, n=3, ignore_eos=True)
+    a = llm.generate("Hello", params)[0]
+    b = llm.generate("Hello", params)[0]
+    assert [o.token_ids for o in a.outputs] == [o.token_ids for o in b.outputs]
+    assert len(a.outputs) == 3 and len({tuple(o.token_ids) for o in a.outputs}) == 3
+    other = llm.generate("Hello", params.clone(seed=124))[0]
+    assert other.outputs[0].token_ids != a.outputs[0].token_ids
+
+
+def _boundary_stop(llm, text_tokens: list[int]) -> tuple[str, int]:
+    """A stop string that starts inside one token's text and ends inside the next one."""
+    tok = llm.get_tokenizer()
+    text = tok.decode(text_tokens)
+    pos = 0
+    for i in range(3, len(text_tokens) - 1):
+        piece, nxt = tok.decode(text_tokens[: i + 1]), tok.decode(text_tokens[: i + 2])
+        if len(piece) >= 2 and len(nxt) - len(piece) >= 2 and nxt.startswith(piece):
+            stop = piece[-2:] + nxt[len(piece) : len(piece) + 2]
+            pos = text.find(stop)
+            if pos == len(piece) - 2:
+                return stop, pos
+    pytest.skip("no token boundary with two characters on each side in this output")
+    return "", pos
+
+
+def test_stop_string_across_token_boundary(llm):
+    base = llm.generate("Once upon a time", SamplingParams(max_tokens=40, **GREEDY))[0].outputs[0]
+    stop, pos = _boundary_stop(llm, base.token_ids)
+    out = llm.generate("Once upon a time", SamplingParams(max_tokens=40, stop=[stop], **GREEDY))[0].outputs[0]
+    assert out.text == base.text[:pos]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+    kept = llm.generate("Once upon a time", SamplingParams(max_tokens=40, stop=stop, include_stop_str_in_output=True, **GREEDY))[0]
+    assert kept.outputs[0].text == base.text[: pos + len(stop)]
+
+
+def test_stop_token_ids_end_the_request(llm):
+    base = llm.generate("Once upon a time", SamplingParams(max_tokens=30, **GREEDY))[0].outputs[0]
+    stop_id = base.token_ids[6]
+    first = base.token_ids.index(stop_id)
+    out = llm.generate("Once upon a time", SamplingParams(max_tokens=30, stop_token_ids=[stop_id], **GREEDY))[0].outputs[0]
+    assert out.token_ids == base.token_ids[: first + 1]
+    assert out.finish_reason == "stop" and out.stop_reason == stop_id
+
+
+def test_eos_ends_unless_ignored(llm, tiny_model):
+    eos = json.loads((tiny_model / "generation_config.json").read_text())["eos_token_id"][0]
+    base = llm.generate("Hi", SamplingParams(max_tokens=8, **GREEDY))[0].outputs[0]
+    # Make the 3rd greedy token count as EOS via stop_token_ids: same path as the model's EOS.
+    out = llm.generate("Hi", SamplingParams(max_tokens=8, temperature=0, stop_token_ids=[base.token_ids[2]]))[0].outputs[0]
+    assert out.finish_reason == "stop" and len(out.token_ids) <= 3
+    assert eos in llm.frontend.engine_config.eos_token_ids
+
+
+def test_logprobs_are_reported_per_token(llm):
+    out = llm.generate("Hello", SamplingParams(max_tokens=5, logprobs=3, **GREEDY))[0].outputs[0]
+    assert len(out.logprobs) == 5
+    for tok, entry in zip(out.token_ids, out.logprobs):
+        assert tok in entry and len(entry) >= 3
+        assert entry[tok].logprob <= 0
+        assert max(e.logprob for e in entry.values()) == entry[tok].logprob  # greedy picks the top one
+    assert out.cumulative_logprob == pytest.approx(sum(e[t].logprob for t, e in zip(out.token_ids, out.logprobs)))
+
+
+def test_chat_uses_the_checkpoint_template(llm):
+    out = llm.chat([{"role": "user", "content": "Hello there"}], SamplingParams(max_tokens=4, **GREEDY))[0]
+    rendered = llm.get_tokenizer().decode(out.prompt_token_ids, skip_special_tokens=False)
+    assert rendered.startswith("<|im_start|>system") and rendered.endswith("<|im_start|>assistant\n")
+    assert "Hello there" in rendered
+
+
+def test_bad_requests_are_refused_clearly_and_the_engine_keeps_serving(llm):
+    with pytest.raises(InvalidRequestError, match="max_tokens must be at least 1"):
+        SamplingParams(max_tokens=0)
+    with pytest.raises(InvalidRequestError, match=r"300 tokens but max_model_len is 256"):
+        llm.generate({"prompt_token_ids": [5] * 300}, SamplingParams(max_tokens=4))
+    with pytest.raises(InvalidRequestError, match=r"prompt \(200 tokens\) \+ max_tokens \(100\).*max_model_len \(256\)"):
+        llm.generate({"prompt_token_ids": [5] * 200}, SamplingParams(max_tokens=100))
+    assert llm.generate("still fine", SamplingParams(max_tokens=3, **GREEDY))[0].finish_reason == "length"
+
+
+def test_kv_budget_is_allocated_exactly(tiny_model):
+    budget = 3_000_000
+    with LLM(tiny_model, max_model_len=256, kv_cache_memory_bytes=budget, worker="thread") as llm:
+        planned = llm.plan.item("kv cache")
+        assert llm.ready.kv_cache_bytes == planned <= budget
+        per_block = budget // llm.ready.kv_blocks
+        assert budget - planned < per_block  # whole blocks, nothing beyond the budget
+
+
+def test_outgrowing_the_kv_budget_preempts_and_recomputes(tiny_model):
+    """Two requests that cannot both fit: one is preempted, both finish with unchanged tokens."""
+    params = SamplingParams(max_tokens=48, **GREEDY)
+    prompts = [{"prompt_token_ids": list(range(10, 26))}, {"prompt_token_ids": list(range(40, 56))}]
+    with LLM(tiny_model, max_model_len=64, max_num_seqs=2, worker="thread") as roomy:
+        alone = [roomy.generate(p, params)[0].outputs[0].token_ids for p in prompts]
+        one_seq = roomy.plan.item("kv cache") // (roomy.ready.kv_blocks) * 4  # 4 blocks of 16 = 64 tokens
+    with LLM(tiny_model, max_model_len=64, max_num_seqs=2, kv_cache_memory_bytes=one_seq, worker="thread") as tight:
+        outs = tight.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == alone
+    assert all(o.finish_reason == "length" for o in outs)
+    assert max(o.metrics.num_preemptions for o in outs) >= 1
+
+
+def test_checkpoint_errors_name_the_problem(tmp_path, tiny_model):
+    with pytest.raises(CheckpointError, match="not a directory"):
+        LLM(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="config.json is missing"):
+        LLM(tmp_path / "empty")
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model, broken)
+    (broken / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        LLM(broken)
+    cfg = json.loads((tiny_model / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**cfg, "architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(CheckpointError, match="unsupported architecture.*supports"):
+        LLM(broken)
+    (broken / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": cfg["num_hidden_layers"] + 1}))
+    with pytest.raises(CheckpointError, match="lacks model.layers.2"):
+        LLM(broken)
+
+
+def test_default_worker_is_a_separate_process_and_close_leaves_none(tiny_model):
+    me = psutil.Process()
+    with LLM(tiny_model, max_model_len=128) as llm:
+        assert llm.ready.pid != me.pid
+        assert llm.ready.pid in [c.pid for c in me.children(recursive=True)]
+        assert llm.generate("Hi", SamplingParams(max_tokens=3, **GREEDY))[0].finish_reason == "length"
+        pid = llm.ready.pid
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -1,0 +1,87 @@
+"""Memory admission: itemised plans, refusals with reasons and levers, the CLI."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from edge_infer import LLM, plan_text_session
+from edge_infer.cli import main as cli_main
+from edge_infer.engine.kv_cache import KVLayout
+
+ITEMS = {"runtime overhead", "weights", "kv cache", "rope tables", "activations", "load transient", "checkpoint pages"}
+
+
+def test_sensible_plan_is_admitted_and_itemised(tiny_model):
+    plan = plan_text_session(tiny_model, max_model_len=512, max_num_seqs=4, max_num_batched_tokens=128)
+    assert plan.admitted and plan.reasons == []
+    d = plan.to_dict()
+    assert {i["name"] for i in d["items"]} == ITEMS
+    assert all(isinstance(i["bytes"], int) and i["bytes"] > 0 for i in d["items"])
+    assert d["peak_bytes"] == max(d["steady_bytes"], d["load_peak_bytes"]) <= d["available_bytes"]
+    assert plan.item("rope tables") == 2 * 512 * 32 * 4  # sized to max_model_len, fp32 cos+sin, head_dim 32
+    assert plan.engine_config.max_model_len == 512
+
+
+def test_oversized_max_num_seqs_is_refused_with_reasons(tiny_model):
+    plan = plan_text_session(tiny_model, max_num_seqs=100000)
+    assert not plan.admitted
+    assert any("max_num_seqs (100000)" in r for r in plan.reasons)
+    assert plan.levers and plan.engine_config is None
+
+
+def test_kv_budget_below_one_sequence_is_refused_with_the_lever(tiny_model):
+    plan = plan_text_session(tiny_model, max_model_len=1024, kv_cache_memory_bytes=100_000)
+    assert not plan.admitted
+    assert any("less than one sequence of max_model_len=1024" in r for r in plan.reasons)
+    assert any(lever.startswith("--kv-cache-memory-bytes") for lever in plan.levers)
+
+
+def test_not_enough_memory_names_the_numbers_and_levers(tiny_model):
+    plan = plan_text_session(tiny_model, max_model_len=1024, available_bytes=50 << 20)
+    assert not plan.admitted
+    assert any("exceeds the 50.0 MiB available" in r for r in plan.reasons)
+    assert any("cpu_int4" in lever for lever in plan.levers)
+
+
+def test_context_beyond_the_model_is_refused(tiny_model):
+    plan = plan_text_session(tiny_model, max_model_len=4096)  # tiny preset: 2048 positions
+    assert not plan.admitted and any("max_position_embeddings=2048" in r for r in plan.reasons)
+
+
+def test_default_kv_budget_is_whole_blocks_and_fits(tiny_model):
+    plan = plan_text_session(tiny_model, max_model_len=256, max_num_seqs=2)
+    layout = KVLayout(2, 2, 32, 2)
+    assert plan.item("kv cache") % layout.bytes_per_block == 0
+    assert plan.item("kv cache") == 2 * 256 * layout.bytes_per_token  # max_num_seqs full sequences fit
+
+
+def test_planned_bytes_equal_what_the_engine_allocates(tiny_model):
+    for dtype in ("float32", "bfloat16"):
+        with LLM(tiny_model, dtype=dtype, max_model_len=256, worker="thread") as llm:
+            assert llm.ready.weight_bytes == llm.plan.item("weights")
+            assert llm.ready.kv_cache_bytes == llm.plan.item("kv cache")
+            assert llm.ready.rope_bytes == llm.plan.item("rope tables")
+            assert llm.ready.dtype == dtype
+
+
+def test_plan_cli_prints_the_table_and_exits_nonzero_on_refusal(tiny_model, capsys):
+    assert cli_main(["plan", str(tiny_model), "--max-model-len", "256"]) == 0
+    out = capsys.readouterr().out
+    assert "ADMITTED" in out and "kv cache" in out and "weights" in out
+    assert cli_main(["plan", str(tiny_model), "--max-num-seqs", "100000"]) == 1
+    out = capsys.readouterr().out
+    assert "REFUSED" in out and "levers" in out
+    assert cli_main(["plan", str(tiny_model), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["admitted"] is True
+
+
+def test_planning_does_not_import_torch(tiny_model):
+    code = (
+        "import sys; from edge_infer.memory.plan import plan_text_session; "
+        f"p = plan_text_session({str(tiny_model)!r}); assert 'torch' not in sys.modules, 'torch imported'; print(p.admitted)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"

@@ -1,0 +1,104 @@
+"""The synchronous API, admission before start, and workers dying with their parent."""
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+
+from edge_infer.runtime.omni import DeployRefused, Omni
+from edge_infer.runtime.toy_executors import toy_ar_tokens
+from edge_infer.runtime.transport import list_segments
+from omni_helpers import live_children, wait_until, write_config
+
+pytestmark = pytest.mark.slow
+
+
+@dataclasses.dataclass
+class Sampling:
+    max_tokens: int | None = None
+    temperature: float | None = None
+
+
+def test_sync_generate_collects_outputs_with_stage_defaults_and_overrides():
+    with Omni("toy_text") as omni:
+        assert omni.default_sampling_params_list == [{"max_tokens": 16}]
+        results = omni.generate(["ab", [1, 2]])
+        assert [r.status for r in results] == ["finished", "finished"]
+        assert list(results[0].joined(0)) == toy_ar_tokens([97, 98], 16)  # config default max_tokens
+        assert list(results[1].joined(0)) == toy_ar_tokens([1, 2], 16)
+        (one,) = omni.generate([7, 7, 7], sampling_params_list=[Sampling(max_tokens=3)])
+        assert list(one.joined(0)) == toy_ar_tokens([7, 7, 7], 3)
+        assert one.metrics[0].tokens_in == 3 and one.metrics[0].tokens_out == 3
+        with pytest.raises(ValueError, match="one per stage"):
+            omni.generate("x", sampling_params_list=[None, None])
+        with pytest.raises(TypeError, match="cannot use a float as a prompt"):
+            omni.generate(1.5)
+
+
+def test_a_crashing_stage_reports_why_and_can_be_replaced(tmp_path):
+    path = write_config(tmp_path, "base_config: toy_text\nstages: [{stage_id: 0, executor_options: {crash_on_token: 66}}]\n")
+    with Omni(path) as omni:
+        (crashed,) = omni.generate([1, 66])
+        assert crashed.status == "error"
+        assert "stage 0" in crashed.error and "exited with code 1" in crashed.error and "crashes on token 66" in crashed.error
+        health = omni.health()
+        assert health.dead_stages == [0] and "crashes on token 66" in health.stages[0].detail
+        omni.retire_worker(0)
+        (ok,) = omni.generate([1, 2])
+        assert ok.status == "finished" and omni.health().healthy
+
+
+def test_deploy_that_does_not_fit_is_refused_before_any_process(tmp_path):
+    path = write_config(tmp_path, """
+        base_config: toy_text
+        stages: [{stage_id: 0, reservation: {kv_bytes: 100 TiB}}]
+    """)
+    before = {p.pid for p in live_children()}
+    with pytest.raises(DeployRefused, match=r"stage 0 overruns pool ram") as exc:
+        Omni(path)
+    assert not exc.value.plan.admitted
+    assert {p.pid for p in live_children()} == before
+
+
+SCRIPT = """
+import json, sys, threading, time
+from edge_infer.runtime.omni import Omni
+from edge_infer.runtime.transport import list_segments
+
+if __name__ == "__main__":
+    omni = Omni(sys.argv[1])
+    threading.Thread(target=omni.generate, args=([1, 2],), daemon=True).start()
+    time.sleep(1.5)
+    prefix = omni._omni._orchestrator.prefix
+    print(json.dumps({"pids": list(omni.worker_pids().values()), "prefix": prefix, "segments": list_segments(prefix)}), flush=True)
+    time.sleep(120)
+"""
+
+
+def test_workers_die_with_their_parent_and_take_their_segments(tmp_path):
+    # A slow consumer: the producer's shared buffers pile up (to max_unacked) unreleased.
+    config = write_config(tmp_path, """
+        base_config: toy_speech
+        connectors: {shared_memory: {inline_threshold_bytes: 0}}
+        stages:
+          - {stage_id: 0, executor_options: {step_delay_s: 0.02}, default_sampling: {max_tokens: 400}}
+          - {stage_id: 1, executor_options: {step_delay_s: 0.3}}
+    """)
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    parent = subprocess.Popen([sys.executable, str(script), str(config)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        info = json.loads(parent.stdout.readline())
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    workers = info["pids"]
+    assert len(workers) == 2 and info["segments"]  # killed with shared buffers in flight
+    assert wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in workers))
+    assert wait_until(lambda: list_segments(info["prefix"]) == [])

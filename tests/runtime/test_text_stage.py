@@ -1,0 +1,57 @@
+"""The real text engine as an `ar` stage: same tokens as the text API, text chunks, errors, plan."""
+from __future__ import annotations
+
+import pytest
+
+from edge_infer import LLM, SamplingParams
+from edge_infer.runtime.config import load_deploy_config
+from edge_infer.runtime.deploy_plan import plan_deploy
+from edge_infer.runtime.omni import Omni
+from edge_infer.memory.plan import plan_text_session
+from omni_helpers import write_config
+
+pytestmark = pytest.mark.slow
+
+PIPELINE = """
+base_config: text
+stages:
+  - {{stage_id: 0, model: "{model}", engine: {{max_model_len: 256, max_num_seqs: 2}}}}
+  - {{stage_id: 1, kind: generation, executor: toy_vocoder, executor_options: {{vocab_size: 8192}}}}
+routes:
+  - {{from: 0, to: 1, contract: token_ids/1}}
+final_outputs: [0, 1]
+"""
+
+
+@pytest.fixture(scope="module")
+def config_path(tiny_model, tmp_path_factory):
+    return write_config(tmp_path_factory.mktemp("text-stage"), PIPELINE.format(model=tiny_model))
+
+
+def test_text_stage_generates_what_the_text_api_generates(config_path, tiny_model):
+    params = dict(max_tokens=12, temperature=0.0, ignore_eos=True)
+    with LLM(tiny_model, max_model_len=256, worker="thread") as llm:
+        expected = llm.generate("Hello there", SamplingParams(**params))[0].outputs[0]
+    with Omni(config_path) as omni:
+        (out,) = omni.generate("Hello there", sampling_params_list=[params, {}])
+        assert out.status == "finished", out.error
+        tokens = [int(t) for p in out.payloads(0) if p.contract == "token_ids/1" for t in p.data]
+        text = "".join(p.data for p in out.payloads(0) if p.contract == "text/1")
+        assert tokens == expected.token_ids
+        assert text == expected.text
+        assert len(out.payloads(1)) > 0  # the downstream stage received the tokens and produced audio
+        assert out.metrics[0].tokens_out == 12
+
+        (bad,) = omni.generate([5] * 300, sampling_params_list=[{"max_tokens": 4}, {}])
+        assert bad.status == "error" and "max_model_len is 256" in bad.error
+        (again,) = omni.generate("Hello there", sampling_params_list=[params, {}])
+        assert again.status == "finished"
+
+
+def test_text_stage_reservation_is_the_text_plan(config_path, tiny_model):
+    plan = plan_deploy(load_deploy_config(config_path))
+    assert plan.admitted
+    text_plan = plan_text_session(tiny_model, max_model_len=256, max_num_seqs=2)
+    stage = plan.stage(0).reservation
+    assert stage.weights_bytes == text_plan.item("weights")
+    assert stage.kv_bytes == text_plan.item("kv cache")
