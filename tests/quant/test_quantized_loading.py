@@ -120,3 +120,17 @@ def test_quantized_checkpoint_is_auto_detected_by_the_plan(tmp_path, tied_model)
     assert plan.item("weights") == plan_text_session(tied_model, quantization=QuantConfig(group_size=64, symmetric=False),
                                                      dtype="bfloat16", max_model_len=128).item("weights")
     assert plan.item("weights") < plan_text_session(tied_model, dtype="bfloat16", max_model_len=128).item("weights")
+
+
+def test_planning_a_quantized_checkpoint_does_not_import_torch(tmp_path, tied_model):
+    import subprocess
+    import sys
+
+    out = quantize_checkpoint(tied_model, tmp_path / "q", QuantConfig(group_size=32, quantize_head=True)).out_dir
+    code = (
+        "import sys; from edge_infer.memory.plan import plan_text_session; "
+        f"p = plan_text_session({str(out)!r}); assert 'torch' not in sys.modules, 'torch imported'; "
+        "print(p.settings['quantization'])"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "cpu_int4 g32 sym +head"

@@ -287,7 +287,7 @@ def plan_text_session(
         model=model_dir,
         settings={
             "dtype": dtype,
-            "quantization": None if quant is None else f"{quant.method} g{quant.group_size} {'sym' if quant.symmetric else 'asym'}",
+            "quantization": None if quant is None else f"{quant.method} g{quant.group_size} {'sym' if quant.symmetric else 'asym'}{' +head' if quant.quantize_head else ''}",
             "max_model_len": max_model_len,
             "max_num_seqs": max_num_seqs,
             "max_num_batched_tokens": max_num_batched_tokens,
