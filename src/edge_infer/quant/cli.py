@@ -46,8 +46,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     group = "row" if args.group_size == ROW_GROUP else f"g{args.group_size}"
     kind = "simulated (dequantized float)" if args.simulate else "cpu_int4"
+    head = " +head" if args.quantize_head else ""
     print(
-        f"wrote {kind} {group} {'asym' if args.asym else 'sym'} checkpoint to {result.out_dir}: "
+        f"wrote {kind} {group} {'asym' if args.asym else 'sym'}{head} checkpoint to {result.out_dir}: "
         f"{result.quantized_tensors} tensors quantized, {result.copied_tensors} copied, "
         f"{result.source_bytes / 2**20:,.1f} MiB -> {result.written_bytes / 2**20:,.1f} MiB"
     )
