@@ -22,7 +22,12 @@ def row(path: Path) -> str:
     on, off = result.row(lever, metric), result.row(alternative, metric)
     if on is None or off is None or on.median is None or off.median is None:
         return f"| {path.stem.removeprefix('levers-')} | {metric} | no result | | | |"
-    verdict = "" if abs(off.median - on.median) > max(on.spread_pct or 0, off.spread_pct or 0) / 100 * on.median else " (within spread: not a ranking)"
+    if min(on.n, off.n) < 2:
+        verdict = " (single pass: not a result)"
+    elif abs(off.median - on.median) <= max(on.spread_pct or 0, off.spread_pct or 0) / 100 * on.median:
+        verdict = " (within spread: not a ranking)"
+    else:
+        verdict = ""
     return (
         f"| {path.stem.removeprefix('levers-')} | {metric} | {lever}: {on.median:,.1f} (±{on.spread_pct or 0:.1f}%, n={on.n}) "
         f"| {alternative}: {off.median:,.1f} (±{off.spread_pct or 0:.1f}%, n={off.n}) | {off.median - on.median:,.1f}{verdict} |"
