@@ -134,3 +134,12 @@ def test_planning_a_quantized_checkpoint_does_not_import_torch(tmp_path, tied_mo
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "cpu_int4 g32 sym +head"
+
+
+def test_sharded_output_loads_like_a_single_file(tmp_path, untied_model, make_core):
+    quant = QuantConfig(group_size=32, symmetric=False)
+    single = quantize_checkpoint(untied_model, tmp_path / "one", quant).out_dir
+    sharded = quantize_checkpoint(untied_model, tmp_path / "many", quant, shard_bytes=64 << 10).out_dir
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    assert torch.equal(make_core(sharded).score(PROMPT), make_core(single).score(PROMPT))

@@ -39,8 +39,15 @@ def run(args: argparse.Namespace) -> int:
         print("error: --group-size row is only possible with --simulate (the int4 kernel needs 32, 64, 128 or 256)", file=sys.stderr)
         return 2
     quant = QuantConfig(group_size=args.group_size, symmetric=not args.asym, quantize_head=args.quantize_head)
+
+    def progress(done: int, total: int) -> None:
+        print(f"\r{done}/{total} tensors", end="\n" if done == total else "", file=sys.stderr, flush=True)
+
     try:
-        result = quantize_checkpoint(args.src, args.dst, quant, simulate=args.simulate, shard_bytes=args.shard_bytes)
+        result = quantize_checkpoint(
+            args.src, args.dst, quant, simulate=args.simulate, shard_bytes=args.shard_bytes,
+            progress=progress if sys.stderr.isatty() else None,
+        )
     except EdgeInferError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -59,7 +59,7 @@ def quantize_checkpoint(
     quant: QuantConfig,
     simulate: bool = False,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> QuantizeResult:
     """Quantize checkpoint ``src`` into the new directory ``dst``.
 
@@ -94,7 +94,7 @@ def quantize_checkpoint(
     partial.mkdir(parents=True)
     writer = _ShardWriter(partial, shard_bytes)
     with CheckpointReader(src) as reader:
-        for name in sorted(index):
+        for done, name in enumerate(sorted(index), start=1):
             info = index[name]
             if name in targets:
                 group = quant.group_size if quant.group_size != ROW_GROUP else info.shape[1]
@@ -104,8 +104,8 @@ def quantize_checkpoint(
             else:
                 writer.add(name, reader.rows(name, 0, info.shape[0]) if info.shape else next(reader.row_blocks(name))[1])
             if progress is not None:
-                progress(name)
-    written = writer.close()
+                progress(done, len(index))
+        written = writer.close()  # while the source is open: copied tensors may still read its mapped pages
     raw = dict(cfg.raw)
     if not simulate:
         raw["quantization_config"] = checkpoint_quantization_config(quant)

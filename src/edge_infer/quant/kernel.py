@@ -94,10 +94,11 @@ class Int4Kernel(WeightKernel):
         full_tiles = self.rows_padded // TILE_ROWS
         tile, r = ids // TILE_ROWS, ids % TILE_ROWS
         in_full = tile < full_tiles
-        tile_rows = torch.where(in_full, TILE_ROWS, self.rows_padded - full_tiles * TILE_ROWS)
+        tile_rows = torch.where(in_full, TILE_ROWS, self.rows_padded % TILE_ROWS)
         pos = _tile_positions(TILE_ROWS)[r]
-        if self.rows_padded % TILE_ROWS:
-            pos = torch.where(in_full, pos, _tile_positions(self.rows_padded % TILE_ROWS)[r.clamp_max(self.rows_padded % TILE_ROWS - 1)])
+        tail = self.rows_padded % TILE_ROWS  # rows of the last, partial tile
+        if tail:
+            pos = torch.where(in_full, pos, _tile_positions(tail)[r.clamp_max(tail - 1)])
         half_k = self.cols_padded // 2
         # Within a tile of t rows the bytes are k-major: column k's t nibbles fill t / 2 bytes.
         base = tile * TILE_ROWS * half_k + pos // 2
