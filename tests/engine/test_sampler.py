@@ -68,3 +68,8 @@ def test_logprobs_come_from_the_raw_distribution():
     ref = torch.log_softmax(LOGITS, 0)
     assert math.isclose(out.logprob, float(ref[1]), rel_tol=1e-6)
     assert [t for t, _ in out.top_logprobs] == [1, 5]
+
+
+def test_a_vanishing_top_p_keeps_the_top_token():
+    kept = _truncate(LOGITS, 0, 5e-324, 0.0)
+    assert torch.isfinite(kept).sum() == 1 and int(torch.argmax(kept)) == 1

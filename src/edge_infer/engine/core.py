@@ -201,7 +201,12 @@ class EngineCore:
         out: list[TokenDelta] = []
         for row, item in enumerate(sampling):
             seq = item.seq
-            tok = sample_row(logits[row], seq, self.generator)
+            try:
+                tok = sample_row(logits[row], seq, self.generator)
+            except Exception as exc:  # e.g. parameters that turn the distribution into NaN: fail this request only
+                log.error("sampling failed for %s:\n%s", seq.request_id, traceback.format_exc())
+                out.append(self._fail(seq, f"sampling failed: {exc}"))
+                continue
             seq.output_token_ids.append(tok.token_id)
             self.stats.generated_tokens += 1
             if seq.credits is not None:

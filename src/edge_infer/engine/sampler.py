@@ -50,6 +50,7 @@ def _truncate(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> t
         probs = torch.softmax(sorted_logits, dim=-1)
         # drop a token once the mass before it already reaches top_p (the top token always stays)
         drop = probs.cumsum(-1) - probs >= top_p
+        drop[0] = False  # explicitly: a top_p below fp32's smallest value must not drop everything
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.empty_like(logits).scatter_(0, order, sorted_logits)
     return logits

@@ -76,6 +76,11 @@ def core_loop(config: EngineConfig, commands: Connection, outputs: Connection) -
 
 
 def _worker_main(command_fd: int, output_fd: int) -> None:
+    import signal
+
+    # Ctrl-C in a terminal reaches the whole process group; the frontend decides when its
+    # worker stops (it drains, then closes the pipe), so the worker must not die of it first.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     commands = Connection(command_fd, writable=False)
     outputs = Connection(output_fd, readable=False)
     try:

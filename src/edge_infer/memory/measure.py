@@ -116,13 +116,3 @@ def malloc_trim() -> int:
     before = rss_anon_bytes()
     libc.malloc_trim(0)
     return max(0, before - rss_anon_bytes())
-
-
-def process_start_time() -> float:
-    """Wall-clock time at which this process was created (from /proc/self/stat)."""
-    with open("/proc/self/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    start_ticks = int(fields[19])  # field 22 overall: starttime, in clock ticks since boot
-    with open("/proc/stat") as f:
-        btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
-    return btime + start_ticks / os.sysconf("SC_CLK_TCK")

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Run the published comparisons and regenerate docs/results.md.
+#
+#   benchmarks/run_published.sh [grid options, e.g. --cores 2-3 --passes 3]
+#
+# Run it on quiet cores: every grid refuses busy cores and holds the host
+# lock. First (once) it writes the synthetic checkpoints and their GGUFs
+# (bf16 export, Q8_0 and Q4_K_M through llama.cpp's quantizer) under
+# benchmarks/models/, then runs every spec in benchmarks/specs/ into
+# benchmarks/results/<spec>.json. An arm that fails (the W4A16 arms until
+# quantization="cpu_int4" exists) is kept in its result as a failed pass and
+# makes this script exit 1 after everything else has run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ -z "${EDGE_INFER:-}" ]; then
+  if [ -x .venv/bin/edge-infer ]; then EDGE_INFER=.venv/bin/edge-infer; else EDGE_INFER=edge-infer; fi
+fi
+export EDGE_INFER  # the specs' arms run "${EDGE_INFER:-edge-infer} bench ..."
+
+models=benchmarks/models
+mkdir -p "$models/gguf" benchmarks/results/raw
+
+prepare() {  # family preset
+  if [ ! -f "$models/$2/config.json" ]; then
+    $EDGE_INFER synth "$models/$2" --family "$1" --preset "$2"
+  fi
+  if [ ! -f "$models/gguf/$2-Q4_K_M.gguf" ] || [ ! -f "$models/gguf/$2-Q8_0.gguf" ]; then
+    $EDGE_INFER bench llamacpp prepare "$models/$2" "$models/gguf"
+  fi
+}
+prepare qwen2 qwen2.5-0.5b
+prepare llama llama-3.2-1b
+
+status=0
+for spec in benchmarks/specs/*.json; do
+  name=$(basename "$spec" .json)
+  echo "== $name" >&2
+  $EDGE_INFER bench grid --spec "$spec" --out "benchmarks/results/$name.json" "$@" || status=1
+done
+benchmarks/render_results.sh
+exit $status

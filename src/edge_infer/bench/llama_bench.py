@@ -1,0 +1,116 @@
+"""pp/tg with `llama-bench` semantics, shared by both engines' arms.
+
+An engine supplies one function, `generate(prompt_ids, n_tokens) -> seconds`:
+process the prompt, then greedily produce `n_tokens` tokens (end-of-sequence
+ignored), and return the wall time. Everything else — the prompts, the
+warm-up, the repetitions and the arithmetic — lives here, so that
+edge-infer and llama.cpp are measured by the same code:
+
+- pp: one `pp`-token prompt, one token out: ``pp_tps = pp / t_pp``.
+- tg: a one-token prompt and `tg` tokens out, minus the same prompt with one
+  token out, which removes the one-token prefill: ``tg_tps = (tg - 1) /
+  (t_tg - t_1)``.
+- Prompts are random token ids (seeded, so both engines see the same ones);
+  every repetition starts from an empty context (no prefix reuse).
+- `pp_tps` / `tg_tps` are the best repetition (the least disturbed one);
+  the medians and every raw time are reported beside them.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+GenerateFn = Callable[[list[int], int], float]
+
+
+@dataclass(frozen=True)
+class PpTgSettings:
+    pp: int = 512
+    tg: int = 128
+    reps: int = 3
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.pp < 1:
+            raise ValueError(f"--pp must be at least 1, got {self.pp}")
+        if self.tg < 2:
+            raise ValueError(f"--tg must be at least 2 (the one-token prefill is subtracted), got {self.tg}")
+        if self.reps < 1:
+            raise ValueError(f"--reps must be at least 1, got {self.reps}")
+
+    @property
+    def context_tokens(self) -> int:
+        """Context one sequence needs: the longer of the two tests."""
+        return max(self.pp + 1, self.tg + 1)
+
+
+@dataclass(frozen=True)
+class RepTimes:
+    pp_s: float
+    tg1_s: float
+    tg_s: float
+
+
+def add_pp_tg_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("pp/tg (llama-bench semantics)")
+    g.add_argument("--pp", type=int, default=512, help="prompt tokens of the prefill test (default 512)")
+    g.add_argument("--tg", type=int, default=128, help="tokens generated in the decode test (default 128)")
+    g.add_argument("--reps", type=int, default=3, help="repetitions; the best and the median are reported (default 3)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the random prompt token ids (default 0)")
+
+
+def settings_from(args: argparse.Namespace) -> PpTgSettings:
+    s = PpTgSettings(pp=args.pp, tg=args.tg, reps=args.reps, seed=args.seed)
+    s.validate()
+    return s
+
+
+def prompt_ids(n: int, vocab_size: int, seed: int, rep: int, test: str) -> list[int]:
+    """Random token ids, the same for every engine given the same arguments."""
+    rng = random.Random(f"{seed}:{rep}:{test}")
+    return [rng.randrange(vocab_size) for _ in range(n)]
+
+
+def measure(generate: GenerateFn, vocab_size: int, s: PpTgSettings) -> list[RepTimes]:
+    """Warm up once, then time `reps` repetitions of pp, tg-1 and tg."""
+    generate(prompt_ids(s.pp, vocab_size, s.seed, -1, "pp"), 1)
+    generate(prompt_ids(1, vocab_size, s.seed, -1, "tg"), 2)
+    reps = []
+    for rep in range(s.reps):
+        pp_s = generate(prompt_ids(s.pp, vocab_size, s.seed, rep, "pp"), 1)
+        one = prompt_ids(1, vocab_size, s.seed, rep, "tg")
+        tg1_s = generate(one, 1)
+        tg_s = generate(one, s.tg)
+        reps.append(RepTimes(pp_s, tg1_s, tg_s))
+    return reps
+
+
+def rates(reps: list[RepTimes], s: PpTgSettings) -> dict[str, Any]:
+    """The metrics (best and median rates) and the raw times behind them.
+
+    A repetition whose tg time does not exceed its one-token time cannot
+    give a decode rate; it is counted, not turned into infinity, and a run
+    where no repetition gives one is an error.
+    """
+    pp_rates = [s.pp / r.pp_s for r in reps]
+    tg_rates = [(s.tg - 1) / (r.tg_s - r.tg1_s) for r in reps if r.tg_s > r.tg1_s]
+    if not tg_rates:
+        raise ValueError(
+            f"no repetition took longer for {s.tg} tokens than for 1, so no decode rate can be computed; raise --tg"
+        )
+    out: dict[str, Any] = {
+        "pp_tps": round(max(pp_rates), 3),
+        "pp_median_tps": round(statistics.median(pp_rates), 3),
+        "tg_tps": round(max(tg_rates), 3),
+        "tg_median_tps": round(statistics.median(tg_rates), 3),
+    }
+    out["raw"] = {
+        "reps": [asdict(r) for r in reps],
+        "pp_tps": [round(x, 3) for x in pp_rates],
+        "tg_tps": [round(x, 3) for x in tg_rates],
+        "tg_reps_without_rate": len(reps) - len(tg_rates),
+    }
+    return out

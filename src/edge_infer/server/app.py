@@ -1,0 +1,209 @@
+"""The FastAPI application: routes, API-key check, request counting, life cycle.
+
+Serving a request: readiness (503), model name and parameters (400),
+admission (429), then the engine requests start (a prompt that does not fit
+is a 400 here) and the response is streamed or collected. A client that
+disconnects, streaming or not, cancels its engine requests.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from contextlib import asynccontextmanager, suppress
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from edge_infer.server import serving_chat, serving_completions
+from edge_infer.server.errors import APIError, install_handlers
+from edge_infer.server.generation import Generation
+from edge_infer.server.metrics import ServerMetrics
+from edge_infer.server.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    SamplingFields,
+)
+from edge_infer.server.state import ServerState
+from edge_infer.server.streaming import HEADERS, MEDIA_TYPE
+
+log = logging.getLogger(__name__)
+
+# The status nginx logs for a client that closed the connection first; nobody reads the body.
+CLIENT_CLOSED = 499
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": text}
+    for code, text in {
+        400: "invalid parameters, unknown model, or a prompt that does not fit max_model_len",
+        401: "missing or wrong API key (when the server has one)",
+        429: "admission queue full; see the Retry-After header",
+        503: "loading, shutting down, or the engine worker is down",
+    }.items()
+}
+STREAM_RESPONSE = {"content": {MEDIA_TYPE: {"schema": {"type": "string"}}}, "description": "with stream=true: server-sent events"}
+
+
+class RequestCounter:
+    """ASGI middleware counting responses by path and status (it never touches the body)."""
+
+    def __init__(self, app: Any, metrics: ServerMetrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = [CLIENT_CLOSED]
+
+        async def send_and_note(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            self.metrics.count_request(scope["path"], status[0])
+
+
+class EventStream(StreamingResponse):
+    """An SSE response that ends its generation however the response ends.
+
+    A client can leave before the body is iterated at all; the body's own
+    ``finally`` would then never run, and its engine requests would hold
+    their admission and KV blocks.
+    """
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]):
+        super().__init__(content, media_type=MEDIA_TYPE, headers=HEADERS)
+        self.on_close = on_close
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+def api_key_check(api_key: str | None) -> Callable[..., None]:
+    bearer = HTTPBearer(auto_error=False, description="the server's --api-key, when it has one")
+
+    def check(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        if api_key is None:
+            return
+        if credentials is None:
+            raise APIError(401, "this server needs an API key: send 'Authorization: Bearer KEY'", code="missing_api_key")
+        if not secrets.compare_digest(credentials.credentials.encode(), api_key.encode()):
+            raise APIError(401, "the API key is wrong", code="invalid_api_key")
+
+    return check
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def build_app(state: ServerState, loader: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
+    """The app; ``loader`` loads the engine in the background (default: ``state.load``)."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        loading = asyncio.create_task((loader or state.load)())
+        try:
+            yield
+        finally:
+            # A worker still loading is closed once it is up: stopping it mid-load would orphan it.
+            with suppress(Exception):
+                await loading
+            await state.close()
+
+    from edge_infer import __version__
+
+    app = FastAPI(title="edge-infer", version=__version__, lifespan=lifespan)
+    install_handlers(app)
+    app.add_middleware(RequestCounter, metrics=state.metrics)
+    auth = [Depends(api_key_check(state.settings.api_key))]
+    unknown_fields: set[str] = set()
+
+    def admit_and_start(body: SamplingFields, job: Any) -> tuple[Generation, Any]:
+        extra = set(body.model_extra or ()) - unknown_fields
+        if extra:
+            unknown_fields.update(extra)
+            log.warning("ignoring request fields edge-infer does not know: %s", ", ".join(sorted(extra)))
+        ticket = state.admit(body.n * len(job.prompts))
+        try:
+            return Generation(state, job.prompts, job.params, stream=body.stream), ticket
+        except BaseException:
+            ticket.release()
+            raise
+
+    async def respond(request: Request, body: SamplingFields, job: Any, module: Any) -> Response:
+        gen, ticket = admit_and_start(body, job)
+        if body.stream:
+
+            def close() -> None:
+                gen.close()
+                ticket.release()
+
+            return EventStream(module.stream(state, job, gen), close)
+        work = asyncio.ensure_future(module.complete(state, job, gen))
+        watch = asyncio.ensure_future(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if work not in done:
+                gen.cancel("the client disconnected")
+                work.cancel()
+                return Response(status_code=CLIENT_CLOSED)
+            return JSONResponse(work.result().model_dump(exclude_none=True))
+        finally:
+            watch.cancel()
+            gen.close()
+            ticket.release()
+
+    @app.get("/health", responses={503: {"description": "loading, shutting down, or the engine worker is down"}})
+    async def health() -> JSONResponse:
+        if state.phase == "ready" and state.engine.healthy:
+            return JSONResponse({"status": "ok"})
+        detail = state.load_error or state.engine.dead_reason
+        status = state.phase if state.phase != "ready" else "engine_dead"
+        return JSONResponse({"status": status, "detail": detail}, status_code=503)
+
+    @app.get("/metrics", response_class=Response)
+    async def metrics() -> Response:
+        stats = await state.engine.refresh_stats()
+        return Response(state.metrics.render(stats, state.in_flight), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", dependencies=auth, response_model=ModelList, responses=ERROR_RESPONSES)
+    async def models() -> ModelList:
+        card = ModelCard(id=state.settings.served_model_name, created=state.created, max_model_len=state.frontend.max_model_len)
+        return ModelList(data=[card])
+
+    @app.post(
+        "/v1/chat/completions", dependencies=auth, response_model=ChatCompletionResponse,
+        responses={**ERROR_RESPONSES, 200: STREAM_RESPONSE},
+    )
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        state.check_ready()
+        state.check_model(body.model)
+        return await respond(request, body, serving_chat.prepare(state, body), serving_chat)
+
+    @app.post(
+        "/v1/completions", dependencies=auth, response_model=CompletionResponse,
+        responses={**ERROR_RESPONSES, 200: STREAM_RESPONSE},
+    )
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        state.check_ready()
+        state.check_model(body.model)
+        return await respond(request, body, serving_completions.prepare(state, body), serving_completions)
+
+    return app

@@ -1,0 +1,108 @@
+"""Every failure leaves the server as an OpenAI error object with the right status.
+
+``{"error": {"message", "type", "param", "code"}}``. Request validation
+(FastAPI answers 422 by default) is a 400 here, as OpenAI clients expect.
+Engine errors keep their meaning: a bad request is a 400, a dead worker a 503.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from edge_infer.errors import EngineDeadError, InvalidRequestError
+from edge_infer.server.protocol import ErrorInfo, ErrorResponse
+
+log = logging.getLogger(__name__)
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable_error",
+}
+# Validation errors listed in one message; the rest are counted.
+MAX_LISTED_ERRORS = 3
+
+
+class APIError(Exception):
+    """An error to answer with; raised anywhere in request handling."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+    def info(self) -> ErrorInfo:
+        return ErrorInfo(message=self.message, type=ERROR_TYPES.get(self.status, "server_error"), param=self.param, code=self.code)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(ErrorResponse(error=self.info()).model_dump(), status_code=self.status, headers=self.headers)
+
+
+def from_exception(exc: Exception) -> APIError:
+    """The API error for an engine exception met while serving a request."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, InvalidRequestError):
+        return APIError(400, str(exc))
+    if isinstance(exc, EngineDeadError):
+        return APIError(503, f"the engine worker is down ({exc}); restart the server", code="engine_dead")
+    log.exception("unexpected error while serving a request", exc_info=exc)
+    return APIError(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _loc(loc: Sequence[Any]) -> str:
+    parts = [str(p) for p in loc if p != "body"]
+    return ".".join(parts)
+
+
+def validation_error(errors: Sequence[dict[str, Any]]) -> APIError:
+    lines = []
+    for err in errors[:MAX_LISTED_ERRORS]:
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        where = _loc(err.get("loc", ()))
+        lines.append(f"{where}: {msg}" if where else msg)
+    if len(errors) > MAX_LISTED_ERRORS:
+        lines.append(f"(and {len(errors) - MAX_LISTED_ERRORS} more)")
+    param = _loc(errors[0].get("loc", ())) if errors else None
+    return APIError(400, "; ".join(lines), param=param or None, code="invalid_parameter")
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return validation_error(exc.errors()).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return APIError(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None)).response()
+
+    async def _engine_error(_: Request, exc: Exception) -> JSONResponse:
+        return from_exception(exc).response()
+
+    # Exception itself last: Starlette answers it from its outermost middleware (and logs it).
+    for cls in (InvalidRequestError, EngineDeadError, Exception):
+        app.add_exception_handler(cls, _engine_error)

@@ -1,0 +1,186 @@
+"""One API call's engine requests: n samples of each prompt, as one merged event stream.
+
+A ``Generation`` starts its engine requests at once (so that a prompt that
+does not fit is a 400 before any byte is streamed), merges their events
+while keeping each stream's back-pressure, keeps each sample's text, tokens
+and logprobs, feeds the latency metrics, and cancels what is left when the
+client goes away or the server shuts down.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, AsyncIterator
+
+from edge_infer.engine.frontend import PreparedPrompt
+from edge_infer.engine.sampling_params import SamplingParams
+from edge_infer.engine.streams import RequestStream, StreamEvent
+from edge_infer.engine.frontend import Frontend
+from edge_infer.server.errors import APIError
+from edge_infer.server.protocol import SamplingFields, Usage
+
+if TYPE_CHECKING:
+    from edge_infer.server.state import ServerState
+
+# Undelivered events buffered per streamed sample; beyond that its decoding waits for the client.
+STREAM_BUFFER_CHUNKS = 64
+_SEED_SPACE = 2**64
+_ids = itertools.count()
+
+
+# Request fields passed to SamplingParams only when the client set them (else the checkpoint's defaults hold).
+_OPTIONAL_SAMPLING = (
+    "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed",
+)
+
+
+def build_params(frontend: Frontend, req: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    """The request's sampling over the checkpoint's generation_config.json defaults."""
+    overrides = {k: getattr(req, k) for k in _OPTIONAL_SAMPLING if getattr(req, k) is not None}
+    return frontend.default_params(
+        **overrides, n=req.n, stop=req.stop, ignore_eos=req.ignore_eos, max_tokens=max_tokens, logprobs=logprobs
+    )
+
+
+def token_text(frontend: Frontend, token_id: int) -> str:
+    """One token as text, special tokens included (logprobs show what the model chose)."""
+    return frontend.require_tokenizer().decode([token_id], skip_special_tokens=False)
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
+class Sample:
+    index: int  # the choice index
+    prompt_index: int
+    stream: RequestStream
+    submitted_at: float
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+    last_token_at: float | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.finish_reason is not None
+
+
+class Generation:
+    def __init__(self, state: "ServerState", prompts: list[PreparedPrompt], params: SamplingParams, stream: bool):
+        self.state = state
+        self.id = f"{next(_ids)}-{int(time.time() * 1000) % 10**10}"
+        self.prompts = prompts
+        self.samples: list[Sample] = []
+        self.cancel_reason: str | None = None
+        engine = state.engine
+        try:
+            for p, prompt in enumerate(prompts):
+                for k in range(params.n):
+                    seed = None if params.seed is None else (params.seed + k) % _SEED_SPACE
+                    sub = params.clone(n=1, seed=seed)
+                    rid = f"{self.id}-{p}-{k}"
+                    s = engine.add_request(prompt, sub, request_id=rid, max_chunks=STREAM_BUFFER_CHUNKS if stream else None)
+                    self.samples.append(Sample(len(self.samples), p, s, time.time()))
+        except Exception:
+            self.cancel(None)
+            raise
+        state.metrics.prompt_tokens.inc(self.prompt_tokens)
+        state.live.add(self)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(p.token_ids) for p in self.prompts)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.samples)
+
+    def usage(self) -> Usage:
+        prompt, completion = self.prompt_tokens, self.completion_tokens
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+    def cancel(self, reason: str | None) -> None:
+        """End every sample still running (the engine frees its KV blocks)."""
+        if reason is not None and self.cancel_reason is None:
+            self.cancel_reason = reason
+        for s in self.samples:
+            if not s.stream.ended:
+                self.state.engine.cancel_nowait(s.stream.request_id)
+            self._end(s, "abort")  # counted now: nobody may read the stream's cancelled event
+
+    def close(self) -> None:
+        self.cancel(None)
+        self.state.live.discard(self)
+
+    async def events(self) -> AsyncIterator[tuple[Sample, StreamEvent]]:
+        """Every sample's events, as they come; ends when all samples have ended."""
+        if len(self.samples) == 1:
+            s = self.samples[0]
+            async for event in s.stream:
+                self._apply(s, event)
+                yield s, event
+            return
+        pending = {asyncio.ensure_future(s.stream.get()): s for s in self.samples}
+        try:
+            while pending:
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for fut in sorted(done, key=lambda f: pending[f].index):
+                    s = pending.pop(fut)
+                    event = fut.result()
+                    self._apply(s, event)
+                    yield s, event
+                    if not event.terminal:
+                        pending[asyncio.ensure_future(s.stream.get())] = s
+        finally:
+            for fut in pending:
+                fut.cancel()
+
+    async def collect(self) -> list[Sample]:
+        async for _ in self.events():
+            pass
+        return self.samples
+
+    def failure(self) -> APIError | None:
+        """Why the samples did not all end normally, as the error to answer with."""
+        if self.cancel_reason is not None and any(s.finish_reason == "abort" for s in self.samples):
+            return APIError(503, f"the request was cancelled: {self.cancel_reason}", code="cancelled")
+        errors = [s.error for s in self.samples if s.error]
+        if not errors:
+            return None
+        if not self.state.engine.healthy:
+            return APIError(503, f"the engine worker is down: {errors[0]}", code="engine_dead")
+        return APIError(500, f"generation failed: {errors[0]}")
+
+    def _apply(self, s: Sample, event: StreamEvent) -> None:
+        metrics = self.state.metrics
+        if event.kind == "token":
+            s.text += event.text
+            if event.token_ids:
+                s.token_ids += event.token_ids
+                metrics.generation_tokens.inc(len(event.token_ids))
+                if s.last_token_at is None:
+                    metrics.ttft.observe(max(0.0, event.time - s.submitted_at))
+                else:
+                    metrics.itl.observe(max(0.0, event.time - s.last_token_at))
+                s.last_token_at = event.time
+            for tid, (lp, top) in zip(event.token_ids, event.logprobs or []):
+                s.logprobs.append(TokenLogprob(tid, lp, top))
+            return
+        reason = event.finish_reason or ("abort" if event.kind == "cancelled" else "error")
+        self._end(s, reason, (event.error or "the engine reported an error") if event.kind == "error" else None)
+
+    def _end(self, s: Sample, reason: str, error: str | None = None) -> None:
+        if s.ended:
+            return
+        s.finish_reason, s.error = reason, error
+        self.state.metrics.finished.labels(reason).inc()
+        self.state.metrics.e2e.observe(max(0.0, time.time() - s.submitted_at))

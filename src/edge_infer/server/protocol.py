@@ -1,0 +1,400 @@
+"""OpenAI request and response shapes, apart from the serving logic.
+
+Bounds live here, on the fields, so that they are part of the published
+OpenAPI document and a request outside them is refused with a 400 naming the
+field before anything reaches the engine. Fields that OpenAI defines but
+edge-infer cannot honour (``logit_bias``, ``suffix``, ``best_of``) are
+declared so that using them is refused with a clear message instead of
+being ignored.
+"""
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+
+# n samples of one prompt; more is never admitted on an edge box anyway.
+MAX_N = 16
+MAX_TOP_LOGPROBS = 20
+# torch generators take seeds in [-2**63, 2**64); per-sample seeds are reduced modulo 2**64.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
+
+class _Request(BaseModel):
+    # Unknown fields are tolerated (clients send newer ones) and logged by the server.
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+
+class _Response(BaseModel):
+    pass
+
+
+class _KeepNulls(_Response):
+    """Responses are sent without null fields; the fields named here are sent even when null."""
+
+    _keep_null: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _with_nulls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out = handler(self)
+        for name in self._keep_null:
+            out.setdefault(name, None)
+        return out
+
+
+# -- errors ----------------------------------------------------------------------
+
+
+class ErrorInfo(_Response):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(_Response):
+    error: ErrorInfo
+
+
+# -- shared request fields ---------------------------------------------------------
+
+Stop = Union[Annotated[str, Field(min_length=1)], Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=16)]]
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class SamplingFields(_Request):
+    """The sampling knobs that chat and completions share (OpenAI names, plus vLLM's extras)."""
+
+    model: str | None = Field(None, description="the served model name; defaults to it")
+    n: int = Field(1, ge=1, le=MAX_N)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1, description="0 or -1 disables (edge-infer extension)")
+    min_p: float | None = Field(None, ge=0, le=1, description="edge-infer extension")
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    # Below 0.01 the penalty divides logits into infinities; the distribution becomes NaN.
+    repetition_penalty: float | None = Field(None, ge=0.01, le=100, description="edge-infer extension")
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    stop: Stop | None = None
+    ignore_eos: bool = Field(False, description="keep generating past end-of-sequence (edge-infer extension)")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    logit_bias: dict[str, float] | None = Field(None, description="not supported: must be empty")
+
+    @model_validator(mode="after")
+    def _check_common(self) -> "SamplingFields":
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream=true")
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported by edge-infer; remove it")
+        return self
+
+
+# -- chat ------------------------------------------------------------------------
+
+
+class TextPart(_Request):
+    type: Literal["text"]
+    text: str
+
+
+Content = Union[str, list[TextPart]]
+
+
+class FunctionCall(_Request):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Request):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class SystemMessage(_Request):
+    role: Literal["system"]
+    content: Content
+    name: str | None = None
+
+
+class DeveloperMessage(_Request):
+    role: Literal["developer"]
+    content: Content
+    name: str | None = None
+
+
+class UserMessage(_Request):
+    role: Literal["user"]
+    content: Content
+    name: str | None = None
+
+
+class AssistantMessage(_Request):
+    role: Literal["assistant"]
+    content: Content | None = None
+    tool_calls: list[ToolCall] | None = None
+    name: str | None = None
+
+
+class ToolMessage(_Request):
+    role: Literal["tool"]
+    content: Content
+    tool_call_id: str
+
+
+ChatMessage = Annotated[
+    Union[SystemMessage, DeveloperMessage, UserMessage, AssistantMessage, ToolMessage], Field(discriminator="role")
+]
+
+
+class FunctionDefinition(_Request):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(_Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Union[Literal["none", "auto", "required"], NamedToolChoice]
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object"] = Field(
+        description="json_object output is checked to be a JSON object and the check reported; json_schema is not supported"
+    )
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1, description="deprecated by OpenAI in favour of max_completion_tokens")
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: ResponseFormat | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    @model_validator(mode="after")
+    def _check_chat(self) -> "ChatCompletionRequest":
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true")
+        if isinstance(self.tool_choice, NamedToolChoice) or self.tool_choice == "required":
+            if not self.tools:
+                raise ValueError("tool_choice names a tool or requires one, but no tools are given")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            names = {t.function.name for t in self.tools or []}
+            if self.tool_choice.function.name not in names:
+                raise ValueError(f"tool_choice names {self.tool_choice.function.name!r}, which is not among the tools")
+        return self
+
+    @property
+    def output_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+# -- completions -------------------------------------------------------------------
+
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+PromptField = Union[
+    Annotated[str, Field(min_length=1)],
+    Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=MAX_N)],
+    TokenIds,
+    Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_N)],
+]
+
+
+class CompletionRequest(SamplingFields):
+    prompt: PromptField
+    max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
+    suffix: str | None = Field(None, description="not supported: must be absent")
+    best_of: int | None = Field(None, description="not supported beyond n")
+
+    @model_validator(mode="after")
+    def _check_completion(self) -> "CompletionRequest":
+        if self.suffix:
+            raise ValueError("suffix (insertion) is not supported by edge-infer; remove it")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of is not supported by edge-infer; use n")
+        if self.echo and self.logprobs is not None:
+            raise ValueError("echo with logprobs would need prompt logprobs, which edge-infer does not compute")
+        return self
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]
+        return list(p)
+
+
+# -- responses ---------------------------------------------------------------------
+
+
+class Usage(_Response):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ToolCallRecovery(_KeepNulls):
+    """A tool call the model wrote malformed: what was wrong and what the server did."""
+
+    _keep_null = ("index",)
+
+    index: int | None = Field(description="index of the resulting tool call, or null when it was kept as text")
+    parser: str
+    problem: str
+    action: str
+    recovered: bool
+
+
+class FormatCheck(_Response):
+    type: str
+    valid: bool
+    error: str | None = None
+
+
+class ToolChoiceCheck(_Response):
+    requested: str
+    met: bool
+
+
+class ChoiceReport(_Response):
+    """edge-infer's account of what it did to a choice beyond plain decoding."""
+
+    tool_call_recovery: list[ToolCallRecovery] | None = None
+    response_format: FormatCheck | None = None
+    tool_choice: ToolChoiceCheck | None = None
+
+
+class TopLogprob(_Response):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(_Response):
+    content: list[TokenLogprob]
+
+
+class ResponseMessage(_KeepNulls):
+    _keep_null = ("content",)  # OpenAI sends "content": null beside tool calls
+
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class ChatChoice(_Response):
+    index: int
+    message: ResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None
+    edge_infer: ChoiceReport | None = None
+
+
+class ChatCompletionResponse(_Response):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class FunctionDelta(_Response):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(_Response):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta
+
+
+class ChatDelta(_Response):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+
+class ChatChunkChoice(_Response):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    edge_infer: ChoiceReport | None = None
+
+
+class ChatCompletionChunk(_Response):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionLogprobs(_Response):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class CompletionChoice(_Response):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None
+
+
+class CompletionResponse(_Response):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(_Response):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "edge-infer"
+    max_model_len: int
+
+
+class ModelList(_Response):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

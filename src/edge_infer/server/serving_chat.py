@@ -1,0 +1,283 @@
+"""``POST /v1/chat/completions``: messages in, an assistant message (or its chunks) out.
+
+The chat template renders the messages (and the tools, when offered); the
+output goes through the tool-call extractor when tools are in play, and
+through the JSON check when ``response_format`` asks for a JSON object.
+Streaming and non-streaming responses use the same extractor, so they give
+the same calls.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from edge_infer.engine.frontend import PreparedPrompt
+from edge_infer.engine.sampling_params import SamplingParams
+from edge_infer.errors import InvalidRequestError
+from edge_infer.server.errors import APIError
+from edge_infer.server.generation import Generation, Sample, TokenLogprob, build_params, token_text
+from edge_infer.server.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatLogprobs,
+    ChoiceReport,
+    Content,
+    FormatCheck,
+    FunctionCall,
+    FunctionDelta,
+    NamedToolChoice,
+    ResponseMessage,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallRecovery,
+    ToolChoiceCheck,
+    ToolMessage,
+    TopLogprob,
+    Usage,
+)
+from edge_infer.server.protocol import TokenLogprob as TokenLogprobOut
+from edge_infer.server.state import ServerState
+from edge_infer.server.streaming import sse, sse_done, sse_error
+from edge_infer.server.tool_parsers import PARSERS, ParsedCall, Recovery, ToolCallExtractor, ToolCallParser, extract
+
+
+@dataclass
+class ChatJob:
+    """A validated chat request, ready for the engine."""
+
+    request: ChatCompletionRequest
+    prompt: PreparedPrompt
+    params: SamplingParams
+    tools: list[dict[str, Any]] = field(default_factory=list)  # the tools offered to the model
+
+    @property
+    def prompts(self) -> list[PreparedPrompt]:
+        return [self.prompt]
+
+    @property
+    def parses_tools(self) -> bool:
+        return bool(self.tools)
+
+    @property
+    def tool_choice_label(self) -> str | None:
+        choice = self.request.tool_choice
+        if isinstance(choice, NamedToolChoice):
+            return f"function:{choice.function.name}"
+        return "required" if choice == "required" else None
+
+
+def _text(content: Content | None) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.text for part in content)
+
+
+def _arguments(arguments: str) -> Any:
+    """Templates render arguments as JSON themselves: give them the object when it is one."""
+    try:
+        value = json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
+    return value if isinstance(value, dict) else arguments
+
+
+def template_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    out = []
+    for m in req.messages:
+        # Chat templates know system/user/assistant/tool; OpenAI's "developer" is the system role of newer models.
+        d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": _text(m.content)}
+        if isinstance(m, AssistantMessage) and m.tool_calls:
+            d["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                for c in m.tool_calls
+            ]
+        if isinstance(m, ToolMessage):
+            d["tool_call_id"] = m.tool_call_id
+        if getattr(m, "name", None):
+            d["name"] = m.name
+        out.append(d)
+    return out
+
+
+def prepare(state: ServerState, req: ChatCompletionRequest) -> ChatJob:
+    frontend = state.frontend
+    tools: list[dict[str, Any]] = []
+    if req.tools and req.tool_choice != "none":
+        template = frontend.require_tokenizer().chat_template or ""
+        if "tools" not in template:
+            raise APIError(
+                400, "this model's chat template does not take tools, so the model would never see them; "
+                "serve a checkpoint whose template supports tools, or send the request without tools",
+                param="tools", code="tools_unsupported",
+            )
+        named = req.tool_choice.function.name if isinstance(req.tool_choice, NamedToolChoice) else None
+        tools = [t.model_dump(exclude_none=True) for t in req.tools if named is None or t.function.name == named]
+    prompt = frontend.prepare_chat(template_messages(req), tools=tools or None, add_generation_prompt=True)
+    top = (req.top_logprobs or 0) if req.logprobs else None
+    params = build_params(frontend, req, req.output_limit, top)
+    return ChatJob(req, prompt, params, tools)
+
+
+class ChoiceBuilder:
+    """One choice's content, tool calls and report, fed as text arrives (or all at once)."""
+
+    def __init__(self, state: ServerState, job: ChatJob, sample: Sample):
+        self.state = state
+        self.job = job
+        self.sample = sample
+        self.parser: ToolCallParser | None = PARSERS[state.settings.tool_call_parser](job.tools) if job.parses_tools else None
+        self.extractor = ToolCallExtractor(self.parser) if self.parser else None
+        self.calls: list[ToolCall] = []
+        self.recoveries: list[Recovery] = []
+
+    def feed(self, text: str) -> tuple[str, list[tuple[int, ToolCall]]]:
+        """Content to show and new tool calls from a piece of output text."""
+        if self.extractor is None:
+            return text, []
+        events = self.extractor.feed(text)
+        return events.content, self._add(events.calls, events.recoveries)
+
+    def finish(self) -> tuple[str, list[tuple[int, ToolCall]]]:
+        if self.extractor is None:
+            return "", []
+        events = self.extractor.finish()
+        return events.content, self._add(events.calls, events.recoveries)
+
+    def _add(self, calls: list[tuple[int, ParsedCall]], recoveries: list[Recovery]) -> list[tuple[int, ToolCall]]:
+        new = []
+        for index, call in calls:
+            tc = ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", function=FunctionCall(name=call.name, arguments=call.arguments))
+            self.calls.append(tc)
+            new.append((index, tc))
+        for rec in recoveries:
+            self.state.metrics.tool_call_recoveries.labels(self.parser.name, "recovered" if rec.recovered else "unrecoverable").inc()
+        self.recoveries += recoveries
+        return new
+
+    def finish_reason(self) -> str | None:
+        return "tool_calls" if self.calls and self.sample.finish_reason in ("stop", "length") else self.sample.finish_reason
+
+    def report(self, content: str) -> ChoiceReport | None:
+        rep = ChoiceReport()
+        if self.recoveries:
+            rep.tool_call_recovery = [
+                ToolCallRecovery(index=r.call_index, parser=self.parser.name, problem=r.problem, action=r.action, recovered=r.recovered)
+                for r in self.recoveries
+            ]
+        fmt = self.job.request.response_format
+        if fmt is not None and fmt.type == "json_object":
+            rep.response_format = check_json_object(content)
+            self.state.metrics.format_checks.labels(str(rep.response_format.valid).lower()).inc()
+        label = self.job.tool_choice_label
+        if label is not None:
+            name = label.partition(":")[2]
+            rep.tool_choice = ToolChoiceCheck(requested=label, met=any(not name or c.function.name == name for c in self.calls))
+        return rep if rep.model_fields_set else None
+
+
+def check_json_object(text: str) -> FormatCheck:
+    """response_format json_object is not enforced while decoding: the output is checked and the check reported."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return FormatCheck(type="json_object", valid=False, error=f"not valid JSON: {exc}")
+    if not isinstance(value, dict):
+        return FormatCheck(type="json_object", valid=False, error=f"valid JSON but a {type(value).__name__}, not an object")
+    return FormatCheck(type="json_object", valid=True)
+
+
+def chat_logprobs(state: ServerState, items: list[TokenLogprob]) -> ChatLogprobs:
+    def entry(tid: int, lp: float) -> TopLogprob:
+        text = token_text(state.frontend, tid)
+        return TopLogprob(token=text, logprob=lp, bytes=list(text.encode("utf-8")))
+
+    out = []
+    for item in items:
+        chosen = entry(item.token_id, item.logprob)
+        out.append(TokenLogprobOut(**chosen.model_dump(), top_logprobs=[entry(t, lp) for t, lp in item.top]))
+    return ChatLogprobs(content=out)
+
+
+
+async def complete(state: ServerState, job: ChatJob, gen: Generation) -> ChatCompletionResponse:
+    samples = await gen.collect()
+    failure = gen.failure()
+    if failure is not None:
+        raise failure
+    choices = []
+    for s in samples:
+        builder = ChoiceBuilder(state, job, s)
+        content, _ = builder.feed(s.text)
+        rest, _ = builder.finish()
+        content += rest
+        if builder.calls and not content.strip():
+            content = None
+        message = ResponseMessage(content=content, tool_calls=builder.calls or None)
+        choices.append(
+            ChatChoice(
+                index=s.index, message=message, finish_reason=builder.finish_reason(),
+                logprobs=chat_logprobs(state, s.logprobs) if job.request.logprobs else None,
+                edge_infer=builder.report(content or ""),
+            )
+        )
+    return ChatCompletionResponse(id=f"chatcmpl-{gen.id}", model=state.settings.served_model_name, choices=choices, usage=gen.usage())
+
+
+def _tool_deltas(calls: list[tuple[int, ToolCall]]) -> list[ToolCallDelta] | None:
+    if not calls:
+        return None
+    return [
+        ToolCallDelta(index=i, id=c.id, type="function", function=FunctionDelta(name=c.function.name, arguments=c.function.arguments))
+        for i, c in calls
+    ]
+
+
+async def stream(state: ServerState, job: ChatJob, gen: Generation) -> AsyncIterator[str]:
+    req = job.request
+    ident = f"chatcmpl-{gen.id}"
+    model = state.settings.served_model_name
+    created = int(time.time())
+
+    def chunk(*choices: ChatChunkChoice, usage_: Usage | None = None) -> str:
+        return sse(ChatCompletionChunk(id=ident, created=created, model=model, choices=list(choices), usage=usage_))
+
+    builders = {s.index: ChoiceBuilder(state, job, s) for s in gen.samples}
+    contents = {i: "" for i in builders}
+    for i in builders:
+        yield chunk(ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content="")))
+    async for s, event in gen.events():
+        b = builders[s.index]
+        if event.kind == "token":
+            text, calls = b.feed(event.text)
+            contents[s.index] += text
+            new_logprobs = s.logprobs[len(s.logprobs) - len(event.token_ids):] if req.logprobs and event.token_ids else []
+            if text or calls or new_logprobs:
+                yield chunk(ChatChunkChoice(
+                    index=s.index, delta=ChatDelta(content=text or None, tool_calls=_tool_deltas(calls)),
+                    logprobs=chat_logprobs(state, new_logprobs) if new_logprobs else None,
+                ))
+            continue
+        text, calls = b.finish()
+        contents[s.index] += text
+        if event.kind in ("finished",) or (event.kind == "cancelled" and gen.cancel_reason is None):
+            yield chunk(ChatChunkChoice(
+                index=s.index, delta=ChatDelta(content=text or None, tool_calls=_tool_deltas(calls)),
+                finish_reason=b.finish_reason(), edge_infer=b.report(contents[s.index]),
+            ))
+        else:  # the error ends the response for every choice
+            yield sse_error(gen.failure() or APIError(500, "generation failed"))
+            gen.cancel(None)
+            break
+    if req.stream_options is not None and req.stream_options.include_usage:
+        yield chunk(usage_=gen.usage())
+    yield sse_done()

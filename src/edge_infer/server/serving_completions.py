@@ -1,0 +1,101 @@
+"""``POST /v1/completions``: raw prompts (text or token ids, one or several) in, text out.
+
+Choice ``i * n + k`` is sample ``k`` of prompt ``i``, as OpenAI numbers them.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from edge_infer.engine.frontend import PreparedPrompt
+from edge_infer.engine.sampling_params import SamplingParams
+from edge_infer.server.errors import APIError
+from edge_infer.server.generation import Generation, Sample, build_params, token_text
+from edge_infer.server.protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Usage
+from edge_infer.server.state import ServerState
+from edge_infer.server.streaming import sse, sse_done, sse_error
+
+
+@dataclass
+class CompletionJob:
+    request: CompletionRequest
+    prompts: list[PreparedPrompt]
+    params: SamplingParams
+
+
+def prepare(state: ServerState, req: CompletionRequest) -> CompletionJob:
+    prompts = []
+    for i, prompt in enumerate(req.prompts):
+        if isinstance(prompt, list) and max(prompt) >= state.vocab_size:
+            raise APIError(400, f"prompt {i} has token id {max(prompt)}, beyond the vocabulary ({state.vocab_size} ids)", param="prompt")
+        prompts.append(state.frontend.prepare(prompt))
+    return CompletionJob(req, prompts, build_params(state.frontend, req, req.max_tokens, req.logprobs))
+
+
+def _echo(state: ServerState, job: CompletionJob, s: Sample) -> str:
+    if not job.request.echo:
+        return ""
+    prompt = job.prompts[s.prompt_index]
+    return prompt.prompt if prompt.prompt is not None else state.frontend.require_tokenizer().decode(prompt.token_ids)
+
+
+def completion_logprobs(state: ServerState, s: Sample, start: int, offset: int) -> CompletionLogprobs:
+    """Logprobs of tokens ``start:`` of a sample; ``offset`` is the text length before them."""
+    out = CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
+    for item in s.logprobs[start:]:
+        text = token_text(state.frontend, item.token_id)
+        out.tokens.append(text)
+        out.token_logprobs.append(item.logprob)
+        out.top_logprobs.append({token_text(state.frontend, t): lp for t, lp in item.top})
+        out.text_offset.append(offset)
+        offset += len(text)
+    return out
+
+
+
+async def complete(state: ServerState, job: CompletionJob, gen: Generation) -> CompletionResponse:
+    samples = await gen.collect()
+    failure = gen.failure()
+    if failure is not None:
+        raise failure
+    choices = []
+    for s in samples:
+        echo = _echo(state, job, s)
+        logprobs = completion_logprobs(state, s, 0, len(echo)) if job.request.logprobs is not None else None
+        choices.append(CompletionChoice(index=s.index, text=echo + s.text, logprobs=logprobs, finish_reason=s.finish_reason))
+    return CompletionResponse(id=f"cmpl-{gen.id}", model=state.settings.served_model_name, choices=choices, usage=gen.usage())
+
+
+async def stream(state: ServerState, job: CompletionJob, gen: Generation) -> AsyncIterator[str]:
+    req = job.request
+    ident = f"cmpl-{gen.id}"
+    model = state.settings.served_model_name
+    created = int(time.time())
+
+    def chunk(*choices: CompletionChoice, usage_: Usage | None = None) -> str:
+        return sse(CompletionResponse(id=ident, created=created, model=model, choices=list(choices), usage=usage_))
+
+    offsets = {}
+    for s in gen.samples:
+        echo = _echo(state, job, s)
+        offsets[s.index] = len(echo)
+        if echo:
+            yield chunk(CompletionChoice(index=s.index, text=echo, finish_reason=None))
+    async for s, event in gen.events():
+        if event.kind == "token":
+            logprobs = None
+            if req.logprobs is not None and event.token_ids:
+                logprobs = completion_logprobs(state, s, len(s.logprobs) - len(event.token_ids), offsets[s.index])
+            offsets[s.index] += len(event.text)
+            if event.text or logprobs is not None:
+                yield chunk(CompletionChoice(index=s.index, text=event.text, logprobs=logprobs, finish_reason=None))
+        elif event.kind == "finished" or (event.kind == "cancelled" and gen.cancel_reason is None):
+            yield chunk(CompletionChoice(index=s.index, text="", finish_reason=s.finish_reason))
+        else:  # the error ends the response for every choice
+            yield sse_error(gen.failure() or APIError(500, "generation failed"))
+            gen.cancel(None)
+            break
+    if req.stream_options is not None and req.stream_options.include_usage:
+        yield chunk(usage_=gen.usage())
+    yield sse_done()

@@ -1,0 +1,143 @@
+"""End-to-end: the real server process driven by the official openai client."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+
+HELLO = [{"role": "user", "content": "What is the weather like in Paris?"}]
+
+
+def model_name(server) -> str:
+    return server.client().models.list().data[0].id
+
+
+def test_model_list(server, served_model):
+    models = server.client().models.list().data
+    assert [m.id for m in models] == [served_model.name]
+    assert models[0].max_model_len == 512
+
+
+def test_chat_stream_equals_non_stream_at_temperature_0(server, tokenizer):
+    client = server.client()
+    full = client.chat.completions.create(model=model_name(server), messages=HELLO, max_tokens=24, temperature=0)
+    chunks = list(client.chat.completions.create(
+        model=model_name(server), messages=HELLO, max_tokens=24, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+    ))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == full.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish == [full.choices[0].finish_reason]
+    # usage: the prompt as the chat template renders it, every generated token counted
+    prompt_tokens = len(tokenizer.encode_chat(HELLO))
+    assert full.usage.prompt_tokens == prompt_tokens
+    assert chunks[-1].usage.model_dump() == full.usage.model_dump()
+    assert full.usage.total_tokens == prompt_tokens + full.usage.completion_tokens
+
+
+def test_stream_ends_with_done(server):
+    body = {"messages": HELLO, "max_tokens": 3, "stream": True}
+    with httpx.stream("POST", server.base_url + "/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    assert all(line.startswith("data: ") for line in lines)
+
+
+def test_completion_counts_tokens_and_stops_at_length(server, tokenizer):
+    out = server.client().completions.create(
+        model=model_name(server), prompt="The weather in Berlin", max_tokens=7, extra_body={"ignore_eos": True}
+    )
+    assert out.choices[0].finish_reason == "length"
+    assert out.usage.completion_tokens == 7
+    assert out.usage.prompt_tokens == len(tokenizer.encode("The weather in Berlin"))
+
+
+def test_completion_batch_of_prompts_with_n(server):
+    out = server.client().completions.create(
+        model=model_name(server), prompt=[[72, 101, 108], [87, 104]], n=2, max_tokens=3, seed=1, temperature=1.0,
+        extra_body={"ignore_eos": True},
+    )
+    assert sorted(c.index for c in out.choices) == [0, 1, 2, 3]
+    assert [c.finish_reason for c in out.choices] == ["length"] * 4
+    assert out.usage.completion_tokens == 12
+
+
+def sampled(server, **kw) -> list[str]:
+    params = dict(model=model_name(server), messages=HELLO, max_tokens=30, temperature=1.0, seed=1234,
+                  extra_body={"ignore_eos": True})
+    params.update(kw)
+    out = server.client().chat.completions.create(**params)
+    return [c.message.content for c in sorted(out.choices, key=lambda c: c.index)]
+
+
+def test_seed_reproduces_the_output(server):
+    assert sampled(server) == sampled(server)
+
+
+def test_n_samples_with_a_seed_are_reproducible(server):
+    first = sampled(server, n=3)
+    assert len(first) == 3
+    assert sampled(server, n=3) == first
+    assert first[0] == sampled(server)[0]  # sample 0 of n uses the request's seed itself
+
+
+def test_stop_string_ends_the_output_before_it(server):
+    text = sampled(server)[0]
+    stop = next(text[i : i + 2] for i in range(5, len(text) - 2) if text[i : i + 2].strip())
+    out = server.client().chat.completions.create(
+        model=model_name(server), messages=HELLO, max_tokens=30, temperature=1.0, seed=1234, stop=[stop],
+        extra_body={"ignore_eos": True},
+    )
+    assert out.choices[0].message.content == text[: text.index(stop)]
+    assert out.choices[0].finish_reason == "stop"
+
+
+def test_chat_logprobs(server):
+    out = server.client().chat.completions.create(
+        model=model_name(server), messages=HELLO, max_tokens=5, logprobs=True, top_logprobs=3,
+        extra_body={"ignore_eos": True},
+    )
+    content = out.choices[0].logprobs.content
+    assert len(content) == 5
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].logprob >= entry.logprob - 1e-4  # the best alternative is at least as likely
+
+
+def test_completion_logprobs(server):
+    out = server.client().completions.create(model=model_name(server), prompt="Hello", max_tokens=4, logprobs=2,
+                                             extra_body={"ignore_eos": True})
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    assert "".join(lp.tokens) == out.choices[0].text
+
+
+def test_json_object_response_format_is_checked_and_reported(server):
+    out = server.client().chat.completions.create(
+        model=model_name(server), messages=HELLO, max_tokens=5, response_format={"type": "json_object"},
+    )
+    report = out.choices[0].model_extra["edge_infer"]["response_format"]
+    assert report["type"] == "json_object"
+    assert report["valid"] == _is_json_object(out.choices[0].message.content)
+    assert report["valid"] or report["error"]
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except (TypeError, json.JSONDecodeError):
+        return False
+
+
+def test_tools_are_accepted_and_the_response_is_well_formed(server):
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    out = server.client().chat.completions.create(model=model_name(server), messages=HELLO, tools=tools, max_tokens=8)
+    choice = out.choices[0]
+    assert choice.finish_reason in ("stop", "length", "tool_calls")
+    assert (choice.finish_reason == "tool_calls") == bool(choice.message.tool_calls)

@@ -1,0 +1,122 @@
+"""End-to-end: every error status, in the OpenAI error shape, and none of them disturbs other requests."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from .serverutil import ServerProcess, wait_until
+
+pytestmark = pytest.mark.slow
+
+HELLO = [{"role": "user", "content": "Hello"}]
+API_KEY = "test-key-123"
+
+
+def post(server, path: str, body, **kw) -> httpx.Response:
+    return httpx.post(server.base_url + path, json=body, timeout=60, **kw)
+
+
+def assert_error(r: httpx.Response, status: int, *fragments: str) -> dict:
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    for fragment in fragments:
+        assert fragment in error["message"]
+    return error
+
+
+def test_negative_max_tokens_is_400_naming_the_field(server):
+    with pytest.raises(openai.BadRequestError) as exc:
+        server.client().chat.completions.create(model=server.client().models.list().data[0].id, messages=HELLO, max_tokens=-1)
+    assert exc.value.body["param"] == "max_tokens"
+    assert exc.value.body["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    "body, fragment",
+    [
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "role"),
+        ({"messages": []}, "messages"),
+        ({"messages": HELLO, "temperature": -1}, "temperature"),
+        ({"messages": HELLO, "top_p": 0}, "top_p"),
+        ({"messages": HELLO, "n": 0}, "n"),
+        ({"messages": HELLO, "top_logprobs": 2}, "top_logprobs needs logprobs"),
+        ({"messages": HELLO, "stream_options": {"include_usage": True}}, "stream_options"),
+        ({"messages": HELLO, "response_format": {"type": "json_schema"}}, "response_format"),
+        ({"messages": HELLO, "logit_bias": {"1": 5}}, "logit_bias"),
+        ({"messages": HELLO, "tool_choice": "required"}, "no tools"),
+        ({"messages": "hello"}, "messages"),
+    ],
+)
+def test_invalid_chat_parameters_are_400_not_422(server, body, fragment):
+    assert_error(post(server, "/v1/chat/completions", body), 400, fragment)
+
+
+def test_unknown_model_is_400(server):
+    error = assert_error(post(server, "/v1/chat/completions", {"model": "gpt-9", "messages": HELLO}), 400, "gpt-9")
+    assert error["code"] == "model_not_found"
+
+
+def test_prompt_plus_max_tokens_over_max_model_len_names_both_numbers(server):
+    r = post(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 5000})
+    assert_error(r, 400, "5000", "max_model_len (512)")
+
+
+def test_token_ids_beyond_the_vocabulary_are_400(server):
+    assert_error(post(server, "/v1/completions", {"prompt": [1, 10**6]}), 400, "vocabulary")
+
+
+def test_malformed_json_and_unknown_routes(server):
+    r = httpx.post(server.base_url + "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert_error(r, 400)
+    assert_error(httpx.get(server.base_url + "/v1/nothing-here"), 404)
+    assert_error(httpx.get(server.base_url + "/v1/chat/completions"), 405)
+
+
+def test_bad_requests_leave_the_server_serving(server):
+    assert post(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 2}).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def guarded(served_model):
+    """One sequence at a time, no queue, an API key."""
+    with ServerProcess(served_model, "--max-num-seqs", "1", "--max-queue", "0", "--max-model-len", "512", api_key=API_KEY) as proc:
+        yield proc
+
+
+def test_missing_or_wrong_api_key_is_401(guarded):
+    assert_error(post(guarded, "/v1/chat/completions", {"messages": HELLO}), 401, "API key")
+    with pytest.raises(openai.AuthenticationError):
+        guarded.client(api_key="wrong").models.list()
+    assert guarded.client().models.list().data  # the right key works
+    assert httpx.get(guarded.base_url + "/health").status_code == 200  # health and metrics need no key
+
+
+def test_full_admission_queue_is_429_with_retry_after(guarded):
+    from concurrent.futures import ThreadPoolExecutor
+
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    body = {"messages": HELLO, "max_tokens": 400, "ignore_eos": True}
+    with ThreadPoolExecutor(6) as pool:  # six at once against one slot: the first is served, the others refused
+        responses = list(pool.map(lambda _: post(guarded, "/v1/chat/completions", body, headers=headers), range(6)))
+    statuses = sorted(r.status_code for r in responses)
+    assert set(statuses) == {200, 429}, statuses
+    for r in responses:
+        if r.status_code == 429:
+            assert_error(r, 429, "queue")
+            assert int(r.headers["Retry-After"]) >= 1
+    assert f"edge_infer_admission_rejections_total {statuses.count(429)}.0" in httpx.get(guarded.base_url + "/metrics").text
+
+
+def test_dead_worker_is_503_on_health_and_requests(guarded):
+    import psutil
+
+    (worker,) = guarded.worker_pids()
+    psutil.Process(worker).kill()
+    wait_until(lambda: httpx.get(guarded.base_url + "/health").status_code == 503, "/health to answer 503")
+    assert httpx.get(guarded.base_url + "/health").json()["status"] == "engine_dead"
+    with pytest.raises(openai.InternalServerError) as exc:
+        guarded.client().chat.completions.create(model="tiny-qwen2", messages=HELLO, max_tokens=2)
+    assert exc.value.status_code == 503
+    assert "worker" in exc.value.body["message"]

@@ -1,0 +1,157 @@
+"""Tool calls through the whole serving path: a scripted engine writes the text a model would.
+
+The app, protocol, extractor and metrics are the real ones; only the engine
+is replaced by one that emits a given text piece by piece, so that the
+streamed tool-call deltas, the non-streamed ``message.tool_calls`` and the
+recovery reports can be checked for exact model outputs. (The demo model
+test at the end checks a real model's call.)
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from edge_infer.engine.frontend import Frontend, demo_model_dir
+from edge_infer.engine.protocol import CoreStats
+from edge_infer.engine.streams import RequestStream, StreamEvent
+from edge_infer.server.app import build_app
+from edge_infer.server.state import ServerState, ServeSettings
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+ASK = {"messages": [{"role": "user", "content": "What is the weather in Paris?"}], "tools": [WEATHER_TOOL]}
+HERMES = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+GLM = "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"
+
+
+class ScriptedEngine:
+    """Stands in for AsyncEngine: every request 'generates' ``text`` in 3-character pieces."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.healthy = True
+        self.dead_reason = None
+        self.core_stats = CoreStats()
+
+    def add_request(self, prompt, params, request_id=None, max_chunks=None) -> RequestStream:
+        stream = RequestStream(request_id, max_chunks, lambda n: None)
+        loop = asyncio.get_running_loop()
+        for i in range(0, len(self.text), 3):
+            loop.call_soon(stream.push, StreamEvent("token", request_id, self.text[i : i + 3], [i]))
+        loop.call_soon(stream.push, StreamEvent("finished", request_id, finish_reason="stop"))
+        return stream
+
+    def cancel_nowait(self, request_id: str) -> None:
+        pass
+
+    async def refresh_stats(self) -> CoreStats:
+        return self.core_stats
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def frontend(served_model) -> Frontend:
+    return Frontend.create(served_model)
+
+
+def client_for(frontend: Frontend, text: str, parser: str = "hermes") -> TestClient:
+    state = ServerState(frontend, ServeSettings(served_model_name="m", tool_call_parser=parser))
+    state.engine = ScriptedEngine(text)
+
+    async def ready() -> None:
+        state.phase = "ready"
+
+    return TestClient(build_app(state, ready))
+
+
+def stream_chunks(client: TestClient, body: dict) -> list[dict]:
+    with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+
+
+@pytest.mark.parametrize("parser, text", [("hermes", HERMES), ("glm45", GLM)])
+def test_tool_call_in_the_message_and_in_the_stream(frontend, parser, text):
+    with client_for(frontend, text, parser) as client:
+        full = client.post("/v1/chat/completions", json=ASK).json()
+        chunks = stream_chunks(client, ASK)
+    choice = full["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    assert "edge_infer" not in choice  # nothing was repaired, nothing to report
+
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    streamed_calls = [tc for d in deltas for tc in d.get("tool_calls", [])]
+    assert [(tc["index"], tc["function"]["name"], json.loads(tc["function"]["arguments"])) for tc in streamed_calls] == [
+        (0, "get_weather", {"city": "Paris"})
+    ]
+    assert "".join(d.get("content") or "" for d in deltas) == (choice["message"]["content"] or "")
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_malformed_call_is_recovered_reported_and_counted(frontend):
+    broken = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"'  # cut off: no braces, no end tag
+    with client_for(frontend, broken) as client:
+        choice = client.post("/v1/chat/completions", json=ASK).json()["choices"][0]
+        streamed = stream_chunks(client, ASK)
+        metrics = client.get("/metrics").text
+    assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {"city": "Paris"}
+    problems = [r["problem"] for r in choice["edge_infer"]["tool_call_recovery"]]
+    assert any("missing </tool_call>" in p for p in problems) and any("unterminated JSON" in p for p in problems)
+    assert all(r["recovered"] and r["index"] == 0 and r["parser"] == "hermes" for r in choice["edge_infer"]["tool_call_recovery"])
+    final = streamed[-1]["choices"][0]
+    assert final["finish_reason"] == "tool_calls"
+    assert final["edge_infer"]["tool_call_recovery"] == choice["edge_infer"]["tool_call_recovery"]
+    assert 'edge_infer_tool_call_recoveries_total{outcome="recovered",parser="hermes"} 4.0' in metrics
+
+
+def test_unrecoverable_call_stays_text_and_is_reported(frontend):
+    with client_for(frontend, "<tool_call>call the weather tool</tool_call>") as client:
+        choice = client.post("/v1/chat/completions", json=ASK).json()["choices"][0]
+        metrics = client.get("/metrics").text
+    assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
+    assert choice["message"]["content"] == "<tool_call>call the weather tool</tool_call>"
+    (report,) = choice["edge_infer"]["tool_call_recovery"]
+    assert report["recovered"] is False and report["index"] is None
+    assert 'edge_infer_tool_call_recoveries_total{outcome="unrecoverable",parser="hermes"} 1.0' in metrics
+
+
+def test_tool_choice_none_leaves_the_text_alone(frontend):
+    with client_for(frontend, HERMES) as client:
+        choice = client.post("/v1/chat/completions", json={**ASK, "tool_choice": "none"}).json()["choices"][0]
+    assert choice["message"]["content"] == HERMES and choice["finish_reason"] == "stop"
+
+
+def test_required_tool_choice_is_reported_when_not_met(frontend):
+    with client_for(frontend, "It is sunny.") as client:
+        choice = client.post("/v1/chat/completions", json={**ASK, "tool_choice": "required"}).json()["choices"][0]
+    assert choice["edge_infer"]["tool_choice"] == {"requested": "required", "met": False}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (demo_model_dir() / "config.json").is_file(), reason="the demo model has not landed on this branch yet")
+def test_demo_model_calls_the_weather_tool():
+    from .serverutil import ServerProcess
+
+    with ServerProcess(demo_model_dir(), "--max-model-len", "1024") as server:
+        client = server.client()
+        out = client.chat.completions.create(
+            model=client.models.list().data[0].id, messages=ASK["messages"], tools=[WEATHER_TOOL], temperature=0, max_tokens=96,
+        )
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message.content
+    assert choice.message.tool_calls[0].function.name == "get_weather"
+    assert isinstance(json.loads(choice.message.tool_calls[0].function.arguments), dict)
