@@ -186,6 +186,8 @@ def plan_text_session(
     seed: int = 0,
     eos_token_ids: tuple[int, ...] = (),
     frontend: str = "library",
+    rope_model_positions: bool = False,
+    trim_after_load: bool = True,
 ) -> TextPlan:
     """Plan a text session; see the module docstring. Raises only for unreadable checkpoints."""
     model_dir = str(model)
@@ -230,7 +232,9 @@ def plan_text_session(
     frontend_bytes = overhead["server_frontend_bytes" if frontend == "server" else "frontend_bytes"]
     overhead_bytes = frontend_bytes + overhead["worker_bytes"] + tok_bytes
     weights, largest_linear = weight_bytes(cfg, dtype_bytes, quant)
-    rope = 2 * max_model_len * cfg.head_dim * 4
+    # The measuring-only alternative sizes RoPE for every position the model allows.
+    rope_positions = model_max if rope_model_positions else max_model_len
+    rope = 2 * rope_positions * cfg.head_dim * 4
     acts = activation_bytes(cfg, dtype_bytes, max_num_batched_tokens, max_num_seqs, max_model_len)
     src_bytes = max((CHECKPOINT_DTYPE_BYTES.get(t.dtype, 4) for t in tensors.values()), default=4)
     # One block being converted, plus the largest linear held twice while it is repacked.
@@ -278,7 +282,7 @@ def plan_text_session(
         PlanItem("runtime overhead", overhead_bytes, "anon", "steady", f"{frontend} frontend + worker + tokenizer (measured once)"),
         PlanItem("weights", weights, "anon", "steady", _weights_note(cfg, dtype, quant)),
         PlanItem("kv cache", kv_bytes, "anon", "steady", f"{kv_blocks} blocks x {layout.bytes_per_block:,} B = {kv_tokens} tokens"),
-        PlanItem("rope tables", rope, "anon", "steady", f"cos+sin fp32 for {max_model_len} positions"),
+        PlanItem("rope tables", rope, "anon", "steady", f"cos+sin fp32 for {rope_positions} positions"),
         PlanItem("activations", acts, "anon", "steady", f"one step of {max_num_batched_tokens} tokens, {max_num_seqs} logit rows"),
         PlanItem("load transient", transient, "anon", "load", "one block being converted + the largest linear being repacked"),
         PlanItem("checkpoint pages", file_bytes, "file", "load", "memory-mapped while loading; page cache, released after"),
@@ -323,6 +327,8 @@ def plan_text_session(
             num_threads=num_threads,
             seed=seed,
             eos_token_ids=tuple(eos_token_ids),
+            rope_model_positions=rope_model_positions,
+            trim_after_load=trim_after_load,
         )
     return plan
 
