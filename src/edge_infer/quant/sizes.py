@@ -105,13 +105,12 @@ def repack_transient_bytes(specs: list[WeightSpec], quant: QuantConfig, tied: bo
     quantized = [s for s in specs if is_quantized(s, quant, tied)]
     if not quantized:
         return 0
+    def block_rows(spec: WeightSpec) -> int:
+        rows = padded(spec.shape[0], ROW_MULTIPLE)
+        return rows if quant.repack == "whole" else min(rows, repack_block_rows(spec.shape[1], quant.group_size))
+
     per_element = 2 * source_bytes + REPACK_BYTES_PER_ELEMENT
-    if quant.repack == "whole":
-        return max(s.numel for s in quantized) * per_element
-    return max(
-        min(padded(s.shape[0], ROW_MULTIPLE), repack_block_rows(s.shape[1], quant.group_size)) * padded(s.shape[1], quant.group_size)
-        for s in quantized
-    ) * per_element
+    return max(block_rows(s) * padded(s.shape[1], quant.group_size) for s in quantized) * per_element
 
 
 def checkpoint_quantization_config(quant: QuantConfig) -> dict[str, Any]:
