@@ -21,7 +21,7 @@ class QuantConfig:
     symmetric: bool = True
     quantize_head: bool = False
     # Alternatives of two memory levers, reachable only to measure them as A/B
-    # (benchmarks/quant): "whole" repacks each linear from a full fp32 copy instead
+    # (benchmarks/specs/levers-*): "whole" repacks each linear from a full fp32 copy instead
     # of in row blocks; keep_dense_copy keeps the row-major weight beside the packed one.
     repack: str = "blocked"
     keep_dense_copy: bool = False
@@ -41,7 +41,7 @@ class EngineConfig:
     num_threads: int | None = None
     seed: int = 0
     eos_token_ids: tuple[int, ...] = ()
-    # Alternatives of two memory levers, for A/B measurements (benchmarks/quant):
+    # Alternatives of two memory levers, for A/B measurements (benchmarks/specs/levers-*):
     # RoPE tables for the model's max_position_embeddings instead of max_model_len,
     # and no malloc_trim after loading.
     rope_model_positions: bool = False
