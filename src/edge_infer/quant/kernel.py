@@ -91,12 +91,11 @@ class Int4Kernel(WeightKernel):
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Dequantized weight rows ``[len(ids), in_features]`` in the activation dtype (an embedding lookup)."""
         ids = ids.reshape(-1).long()
-        full_tiles = self.rows_padded // TILE_ROWS
         tile, r = ids // TILE_ROWS, ids % TILE_ROWS
-        in_full = tile < full_tiles
-        tile_rows = torch.where(in_full, TILE_ROWS, self.rows_padded % TILE_ROWS)
+        tail = self.rows_padded % TILE_ROWS  # rows of the last tile when it is partial
+        in_full = tile < self.rows_padded // TILE_ROWS
+        tile_rows = torch.where(in_full, TILE_ROWS, tail)
         pos = _tile_positions(TILE_ROWS)[r]
-        tail = self.rows_padded % TILE_ROWS  # rows of the last, partial tile
         if tail:
             pos = torch.where(in_full, pos, _tile_positions(tail)[r.clamp_max(tail - 1)])
         half_k = self.cols_padded // 2
