@@ -18,7 +18,7 @@ from edge_infer.engine.config import QuantConfig
 from edge_infer.errors import CheckpointError
 from edge_infer.models.linear import Linear
 from edge_infer.models.loader import CheckpointReader, LinearInstaller
-from edge_infer.quant.kernel import Int4Kernel
+from edge_infer.quant.kernel import Int4Kernel, require_int4_kernel
 from edge_infer.quant.quantize import QuantizedRows, dequantize_rows, quantize_rows, unpack_nibbles
 from edge_infer.quant.sizes import check_quant_config, padded, repack_block_rows
 
@@ -107,6 +107,7 @@ def _side_tensor(reader: CheckpointReader, piece: Piece, suffix: str, groups: in
 def int4_installer(quant: QuantConfig, fallback: LinearInstaller) -> LinearInstaller:
     """Installer quantizing every decoder linear (and the head with quantize_head); ``fallback`` loads the rest."""
     check_quant_config(quant)
+    require_int4_kernel()
 
     def install(linear: Linear, target: str, sources: tuple[str, ...], reader: CheckpointReader, dtype: torch.dtype) -> None:
         if target == "lm_head" and not quant.quantize_head:

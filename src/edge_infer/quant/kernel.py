@@ -32,6 +32,17 @@ from edge_infer.quant.sizes import ROW_MULTIPLE, padded
 TILE_ROWS = 64  # the largest row tile of any layout; blocks of rows are multiples of it
 
 
+def require_int4_kernel() -> None:
+    """Refuse cpu_int4 by name on a PyTorch without the CPU int4 kernel (no silent fallback)."""
+    ops = ("_weight_int4pack_mm_for_cpu", "_convert_weight_to_int4pack_for_cpu")
+    missing = [op for op in ops if not hasattr(torch.ops.aten, op)]
+    if missing:
+        raise RuntimeError(
+            f"PyTorch {torch.__version__} lacks torch.ops.aten.{missing[0]}, the CPU int4 kernel cpu_int4 runs on; "
+            f"install a CPU build of torch >= 2.5 or load the model without quantization"
+        )
+
+
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:
     """int32-convertible codes ``[rows, K]`` (rows a multiple of 16) -> the kernel's packed ``uint8 [rows, K / 2]``."""
     return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
