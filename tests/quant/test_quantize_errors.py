@@ -44,9 +44,12 @@ def test_group_size_the_kernel_rejects_is_refused(tmp_path, tied_model, capsys, 
         plan_text_session(tied_model, quantization=QuantConfig(group_size=group_size))
 
 
-def test_whole_row_groups_need_simulate(tmp_path, tied_model, capsys):
-    assert main(["quantize", str(tied_model), str(tmp_path / "out"), "--group-size", "row"]) == 2
+@pytest.mark.parametrize("group", ["row", "tensor"])
+def test_groups_the_kernel_cannot_run_need_simulate(tmp_path, tied_model, capsys, group):
+    assert main(["quantize", str(tied_model), str(tmp_path / "out"), "--group-size", group]) == 2
     assert "--simulate" in capsys.readouterr().err
+    assert main(["quantize", str(tied_model), str(tmp_path / "sim"), "--group-size", group, "--simulate"]) == 0
+    assert "quantization_config" not in json.loads((tmp_path / "sim" / "config.json").read_text())
 
 
 def test_non_empty_destination_is_refused(tmp_path, tied_model):

@@ -4,16 +4,18 @@ from __future__ import annotations
 import argparse
 import sys
 
+from edge_infer.quant.sizes import ROW_GROUP, TENSOR_GROUP
+
+SIMULATED_GROUPS = {"row": ROW_GROUP, "tensor": TENSOR_GROUP}
+
 
 def _group_size(text: str) -> int:
-    from edge_infer.quant.export import ROW_GROUP
-
-    if text == "row":
-        return ROW_GROUP
+    if text in SIMULATED_GROUPS:
+        return SIMULATED_GROUPS[text]
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"group size must be an integer or 'row', not {text!r}") from None
+        raise argparse.ArgumentTypeError(f"group size must be an integer, 'row' or 'tensor', not {text!r}") from None
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +26,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantize-head", action="store_true", help="quantize the output head too (a tied head is the embedding table)")
     parser.add_argument(
         "--simulate", action="store_true",
-        help="write dequantized float weights instead (any --group-size, or 'row' for one group per row): "
+        help="write dequantized float weights instead (any --group-size, 'row' for one group per row, "
+        "'tensor' for one per matrix): "
         "a float checkpoint that behaves like that quantizer, for `edge-infer bench fidelity`",
     )
     parser.add_argument("--shard-bytes", type=int, default=2 << 30, help="split the output into shards of at most this size")
@@ -33,10 +36,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from edge_infer.engine.config import QuantConfig
     from edge_infer.errors import EdgeInferError
-    from edge_infer.quant.export import ROW_GROUP, quantize_checkpoint
+    from edge_infer.quant.export import quantize_checkpoint
 
-    if args.group_size == ROW_GROUP and not args.simulate:
-        print("error: --group-size row is only possible with --simulate (the int4 kernel needs 32, 64, 128 or 256)", file=sys.stderr)
+    names = {v: k for k, v in SIMULATED_GROUPS.items()}
+    if args.group_size in names and not args.simulate:
+        print(f"error: --group-size {names[args.group_size]} is only possible with --simulate "
+              f"(the int4 kernel needs 32, 64, 128 or 256)", file=sys.stderr)
         return 2
     quant = QuantConfig(group_size=args.group_size, symmetric=not args.asym, quantize_head=args.quantize_head)
 
@@ -51,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     except EdgeInferError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    group = "row" if args.group_size == ROW_GROUP else f"g{args.group_size}"
+    group = names.get(args.group_size, f"g{args.group_size}")
     kind = "simulated (dequantized float)" if args.simulate else "cpu_int4"
     head = " +head" if args.quantize_head else ""
     print(

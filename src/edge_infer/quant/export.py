@@ -23,7 +23,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -35,11 +35,11 @@ from edge_infer.models.loader import CheckpointReader
 from edge_infer.models.weights import weight_specs
 from edge_infer.quant.install import FLOAT_DTYPES, SCALE_SUFFIX, ZERO_SUFFIX
 from edge_infer.quant.quantize import dequantize_rows, pack_nibbles, quantize_rows
-from edge_infer.quant.sizes import checkpoint_quantization_config, check_quant_config, is_quantized, repack_block_rows
+from edge_infer.quant.sizes import (
+    ROW_GROUP, TENSOR_GROUP, checkpoint_quantization_config, check_quant_config, is_quantized, repack_block_rows,
+)
 
 DEFAULT_SHARD_BYTES = 2 << 30
-# Group size meaning "one group per row" (simulate only: the kernel cannot run it).
-ROW_GROUP = 0
 # Files of a checkpoint directory that are weights (rewritten) rather than copied.
 WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.pt", "*.pth", "*.gguf", "config.json")
 
@@ -63,8 +63,8 @@ def quantize_checkpoint(
 ) -> QuantizeResult:
     """Quantize checkpoint ``src`` into the new directory ``dst``.
 
-    With ``simulate``, ``quant.group_size`` may be any size, and ROW_GROUP
-    means one group per row.
+    With ``simulate``, ``quant.group_size`` may be any size, or ROW_GROUP
+    (one group per row) or TENSOR_GROUP (one per matrix).
     """
     src, dst = Path(src), Path(dst)
     cfg = ModelConfig.from_dir(src)
@@ -75,8 +75,8 @@ def quantize_checkpoint(
         )
     if not simulate:
         check_quant_config(quant)
-    elif quant.group_size < 0:
-        raise InvalidRequestError(f"group size must be positive, got {quant.group_size}")
+    elif quant.group_size < TENSOR_GROUP:
+        raise InvalidRequestError(f"group size must be positive, 'row' or 'tensor', got {quant.group_size}")
     specs = weight_specs(cfg)
     index = check_checkpoint(cfg, src, specs)
     targets = {name: spec.shape[1] for spec in specs if is_quantized(spec, quant, cfg.tie_word_embeddings) for name in spec.sources}
@@ -97,8 +97,11 @@ def quantize_checkpoint(
         for done, name in enumerate(sorted(index), start=1):
             info = index[name]
             if name in targets:
-                group = quant.group_size if quant.group_size != ROW_GROUP else info.shape[1]
-                encoded = _encode(reader, name, info.shape[0], info.shape[1], group, quant.symmetric, simulate, info.dtype)
+                rows, cols = info.shape
+                if simulate:
+                    encoded = _simulate(reader, name, rows, cols, quant.group_size, quant.symmetric)
+                else:
+                    encoded = _encode(reader, name, rows, cols, quant.group_size, quant.symmetric)
                 for key, tensor in encoded.items():
                     writer.add(key, tensor)
             else:
@@ -132,24 +135,38 @@ def _check_destination(src: Path, dst: Path) -> None:
         raise InvalidRequestError(f"{dst} already exists and is not an empty directory; choose a new output directory")
 
 
-def _encode(
-    reader: CheckpointReader, name: str, rows: int, cols: int, group: int, symmetric: bool, simulate: bool, dtype: str
-) -> dict[str, torch.Tensor]:
-    """The tensors stored for one quantized weight, quantized a block of rows at a time."""
-    parts: dict[str, list[torch.Tensor]] = {}
+def _row_blocks(reader: CheckpointReader, name: str, rows: int, cols: int, group: int) -> Iterator[torch.Tensor]:
     step = repack_block_rows(cols, group)
     for start in range(0, rows, step):
-        weight = reader.rows(name, start, min(rows, start + step))
+        yield reader.rows(name, start, min(rows, start + step))
+
+
+def _encode(reader: CheckpointReader, name: str, rows: int, cols: int, group: int, symmetric: bool) -> dict[str, torch.Tensor]:
+    """The tensors stored for one quantized weight, quantized a block of rows at a time."""
+    parts: dict[str, list[torch.Tensor]] = {}
+    for weight in _row_blocks(reader, name, rows, cols, group):
         q = quantize_rows(weight, group, symmetric)
-        if simulate:
-            blocks = {name: dequantize_rows(q, group, cols).to(weight.dtype)}
-        else:
-            blocks = {name: pack_nibbles(q.codes), name + SCALE_SUFFIX: q.scales}
-            if not symmetric:
-                blocks[name + ZERO_SUFFIX] = q.zeros
+        blocks = {name: pack_nibbles(q.codes), name + SCALE_SUFFIX: q.scales}
+        if not symmetric:
+            blocks[name + ZERO_SUFFIX] = q.zeros
         for key, block in blocks.items():
             parts.setdefault(key, []).append(block)
     return {key: torch.cat(blocks) for key, blocks in parts.items()}
+
+
+def _simulate(reader: CheckpointReader, name: str, rows: int, cols: int, group: int, symmetric: bool) -> dict[str, torch.Tensor]:
+    """The weight as the quantizer would reproduce it, in the source dtype."""
+    if group == TENSOR_GROUP:
+        weight = reader.rows(name, 0, rows)
+        flat = weight.reshape(1, rows * cols)
+        q = quantize_rows(flat, rows * cols, symmetric)
+        return {name: dequantize_rows(q, rows * cols).view(rows, cols).to(weight.dtype)}
+    group = cols if group == ROW_GROUP else group
+    blocks = [
+        dequantize_rows(quantize_rows(w, group, symmetric), group, cols).to(w.dtype)
+        for w in _row_blocks(reader, name, rows, cols, group)
+    ]
+    return {name: torch.cat(blocks)}
 
 
 class _ShardWriter:

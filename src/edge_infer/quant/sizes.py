@@ -29,6 +29,10 @@ ROW_MULTIPLE = 16
 # Version of the on-disk layout written by `edge-infer quantize` (docs/quantization.md).
 FORMAT_VERSION = 1
 REPACK_MODES = ("blocked", "whole")
+# Group sizes only `edge-infer quantize --simulate` takes (the kernel cannot run them): one
+# group per row, or one per whole matrix (a deliberately bad quantizer, to check that fidelity ranks).
+ROW_GROUP = 0
+TENSOR_GROUP = -1
 # Rows of a linear quantized and packed per step when loading: a multiple of the
 # kernel's 64-row tile, sized so one block holds about this many weights. Smaller
 # blocks lower the load peak but cost time: every block runs a dozen parallel ops.
