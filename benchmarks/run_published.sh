@@ -30,6 +30,9 @@ prepare() {  # family preset
 }
 prepare qwen2 qwen2.5-0.5b
 prepare llama llama-3.2-1b
+if [ ! -f "$models/qwen3-tts-0.6b/config.json" ]; then  # speech: no GGUF
+  $EDGE_INFER synth "$models/qwen3-tts-0.6b" --family qwen3-tts --preset qwen3-tts-0.6b
+fi
 
 status=0
 for spec in benchmarks/specs/*.json; do

@@ -107,9 +107,11 @@ def paged_attention(
         qs = q[seq.q_start : seq.q_start + seq.q_len]  # [q_len, heads, d]
         # [q_len, kv, group, d] -> [kv, group * q_len, d]
         qg = qs.view(seq.q_len, n_kv, group, d).permute(1, 2, 0, 3).reshape(n_kv, group * seq.q_len, d)
-        ks = _cached(k_cache, seq)
-        vs = _cached(v_cache, seq)
-        o = F.scaled_dot_product_attention(qg, ks, vs, attn_mask=seq.mask, scale=scale)
+        # 4-D inputs: PyTorch's fused (flash) CPU kernel takes only those; the math fallback
+        # would materialise fp32 scores of group x q_len x ctx per head.
+        ks = _cached(k_cache, seq).unsqueeze(0)
+        vs = _cached(v_cache, seq).unsqueeze(0)
+        o = F.scaled_dot_product_attention(qg.unsqueeze(0), ks, vs, attn_mask=seq.mask, scale=scale)[0]
         # [kv, group * q_len, d] -> [q_len, heads, d]
         out[seq.q_start : seq.q_start + seq.q_len] = o.view(n_kv, group, seq.q_len, d).permute(2, 0, 1, 3).reshape(
             seq.q_len, n_heads, d

@@ -153,23 +153,35 @@ def weight_bytes(cfg: ModelConfig, dtype_bytes: int, quant: QuantConfig | None) 
     return total, largest_linear
 
 
-def activation_bytes(cfg: ModelConfig, dtype_bytes: int, tokens: int, max_num_seqs: int, max_model_len: int) -> int:
-    """Peak transient bytes of one step of ``tokens`` tokens (a bound, not a measurement).
+def activation_tensor_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
+    """Bytes per token of the tensors a step keeps alive at once, by shape alone.
 
-    Per token: the residual stream and its normed copy, q/k/v and their rotated
-    copies, the attention output, gate/up, the activated product and the
-    down projection. Attention over one chunk: fp32 scores of
-    heads x chunk x context when the kernel materialises them, plus the mask.
-    Logits: fp32 rows for every sequence that samples, and the sampler's
-    working copies of one row.
+    The residual stream and its normed copy, q/k/v and their rotated copies,
+    the attention output, gate/up, the activated product and the down
+    projection. Kernels add scratch on top (oneDNN accumulates in fp32,
+    RMSNorm works in fp32, the allocator rounds up): the measured factor
+    ``activation_per_token_factor`` in overhead.json scales this to what a
+    step really takes.
     """
     h, i = cfg.hidden_size, cfg.intermediate_size
-    per_token = dtype_bytes * (4 * h + 3 * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size + 4 * i)
+    return dtype_bytes * (4 * h + 3 * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size + 4 * i)
+
+
+def activation_bytes(cfg: ModelConfig, dtype_bytes: int, tokens: int, max_num_seqs: int, max_model_len: int) -> int:
+    """Transient bytes of one step of ``tokens`` tokens, calibrated by measurement.
+
+    Per token: the shape-derived tensors times the measured kernel factor.
+    Attention: the fused kernel works in blocks; what scales is the mask of
+    one chunk against the context. Logits: fp32 rows for every sequence that
+    samples, plus the sampler's working copies of one row. Fixed: the
+    measured allocator and thread scratch of a step.
+    """
+    calib = runtime_overhead()
+    per_token = int(calib["activation_per_token_factor"] * activation_tensor_bytes(cfg, dtype_bytes))
     chunk = min(tokens, max_model_len)
-    scores = 4 * cfg.num_attention_heads * chunk * max_model_len
     mask = chunk * max_model_len * (cfg.num_attention_heads // cfg.num_key_value_heads)
     logits = 4 * cfg.vocab_size * (max_num_seqs + 4)
-    return per_token * tokens + scores + mask + logits
+    return per_token * tokens + mask + logits + int(calib["activation_fixed_bytes"])
 
 
 def plan_text_session(

@@ -76,15 +76,15 @@ class RequestCounter:
 
 
 class EventStream(StreamingResponse):
-    """An SSE response that ends its generation however the response ends.
+    """A streamed response (SSE unless told otherwise) that ends its generation however the response ends.
 
     A client can leave before the body is iterated at all; the body's own
     ``finally`` would then never run, and its engine requests would hold
     their admission and KV blocks.
     """
 
-    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]):
-        super().__init__(content, media_type=MEDIA_TYPE, headers=HEADERS)
+    def __init__(self, content: AsyncIterator[str | bytes], on_close: Callable[[], None], media_type: str = MEDIA_TYPE):
+        super().__init__(content, media_type=media_type, headers=HEADERS)
         self.on_close = on_close
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:

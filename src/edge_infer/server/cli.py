@@ -39,6 +39,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tool-call-parser", default="auto", choices=["auto", *PARSERS],
                    help="tool-call format in model output (default: from the chat template)")
     g.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    s = parser.add_argument_group("speech (a Qwen3-TTS checkpoint, or a speech deploy config)")
+    s.add_argument("--deploy-config", default=None, help="serve this speech pipeline (YAML; its stages name their model)")
+    s.add_argument("--stage-overrides", default=None, help='JSON per stage id, e.g. \'{"1": {"engine": {"dtype": "float32"}}}\'')
+    s.add_argument("--max-input-chars", type=int, default=4096, help="longest /v1/audio/speech input accepted (default 4096)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,6 +54,12 @@ def run(args: argparse.Namespace) -> int:
     if args.max_queue < 0 or args.shutdown_grace_s < 0:
         print("error: --max-queue and --shutdown-grace-s must not be negative", file=sys.stderr)
         return 2
+    from edge_infer.tts.deploy import is_qwen3_tts_checkpoint
+
+    if args.deploy_config or (args.model and is_qwen3_tts_checkpoint(args.model)):
+        from edge_infer.server.speech_cli import serve_speech
+
+        return serve_speech(args, _serve)
     try:
         frontend = Frontend.create(args.model, frontend="server", **engine_settings(args))
     except PlanRefusedError as exc:
@@ -76,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     return _serve(ServerState(frontend, settings, worker=args.worker), args)
 
 
-def _serve(state, args: argparse.Namespace) -> int:
+def _serve(state, args: argparse.Namespace, build=None, banner=None) -> int:
+    """Run uvicorn over ``build(state, load)`` (the text app by default); SIGTERM drains ``state``."""
     import asyncio
 
     import uvicorn
@@ -112,11 +123,11 @@ def _serve(state, args: argparse.Namespace) -> int:
             return
         bar.close()
         if state.phase == "ready":
-            print(_banner(state, args), flush=True)
+            print((banner or _banner)(state, args), flush=True)
 
     loop = None
     config = uvicorn.Config(
-        build_app(state, load), host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+        (build or build_app)(state, load), host=args.host, port=args.port, log_level=args.log_level, access_log=False,
         timeout_graceful_shutdown=args.shutdown_grace_s + UVICORN_GRACE_MARGIN_S,
     )
     server = Server(config)

@@ -11,10 +11,18 @@ Pipeline for T frames of Q codes::
                         transposed conv (halving channels) + 3 dilated residual units (1, 3, 9),
                         SnakeBeta, causal conv to 1 channel, clamp to [-1, 1]
 
-Everything is causal, so audio up to frame t depends only on frames <= t,
-and a chunk decoded with enough frames of left context reproduces the
-whole-utterance output (``receptive_field_frames``). Module attributes
-mirror the checkpoint's ``decoder.*`` weight names.
+Everything is causal, so audio up to frame t depends only on frames <= t.
+Two ways to decode a stream of chunks follow from that:
+
+- carry a ``DecodeState`` (``Code2Wav.forward(codes, state)``): every causal
+  layer keeps the last inputs its kernel reaches back to, the transformer
+  its last ``window - 1`` keys/values, so each frame is decoded once and
+  the chunks join exactly as one whole-utterance decode;
+- recompute a left context (``StreamingDecoder``, what the reference does):
+  each chunk is decoded after up to ``left_context`` earlier frames, exact
+  only with ``receptive_field_frames`` of them.
+
+Module attributes mirror the checkpoint's ``decoder.*`` weight names.
 """
 from __future__ import annotations
 
@@ -24,13 +32,43 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edge_infer.models.qwen3_tts.attention import SlidingKVCache
+from edge_infer.models.qwen3_tts.code2wav_shapes import (
+    CONVNEXT_KERNEL, DECODER_KERNEL, PRE_CONV_KERNEL, RESIDUAL_DILATIONS, decoder_dims,
+)
 from edge_infer.models.qwen3_tts.config import Code2WavConfig
 from edge_infer.models.qwen3_tts.layers import DecoderStack
 
 CODEBOOK_EPS = 1e-5
 SNAKE_EPS = 1e-9
-CONVNEXT_KERNEL = 7
-RESIDUAL_DILATIONS = (1, 3, 9)
+
+
+class DecodeState:
+    """One stream's carried context: each causal layer's last inputs, the transformer's recent keys.
+
+    At the start every layer sees zeros before the first frame, as the
+    whole decode's left padding does.
+    """
+
+    def __init__(self, config: Code2WavConfig) -> None:
+        self.tails: dict[nn.Module, torch.Tensor] = {}
+        self.kv = SlidingKVCache(config.transformer.num_layers, config.sliding_window - 1)
+
+    @property
+    def frames(self) -> int:
+        """Frames decoded so far."""
+        return self.kv.start
+
+    def extend(self, layer: nn.Module, x: torch.Tensor, left: int) -> torch.Tensor:
+        """``x`` [1, C, n] preceded by the ``left`` columns ``layer`` saw last; keeps the new last ``left``."""
+        if left == 0:
+            return x
+        tail = self.tails.get(layer)
+        if tail is None:
+            tail = x.new_zeros(x.shape[0], x.shape[1], left)
+        full = torch.cat((tail, x), dim=-1)
+        self.tails[layer] = full[..., full.shape[-1] - left:].clone()
+        return full
 
 
 class Codebook(nn.Module):
@@ -91,8 +129,9 @@ class CausalConv(nn.Module):
         self.conv = nn.Conv1d(cin, cout, kernel, dilation=dilation, groups=groups)
         self.left = (kernel - 1) * dilation
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.pad(x, (self.left, 0)))
+    def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
+        x = F.pad(x, (self.left, 0)) if state is None else state.extend(self, x, self.left)
+        return self.conv(x)
 
 
 class CausalTransposedConv(nn.Module):
@@ -101,11 +140,18 @@ class CausalTransposedConv(nn.Module):
     def __init__(self, cin: int, cout: int, kernel: int, stride: int) -> None:
         super().__init__()
         self.conv = nn.ConvTranspose1d(cin, cout, kernel, stride=stride)
+        self.stride = stride
         self.trim = kernel - stride
+        # Earlier inputs whose kernels still reach into the current input's outputs.
+        self.history = -(-self.trim // stride)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.conv(x)
-        return x[..., : x.shape[-1] - self.trim] if self.trim else x
+    def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
+        n = x.shape[-1]
+        if state is None:
+            x = self.conv(x)
+            return x[..., : x.shape[-1] - self.trim] if self.trim else x
+        start = self.history * self.stride
+        return self.conv(state.extend(self, x, self.history))[..., start: start + n * self.stride]
 
 
 class ConvNeXtBlock(nn.Module):
@@ -117,8 +163,8 @@ class ConvNeXtBlock(nn.Module):
         self.pwconv2 = nn.Linear(4 * dim, dim)
         self.gamma = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.dwconv(x).transpose(1, 2)
+    def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
+        h = self.dwconv(x, state).transpose(1, 2)
         h = self.pwconv2(F.gelu(self.pwconv1(self.norm(h))))
         return x + (self.gamma * h).transpose(1, 2)
 
@@ -131,7 +177,7 @@ class SnakeBeta(nn.Module):
         self.alpha = nn.Parameter(torch.zeros(dim))
         self.beta = nn.Parameter(torch.zeros(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:  # pointwise: no state
         alpha = torch.exp(self.alpha)[None, :, None]
         beta = torch.exp(self.beta)[None, :, None]
         return x + (1.0 / (beta + SNAKE_EPS)) * torch.pow(torch.sin(x * alpha), 2)
@@ -141,12 +187,12 @@ class ResidualUnit(nn.Module):
     def __init__(self, dim: int, dilation: int) -> None:
         super().__init__()
         self.act1 = SnakeBeta(dim)
-        self.conv1 = CausalConv(dim, dim, 7, dilation=dilation)
+        self.conv1 = CausalConv(dim, dim, DECODER_KERNEL, dilation=dilation)
         self.act2 = SnakeBeta(dim)
         self.conv2 = CausalConv(dim, dim, 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.conv2(self.act2(self.conv1(self.act1(x))))
+    def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
+        return x + self.conv2(self.act2(self.conv1(self.act1(x), state)), state)
 
 
 class DecoderBlock(nn.Module):
@@ -157,9 +203,9 @@ class DecoderBlock(nn.Module):
             + [ResidualUnit(cout, d) for d in RESIDUAL_DILATIONS]
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
         for layer in self.block:
-            x = layer(x)
+            x = layer(x, state)
         return x
 
 
@@ -170,9 +216,13 @@ class PreTransformer(DecoderStack):
         self.output_proj = nn.Linear(config.transformer.hidden_size, config.latent_dim)
         self.window = config.sliding_window
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        """[T, latent] -> [T, latent], sliding-window causal attention from position 0."""
-        return self.output_proj(super().forward(self.input_proj(x), None, self.window))
+    def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:  # type: ignore[override]
+        """[T, latent] -> [T, latent], sliding-window causal attention (from position 0, or after the state's frames)."""
+        cache = state.kv if state is not None else None
+        out = self.output_proj(super().forward(self.input_proj(x), cache, self.window))
+        if cache is not None:
+            cache.advance(x.shape[0])
+        return out
 
 
 class Code2Wav(nn.Module):
@@ -180,33 +230,39 @@ class Code2Wav(nn.Module):
         super().__init__()
         self.config = config
         self.quantizer = SplitResidualVQ(config)
-        self.pre_conv = CausalConv(config.codebook_dim, config.latent_dim, 3)
+        self.pre_conv = CausalConv(config.codebook_dim, config.latent_dim, PRE_CONV_KERNEL)
         self.pre_transformer = PreTransformer(config)
         self.upsample = nn.ModuleList(
             nn.ModuleList([CausalTransposedConv(config.latent_dim, config.latent_dim, r, r), ConvNeXtBlock(config.latent_dim)])
             for r in config.upsampling_ratios
         )
-        dims = [config.decoder_dim // 2 ** i for i in range(len(config.upsample_rates) + 1)]
+        dims = decoder_dims(config)
         self.decoder = nn.ModuleList(
-            [CausalConv(config.latent_dim, config.decoder_dim, 7)]
+            [CausalConv(config.latent_dim, config.decoder_dim, DECODER_KERNEL)]
             + [DecoderBlock(dims[i], dims[i + 1], rate) for i, rate in enumerate(config.upsample_rates)]
-            + [SnakeBeta(dims[-1]), CausalConv(dims[-1], 1, 7)]
+            + [SnakeBeta(dims[-1]), CausalConv(dims[-1], 1, DECODER_KERNEL)]
         )
 
+    def new_state(self) -> DecodeState:
+        return DecodeState(self.config)
+
     @torch.inference_mode()
-    def forward(self, codes: torch.Tensor) -> torch.Tensor:
-        """codes [T, Q] (LongTensor) -> PCM [T * samples_per_frame] in [-1, 1]."""
+    def forward(self, codes: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
+        """codes [T, Q] (LongTensor) -> PCM [T * samples_per_frame] in [-1, 1].
+
+        With a ``state`` the frames continue the stream the state has seen.
+        """
         if codes.ndim != 2 or codes.shape[1] != self.config.num_quantizers:
             raise ValueError(f"codes must be [frames, {self.config.num_quantizers}], got {tuple(codes.shape)}")
         weight = self.pre_conv.conv.weight
         hidden = self.quantizer(codes.t().to(weight.device)).to(weight.dtype)
-        hidden = self.pre_conv(hidden)
-        hidden = self.pre_transformer(hidden[0].t()).t()[None]
+        hidden = self.pre_conv(hidden, state)
+        hidden = self.pre_transformer(hidden[0].t(), state).t()[None]
         for stage in self.upsample:
             for layer in stage:
-                hidden = layer(hidden)
+                hidden = layer(hidden, state)
         for layer in self.decoder:
-            hidden = layer(hidden)
+            hidden = layer(hidden, state)
         return hidden[0, 0].clamp(-1.0, 1.0)
 
 

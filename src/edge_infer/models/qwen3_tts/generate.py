@@ -44,6 +44,7 @@ class SamplingParams:
     subtalker_top_k: int = 50
     subtalker_top_p: float = 1.0
     max_frames: int = 2047
+    ignore_eos: bool = False  # run to max_frames (benchmarks: lengths independent of random weights)
 
     @classmethod
     def from_defaults(cls, defaults: GenerationDefaults, **overrides: object) -> "SamplingParams":
@@ -113,7 +114,7 @@ class FrameSampler:
             seen = torch.tensor(sorted(set(self.history)), dtype=torch.long)
             picked = scores[0, seen]
             scores[0, seen] = torch.where(picked < 0, picked * p.repetition_penalty, picked / p.repetition_penalty)
-        if len(self.history) < MIN_FRAMES_BEFORE_EOS:
+        if len(self.history) < MIN_FRAMES_BEFORE_EOS or p.ignore_eos:
             scores[0, self.eos] = float("-inf")
         scores[0, self.suppressed.to(scores.device)] = float("-inf")
         code = _choose(scores, p.do_sample, p.temperature, p.top_k, p.top_p, self.generator)

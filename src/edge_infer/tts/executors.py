@@ -1,0 +1,241 @@
+"""The two Qwen3-TTS stage executors.
+
+``qwen3_tts_talker`` (kind ``ar``): text in (``text/1``, the request's
+``voice``/``language``/sampling in its stage params), codec frames out as
+``codec_codes/1`` chunks ([frames, 16] int64): the first chunk after
+``first_chunk_frames`` frames (time to first audio), then every
+``chunk_frames``, the remainder at the end. Its requests are batched by
+``TalkerEngine`` on the engine's scheduler and paged KV cache.
+
+``qwen3_tts_code2wav`` (kind ``generation``): ``codec_codes/1`` in,
+``pcm_audio/1`` out (24 kHz mono float32), decoding whatever frames have
+arrived (up to ``max_chunk_frames`` per request and step). By default each
+stream carries its decoder state, so every frame is decoded once and the
+chunks join exactly as one whole-utterance decode; ``left_context_frames: N``
+instead re-decodes the last N frames before each chunk (the reference's
+method: cheaper state, approximate joins).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+from pydantic import Field
+
+from edge_infer.runtime.contracts import Payload
+from edge_infer.runtime.executors import ExecutorOptions, ReservationPlan, StageExecutor, StageRequestError, StepOutput
+from edge_infer.tts.planning import code2wav_reservation, code2wav_settings, stage_threads, talker_engine_config, talker_reservation
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from edge_infer.runtime.config import StageConfig
+
+
+class TalkerOptions(ExecutorOptions):
+    chunk_frames: int = Field(default=4, ge=1)
+    first_chunk_frames: int = Field(default=1, ge=1)
+    num_threads: int | None = Field(default=None, ge=1)
+
+
+@dataclass
+class _TalkerRequest:
+    params: dict[str, Any]
+    text: list[str] = field(default_factory=list)
+    frames: list["torch.Tensor"] = field(default_factory=list)  # produced, not yet sent
+    sent: int = 0  # frames sent so far
+
+
+class TalkerExecutor(StageExecutor):
+    kinds = frozenset({"ar"})
+    input_contracts = frozenset({"text/1"})
+    output_contracts = frozenset({"codec_codes/1"})
+    Options = TalkerOptions
+    requires_model = True
+
+    @classmethod
+    def plan(cls, stage: StageConfig) -> ReservationPlan:
+        opts = cls.options(stage)
+        return talker_reservation(stage, max(opts.chunk_frames, opts.first_chunk_frames))
+
+    def start(self, stage: StageConfig) -> None:
+        import torch
+
+        from edge_infer.models.qwen3_tts.config import load_code2wav_config, load_generation_defaults
+        from edge_infer.models.qwen3_tts.tokenizer import TextTokenizer
+        from edge_infer.tts.talker_engine import load_talker_engine
+
+        self.torch = torch
+        self.opts: TalkerOptions = self.options(stage)
+        torch.set_num_threads(stage_threads(self.opts.num_threads))
+        engine_config = talker_engine_config(stage)
+        self.engine = load_talker_engine(engine_config)
+        self.tokenizer = TextTokenizer.from_dir(engine_config.model)
+        self.defaults = load_generation_defaults(engine_config.model)
+        talker = self.engine.config.talker
+        codec = load_code2wav_config(engine_config.model)
+        self.metadata = {"num_codebooks": talker.num_code_groups, "frame_rate_hz": codec.frame_rate,
+                         "codebook_size": talker.code_predictor.codebook_size}
+        self.requests: dict[str, _TalkerRequest] = {}
+
+    def submit(self, request_id: str, params: dict[str, Any]) -> None:
+        self.requests[request_id] = _TalkerRequest(params)
+
+    def feed(self, request_id: str, payload: Payload) -> None:
+        self.requests[request_id].text.append(str(payload.data))
+
+    def end_input(self, request_id: str) -> None:
+        from edge_infer.errors import InvalidRequestError
+        from edge_infer.models.qwen3_tts.prompt import VoiceRequest
+        from edge_infer.tts.params import SpeechParams
+
+        req = self.requests[request_id]
+        text = "".join(req.text)
+        try:
+            params = SpeechParams.parse(req.params)
+            if not text.strip():
+                raise ValueError("the text to speak is empty")
+            voice = params.voice or ""
+            if voice.lower() not in self.engine.config.talker.speakers:
+                raise ValueError(f"unknown voice {voice!r}; this checkpoint has: {', '.join(sorted(self.engine.config.talker.speakers))}")
+            if params.instruct and self.engine.config.model_size == "0b6":
+                raise ValueError("the 0.6B CustomVoice checkpoints do not take style instructions; drop instruct")
+            request = VoiceRequest(
+                input_ids=self.tokenizer.assistant_ids(text), speaker=voice, language=params.language,
+                instruct_ids=self.tokenizer.instruct_ids(params.instruct) if params.instruct else None,
+            )
+            generator = self.torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+            self.engine.add(request_id, request, params.sampling(self.defaults), generator)
+        except (ValueError, InvalidRequestError) as exc:
+            raise StageRequestError(request_id, str(exc)) from None
+
+    def has_work(self) -> bool:
+        return self.engine.has_work()
+
+    def _chunk(self, req: _TalkerRequest) -> Payload:
+        frames = self.torch.stack(req.frames).numpy()
+        req.sent += len(req.frames)
+        req.frames = []
+        return Payload("codec_codes/1", frames, dict(self.metadata))
+
+    def step(self) -> list[StepOutput]:
+        out = []
+        for event in self.engine.step():
+            req = self.requests.get(event.request_id)
+            if req is None:
+                continue
+            if event.error is not None:
+                del self.requests[event.request_id]
+                out.append(StepOutput(event.request_id, None, finished=True, error=event.error))
+                continue
+            if event.frame is not None:
+                req.frames.append(event.frame)
+            target = self.opts.first_chunk_frames if req.sent == 0 else self.opts.chunk_frames
+            if event.finished:
+                del self.requests[event.request_id]
+                out.append(StepOutput(event.request_id, self._chunk(req) if req.frames else None, finished=True))
+            elif len(req.frames) >= target:
+                out.append(StepOutput(event.request_id, self._chunk(req)))
+        return out
+
+    def abort(self, request_id: str) -> None:
+        self.requests.pop(request_id, None)
+        self.engine.abort(request_id)
+
+
+class Code2WavOptions(ExecutorOptions):
+    max_chunk_frames: int = Field(default=8, ge=1)
+    left_context_frames: int | None = Field(default=None, ge=0)
+    num_threads: int | None = Field(default=None, ge=1)
+
+
+@dataclass
+class _Stream:
+    decode: Callable[["torch.Tensor"], "torch.Tensor"]  # frames [n, Q] -> PCM, continuing this stream
+    pending: list[np.ndarray] = field(default_factory=list)
+    count: int = 0
+    ended: bool = False
+
+    def take(self, n: int) -> np.ndarray:
+        rows = np.concatenate(self.pending) if len(self.pending) > 1 else self.pending[0]
+        chunk, rest = rows[:n], rows[n:]
+        self.pending = [rest] if len(rest) else []
+        self.count = len(rest)
+        return chunk
+
+
+class Code2WavExecutor(StageExecutor):
+    kinds = frozenset({"generation"})
+    input_contracts = frozenset({"codec_codes/1"})
+    output_contracts = frozenset({"pcm_audio/1"})
+    Options = Code2WavOptions
+    requires_model = True
+
+    @classmethod
+    def plan(cls, stage: StageConfig) -> ReservationPlan:
+        opts = cls.options(stage)
+        return code2wav_reservation(stage, opts.max_chunk_frames, opts.left_context_frames)
+
+    def start(self, stage: StageConfig) -> None:
+        import torch
+
+        from edge_infer.models.qwen3_tts.code2wav import StreamingDecoder
+        from edge_infer.models.qwen3_tts.config import load_code2wav_config
+        from edge_infer.models.qwen3_tts.model import load_code2wav
+
+        self.torch = torch
+        self.opts: Code2WavOptions = self.options(stage)
+        torch.set_num_threads(stage_threads(self.opts.num_threads))
+        settings = code2wav_settings(stage)
+        self.config = load_code2wav_config(settings.model)
+        dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[settings.dtype]
+        self.model = load_code2wav(settings.model, self.config, dtype)
+        self.StreamingDecoder = StreamingDecoder
+        self.metadata = {"sample_rate": self.config.sample_rate, "channels": 1}
+        self.streams: dict[str, _Stream] = {}
+
+    def submit(self, request_id: str, params: dict[str, Any]) -> None:
+        context = self.opts.left_context_frames
+        if context is None:
+            decode = functools.partial(self.model, state=self.model.new_state())
+        else:
+            decode = self.StreamingDecoder(self.model, context).push
+        self.streams[request_id] = _Stream(decode)
+
+    def feed(self, request_id: str, payload: Payload) -> None:
+        codes = np.asarray(payload.data).astype(np.int64, copy=False)
+        expected = self.config.num_quantizers
+        if codes.shape[1] != expected:
+            raise StageRequestError(request_id, f"codes have {codes.shape[1]} codebooks, this Code2Wav decodes {expected}")
+        if codes.size and int(codes.max()) >= self.config.codebook_size:
+            raise StageRequestError(request_id, f"code {int(codes.max())} is outside the codebooks' {self.config.codebook_size} entries")
+        if len(codes):
+            stream = self.streams[request_id]
+            stream.pending.append(codes)
+            stream.count += len(codes)
+
+    def end_input(self, request_id: str) -> None:
+        self.streams[request_id].ended = True
+
+    def has_work(self) -> bool:
+        return any(s.count or s.ended for s in self.streams.values())
+
+    def step(self) -> list[StepOutput]:
+        out = []
+        for rid, stream in list(self.streams.items()):
+            if not (stream.count or stream.ended):
+                continue
+            payload = None
+            if stream.count:
+                pcm = stream.decode(self.torch.from_numpy(stream.take(self.opts.max_chunk_frames)))
+                payload = Payload("pcm_audio/1", pcm.float().numpy(), dict(self.metadata))
+            finished = stream.ended and stream.count == 0
+            out.append(StepOutput(rid, payload, finished=finished))
+            if finished:
+                del self.streams[rid]
+        return out
+
+    def abort(self, request_id: str) -> None:
+        self.streams.pop(request_id, None)

@@ -1,0 +1,133 @@
+"""End-to-end: ``edge-infer serve`` on the tiny Qwen3-TTS checkpoint, the speech endpoints over HTTP."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import signal
+
+import httpx
+import numpy as np
+import pytest
+import soundfile
+
+from server.serverutil import ServerProcess, wait_until
+from tts_helpers import SAMPLES_PER_FRAME, TINY
+
+pytestmark = pytest.mark.slow
+
+VOICES = ["aiden", "dylan", "eric", "ono_anna", "ryan", "serena", "sohee", "uncle_fu", "vivian"]
+MAX_CHARS = 200
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerProcess(TINY, "--max-input-chars", str(MAX_CHARS), "--max-model-len", "512") as proc:
+        yield proc
+
+
+def speech(server, **body) -> httpx.Response:
+    return httpx.post(server.base_url + "/v1/audio/speech", json={"model": TINY.name, "voice": "ryan", **body}, timeout=120)
+
+
+def test_wav_decodes_at_24_khz_with_one_frame_of_samples_per_code_frame(server) -> None:
+    response = speech(server, input="Hello from the edge.", max_tokens=12, ignore_eos=True)
+    assert response.status_code == 200 and response.headers["content-type"] == "audio/wav"
+    audio, rate = soundfile.read(io.BytesIO(response.content), dtype="float32")
+    assert rate == 24000 and audio.shape == (12 * SAMPLES_PER_FRAME,) and np.isfinite(audio).all()
+
+
+def test_the_openai_client_gets_audio_of_plausible_length(server) -> None:
+    client = server.client()
+    with client.audio.speech.with_streaming_response.create(
+        model=TINY.name, input="The openai client.", voice="vivian", response_format="wav", extra_body={"seed": 3},
+    ) as response:
+        data = response.read()
+    audio, rate = soundfile.read(io.BytesIO(data), dtype="float32")
+    # Frames of 80 ms: eos is masked for the first two; at most max_model_len minus the prompt.
+    assert rate == 24000 and len(audio) % SAMPLES_PER_FRAME == 0 and 2 <= len(audio) // SAMPLES_PER_FRAME < 512
+    assert np.isfinite(audio).all()
+
+
+def test_pcm_flac_and_sse_carry_the_same_samples(server) -> None:
+    body = dict(input="Same seed, same audio.", seed=5, max_tokens=8, ignore_eos=True)
+    wav, _ = soundfile.read(io.BytesIO(speech(server, **body).content), dtype="int16")
+    pcm = np.frombuffer(speech(server, response_format="pcm", **body).content, dtype="<i2")
+    flac_response = speech(server, response_format="flac", **body)
+    assert flac_response.headers["content-type"] == "audio/flac"
+    flac, rate = soundfile.read(io.BytesIO(flac_response.content), dtype="int16")
+    assert rate == 24000
+    np.testing.assert_array_equal(pcm, wav)
+    np.testing.assert_array_equal(flac, wav)
+    events = [json.loads(line[6:]) for line in speech(server, response_format="pcm", stream_format="sse", **body).text.splitlines()
+              if line.startswith("data: ")]
+    assert [e["type"] for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1)
+    assert events[-1]["type"] == "speech.audio.done" and events[-1]["usage"]["output_tokens"] == 8
+    sse = np.frombuffer(b"".join(base64.b64decode(e["audio"]) for e in events[:-1]), dtype="<i2")
+    np.testing.assert_array_equal(sse, wav)
+
+
+def test_audio_streams_while_the_request_runs_and_a_disconnect_cancels_it(server) -> None:
+    with httpx.Client(timeout=120) as client:
+        body = {"model": TINY.name, "voice": "ryan", "input": "A long one.", "max_tokens": 400, "ignore_eos": True}
+        with client.stream("POST", server.base_url + "/v1/audio/speech", json=body) as response:
+            chunks = response.iter_bytes()  # held: dropping the iterator would close the connection
+            first = next(chunks)
+            assert first[:4] == b"RIFF" and response.status_code == 200
+            assert server.metrics()["edge_infer_requests_in_flight"] == 1  # audio arrived before the request ended
+    wait_until(lambda: server.metrics()["edge_infer_requests_in_flight"] == 0, "the disconnected request to end")
+    assert server.metrics()['edge_infer_request_finish_total{reason=cancelled}'] >= 1
+
+
+def test_voices_and_models(server) -> None:
+    voices = httpx.get(server.base_url + "/v1/audio/voices").json()
+    assert [v["id"] for v in voices["data"]] == VOICES and "english" in voices["languages"]
+    assert [m.id for m in server.client().models.list().data] == [TINY.name]
+
+
+@pytest.mark.parametrize("body, param, fragment", [
+    ({"input": ""}, "input", "empty"),
+    ({"input": "   \n"}, "input", "empty"),
+    ({"input": "x" * (MAX_CHARS + 1)}, "input", f"at most {MAX_CHARS}"),
+    ({"input": "hi", "voice": "bob"}, "voice", ", ".join(VOICES)),
+    ({"input": "hi", "speed": 1.25}, "speed", "speed 1.25 is not supported"),
+    ({"input": "hi", "response_format": "mp3"}, "response_format", "wav, pcm, flac"),
+    ({"input": "hi", "language": "klingon"}, "language", "english"),
+    ({"input": "hi", "model": "other"}, "model", "is not served here"),
+    ({"input": "hi", "response_format": "flac", "stream_format": "sse"}, "stream_format", "flac"),
+])
+def test_bad_requests_are_400_with_the_reason(server, body, param, fragment) -> None:
+    response = httpx.post(server.base_url + "/v1/audio/speech", json={"voice": "ryan", **body}, timeout=30)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == param and fragment in error["message"]
+
+
+def test_text_routes_say_this_is_a_speech_model(server) -> None:
+    response = httpx.post(server.base_url + "/v1/chat/completions", json={"messages": []})
+    assert response.status_code == 404 and "/v1/audio/speech" in response.json()["error"]["message"]
+
+
+def test_metrics_report_ttfp_rtf_and_stage_times(server) -> None:
+    assert speech(server, input="Measure me.", max_tokens=6, ignore_eos=True).status_code == 200
+    metrics = server.metrics()
+    assert metrics["edge_infer_tts_time_to_first_packet_seconds_count"] >= 1
+    assert metrics["edge_infer_tts_real_time_factor_count"] >= 1
+    for stage in ("talker", "code2wav"):
+        assert metrics[f"edge_infer_tts_stage_time_seconds_count{{stage={stage}}}"] >= 1
+        assert metrics[f"edge_infer_memory_reserved_bytes{{stage={stage}}}"] > 0
+        assert metrics[f"edge_infer_stage_up{{stage={stage}}}"] == 1
+
+
+def test_a_dead_code2wav_worker_makes_the_server_unhealthy_503(server) -> None:
+    # Last in this module: it breaks the server's pipeline.
+    import psutil
+
+    stage_procs = [p for p in psutil.Process(server.proc.pid).children(recursive=True) if "resource_tracker" not in " ".join(p.cmdline())]
+    code2wav = max(stage_procs, key=lambda p: p.create_time())  # the stages start in stage order
+    os.kill(code2wav.pid, signal.SIGKILL)
+    wait_until(lambda: httpx.get(server.base_url + "/health").status_code == 503, "health to report the dead stage")
+    assert "stage 1" in httpx.get(server.base_url + "/health").json()["detail"]
+    response = speech(server, input="Anyone there?")
+    assert response.status_code == 503 and response.json()["error"]["code"] == "engine_dead"
