@@ -10,6 +10,10 @@ if [ -z "${EDGE_INFER:-}" ]; then
   if [ -x .venv/bin/edge-infer ]; then EDGE_INFER=.venv/bin/edge-infer; else EDGE_INFER=edge-infer; fi
 fi
 
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python; fi
+fi
+
 control_for() {
   case "$1" in
     pp-tg-*-bf16) echo llamacpp-bf16 ;;
@@ -39,5 +43,11 @@ out=docs/results.md
     # Drop the report's own title (its blank line stays); point its images at the plots directory.
     sed -e '1d' -e "s#](\([^)/]*\.png\))#](../$plots/\1)#" "$plots/report.md"
   done
+  if compgen -G "benchmarks/results/levers-*.json" > /dev/null; then
+    echo
+    echo "## Memory levers (Qwen2.5-0.5B shape, W4A16 g128)"
+    echo
+    "$PYTHON" benchmarks/levers_table.py benchmarks/results
+  fi
 } > "$out"
 echo "wrote $out" >&2

@@ -20,6 +20,11 @@ class QuantConfig:
     group_size: int = 128
     symmetric: bool = True
     quantize_head: bool = False
+    # Alternatives of two memory levers, reachable only to measure them as A/B
+    # (benchmarks/specs/levers-*): "whole" repacks each linear from a full fp32 copy instead
+    # of in row blocks; keep_dense_copy keeps the row-major weight beside the packed one.
+    repack: str = "blocked"
+    keep_dense_copy: bool = False
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,11 @@ class EngineConfig:
     num_threads: int | None = None
     seed: int = 0
     eos_token_ids: tuple[int, ...] = ()
+    # Alternatives of two memory levers, for A/B measurements (benchmarks/specs/levers-*):
+    # RoPE tables for the model's max_position_embeddings instead of max_model_len,
+    # and no malloc_trim after loading.
+    rope_model_positions: bool = False
+    trim_after_load: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -57,9 +57,13 @@ def linear_installer(config: EngineConfig) -> LinearInstaller:
 
 def load_model(config: EngineConfig, progress: Callable[[int, int], None] | None = None) -> DecoderLM:
     cfg = ModelConfig.from_dir(config.model)
-    model = DecoderLM(cfg, config.max_model_len)
+    model = DecoderLM(cfg, cfg.max_position_embeddings if config.rope_model_positions else config.max_model_len)
     check_checkpoint(cfg, config.model, model.weight_specs())
-    load_weights(model, config.model, TORCH_DTYPES[config.dtype], linear_installer(config), progress)
+    quantized_head = config.quant is not None and config.quant.quantize_head
+    load_weights(
+        model, config.model, TORCH_DTYPES[config.dtype], linear_installer(config), progress,
+        head_from_embedding=quantized_head and cfg.tie_word_embeddings,
+    )
     return model
 
 
@@ -78,7 +82,7 @@ class EngineCore:
             dtype_bytes=dtype.itemsize,
             block_size=config.block_size,
         )
-        trimmed = malloc_trim()
+        trimmed = malloc_trim() if config.trim_after_load else 0
         self.cache = KVCache(self.layout, self.layout.blocks_for_budget(config.kv_cache_memory_bytes), dtype)
         self.scheduler = Scheduler(self.layout, self.cache.num_blocks, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.cache)

@@ -136,19 +136,20 @@ def resolve_dtype(requested: str | None, notes: list[str]) -> str:
 
 
 def weight_bytes(cfg: ModelConfig, dtype_bytes: int, quant: QuantConfig | None) -> tuple[int, int]:
-    """(resident weight bytes, largest single linear in its load-time row-major form)."""
+    """(resident weight bytes, largest linear repacked from its row-major form while loading)."""
     total = 0
     largest_linear = 0
     for spec in weight_specs(cfg):
         plain = spec.numel * dtype_bytes
-        if spec.is_linear:
-            largest_linear = max(largest_linear, plain)
-            if quant is not None:
-                from edge_infer.quant.sizes import linear_nbytes
+        if quant is None:
+            total += plain
+            largest_linear = max(largest_linear, plain if spec.is_linear else 0)
+            continue
+        from edge_infer.quant.sizes import is_quantized, spec_nbytes
 
-                total += linear_nbytes(spec, quant, dtype_bytes)
-                continue
-        total += plain
+        total += spec_nbytes(spec, quant, dtype_bytes, cfg.tie_word_embeddings)
+        if spec.is_linear and not is_quantized(spec, quant, cfg.tie_word_embeddings):
+            largest_linear = max(largest_linear, plain)  # e.g. an unquantized output head
     return total, largest_linear
 
 
@@ -197,6 +198,8 @@ def plan_text_session(
     seed: int = 0,
     eos_token_ids: tuple[int, ...] = (),
     frontend: str = "library",
+    rope_model_positions: bool = False,
+    trim_after_load: bool = True,
 ) -> TextPlan:
     """Plan a text session; see the module docstring. Raises only for unreadable checkpoints."""
     model_dir = str(model)
@@ -241,11 +244,17 @@ def plan_text_session(
     frontend_bytes = overhead["server_frontend_bytes" if frontend == "server" else "frontend_bytes"]
     overhead_bytes = frontend_bytes + overhead["worker_bytes"] + tok_bytes
     weights, largest_linear = weight_bytes(cfg, dtype_bytes, quant)
-    rope = 2 * max_model_len * cfg.head_dim * 4
+    # The measuring-only alternative sizes RoPE for every position the model allows.
+    rope_positions = model_max if rope_model_positions else max_model_len
+    rope = 2 * rope_positions * cfg.head_dim * 4
     acts = activation_bytes(cfg, dtype_bytes, max_num_batched_tokens, max_num_seqs, max_model_len)
     src_bytes = max((CHECKPOINT_DTYPE_BYTES.get(t.dtype, 4) for t in tensors.values()), default=4)
     # One block being converted, plus the largest linear held twice while it is repacked.
     transient = min(LOAD_BLOCK_BYTES, largest_linear * src_bytes // dtype_bytes) + largest_linear
+    if quant is not None:  # quantized linears are quantized and packed a block of rows at a time
+        from edge_infer.quant.sizes import repack_transient_bytes
+
+        transient = max(transient, repack_transient_bytes(weight_specs(cfg), quant, cfg.tie_word_embeddings, src_bytes))
     file_bytes = sum(t.file.stat().st_size for t in {t.file: t for t in tensors.values()}.values())
 
     one_seq_blocks = layout.blocks_for_tokens(max_model_len)
@@ -285,7 +294,7 @@ def plan_text_session(
         PlanItem("runtime overhead", overhead_bytes, "anon", "steady", f"{frontend} frontend + worker + tokenizer (measured once)"),
         PlanItem("weights", weights, "anon", "steady", _weights_note(cfg, dtype, quant)),
         PlanItem("kv cache", kv_bytes, "anon", "steady", f"{kv_blocks} blocks x {layout.bytes_per_block:,} B = {kv_tokens} tokens"),
-        PlanItem("rope tables", rope, "anon", "steady", f"cos+sin fp32 for {max_model_len} positions"),
+        PlanItem("rope tables", rope, "anon", "steady", f"cos+sin fp32 for {rope_positions} positions"),
         PlanItem("activations", acts, "anon", "steady", f"one step of {max_num_batched_tokens} tokens, {max_num_seqs} logit rows"),
         PlanItem("load transient", transient, "anon", "load", "one block being converted + the largest linear being repacked"),
         PlanItem("checkpoint pages", file_bytes, "file", "load", "memory-mapped while loading; page cache, released after"),
@@ -294,7 +303,7 @@ def plan_text_session(
         model=model_dir,
         settings={
             "dtype": dtype,
-            "quantization": None if quant is None else f"{quant.method} g{quant.group_size} {'sym' if quant.symmetric else 'asym'}",
+            "quantization": None if quant is None else f"{quant.method} g{quant.group_size} {'sym' if quant.symmetric else 'asym'}{' +head' if quant.quantize_head else ''}",
             "max_model_len": max_model_len,
             "max_num_seqs": max_num_seqs,
             "max_num_batched_tokens": max_num_batched_tokens,
@@ -330,17 +339,22 @@ def plan_text_session(
             num_threads=num_threads,
             seed=seed,
             eos_token_ids=tuple(eos_token_ids),
+            rope_model_positions=rope_model_positions,
+            trim_after_load=trim_after_load,
         )
     return plan
 
 
 def _resolve_quant(quantization: str | QuantConfig | None, cfg: ModelConfig) -> QuantConfig | None:
-    if isinstance(quantization, QuantConfig):
-        return quantization
-    if quantization is None and cfg.quantization_config is not None:
-        from edge_infer.quant.sizes import quant_config_from_checkpoint
+    if cfg.quantization_config is not None:
+        from edge_infer.quant.sizes import resolve_checkpoint_quant
 
-        return quant_config_from_checkpoint(cfg.quantization_config)
+        return resolve_checkpoint_quant(quantization, cfg.quantization_config)
+    if isinstance(quantization, QuantConfig):
+        from edge_infer.quant.sizes import check_quant_config
+
+        check_quant_config(quantization)
+        return quantization
     if quantization in (None, "none"):
         return None
     if quantization == "cpu_int4":
@@ -352,7 +366,9 @@ def _weights_note(cfg: ModelConfig, dtype: str, quant: QuantConfig | None) -> st
     head = "tied to the embedding (one copy)" if cfg.tie_word_embeddings else "separate output head"
     if quant is None:
         return f"{dtype}, {head}"
-    return f"{quant.method} g{quant.group_size} linears, {dtype} embedding/norms, {head}"
+    if quant.quantize_head:
+        head = "int4 head, embedding rows read from it" if cfg.tie_word_embeddings else f"int4 head, {dtype} embedding"
+    return f"{quant.method} g{quant.group_size} linears, {dtype} norms, {head}"
 
 
 def _memory_levers(plan: TextPlan, cfg: ModelConfig, quant: QuantConfig | None, layout: KVLayout, one_seq_blocks: int) -> list[str]:

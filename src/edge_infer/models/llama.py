@@ -89,7 +89,7 @@ class DecoderLM(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed.dtype
+        return self.final_norm.dtype
 
     def weight_specs(self) -> list[WeightSpec]:
         return weight_specs(self.cfg)
@@ -103,26 +103,33 @@ class DecoderLM(nn.Module):
         return obj, parts[-1]
 
     def tie_head(self) -> None:
-        """Read the output head from the embedding table: one copy for both."""
-        self.lm_head.kernel = DenseKernel(self.embed)
+        """One copy for the embedding table and the output head.
+
+        Either the head reads the embedding table, or (a quantized tied head,
+        ``embed`` left unset by the loader) the lookup reads rows from the head.
+        """
+        if self.embed is not None:
+            self.lm_head.kernel = DenseKernel(self.embed)
 
     def linears(self) -> list[tuple[str, Linear]]:
         return [(name, m) for name, m in self.named_modules() if isinstance(m, Linear)]
 
     def resident_bytes(self) -> int:
         """Bytes of every weight as held in memory, shared storage counted once."""
-        total = self.embed.numel() * self.embed.element_size()
+        total = 0 if self.embed is None else self.embed.numel() * self.embed.element_size()
         for layer in self.layers:
             total += sum(lin.resident_bytes for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down))
             for t in (layer.input_norm, layer.post_attention_norm, layer.q_norm, layer.k_norm):
                 if t is not None:
                     total += t.numel() * t.element_size()
         total += self.final_norm.numel() * self.final_norm.element_size()
-        if not self.cfg.tie_word_embeddings:
+        if not self.cfg.tie_word_embeddings or self.embed is None:
             total += self.lm_head.resident_bytes
         return total
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.embed is None:  # tied head held only in its quantized form
+            return self.lm_head.kernel.rows(input_ids)
         return F.embedding(input_ids, self.embed)
 
     def decode(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: "KVCache") -> torch.Tensor:

@@ -56,13 +56,20 @@ class CheckpointReader:
         except KeyError:
             raise CheckpointError(f"checkpoint {self.model_dir} lacks tensor {name!r}") from None
 
-    def row_blocks(self, name: str) -> Iterator[tuple[int, torch.Tensor]]:
-        """(first row, tensor) blocks of ``name`` along dim 0, in the file's dtype."""
-        info = self.info(name)
+    def _slice(self, name: str, info: TensorInfo):
         handle = self._handles.get(info.file)
         if handle is None:
             handle = self._handles[info.file] = self._open(info.file)
-        sl = handle.get_slice(name)
+        return handle.get_slice(name)
+
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows ``[start, stop)`` of ``name`` in the file's dtype: a copy of just those rows."""
+        return self._slice(name, self.info(name))[start:stop]
+
+    def row_blocks(self, name: str) -> Iterator[tuple[int, torch.Tensor]]:
+        """(first row, tensor) blocks of ``name`` along dim 0, in the file's dtype."""
+        info = self.info(name)
+        sl = self._slice(name, info)
         if len(info.shape) == 0:
             yield 0, sl[:]
             return
@@ -115,13 +122,21 @@ def load_weights(
     dtype: torch.dtype,
     install_linear: LinearInstaller,
     progress: Callable[[int, int], None] | None = None,
+    head_from_embedding: bool = False,
 ) -> None:
-    """Fill every tensor of ``model.weight_specs()`` from the checkpoint."""
+    """Fill every tensor of ``model.weight_specs()`` from the checkpoint.
+
+    ``head_from_embedding`` (a tied model whose head is quantized): the
+    embedding table is installed as the output head's linear, and the
+    embedding lookup reads its rows from that one copy.
+    """
     specs = model.weight_specs()
     with CheckpointReader(model_dir) as reader:
         for n, spec in enumerate(specs):
             owner, attr = model.resolve(spec.target)
-            if spec.is_linear:
+            if spec.target == "embed" and head_from_embedding:
+                install_linear(model.lm_head, "lm_head", spec.sources, reader, dtype)
+            elif spec.is_linear:
                 install_linear(getattr(owner, attr), spec.target, spec.sources, reader, dtype)
             else:
                 tensor = torch.empty(spec.shape, dtype=dtype)

@@ -1,0 +1,127 @@
+"""Install cpu_int4 linears while loading, a block of rows at a time.
+
+A linear's rows come from one or more checkpoint tensors (q/k/v and gate/up
+are fused). They are read in blocks of whole 64-row tiles across those
+tensors, quantized (bf16/fp32 checkpoints) or unpacked from their stored
+codes (checkpoints written by ``edge-infer quantize``), and packed straight
+into the kernel's final tensor. The load-time peak is therefore the packed
+model plus one block, never a row-major copy of a whole linear.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from edge_infer.engine.config import QuantConfig
+from edge_infer.errors import CheckpointError
+from edge_infer.models.linear import Linear
+from edge_infer.models.loader import CheckpointReader, LinearInstaller
+from edge_infer.quant.kernel import Int4Kernel, require_int4_kernel
+from edge_infer.quant.quantize import QuantizedRows, dequantize_rows, quantize_rows, unpack_nibbles
+from edge_infer.quant.sizes import check_quant_config, padded, repack_block_rows
+
+# Names of the extra tensors a quantized checkpoint stores next to "<name>" (docs/quantization.md).
+SCALE_SUFFIX = "_scale"
+ZERO_SUFFIX = "_zero"
+FLOAT_DTYPES = ("F32", "F16", "BF16")
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows ``[start, stop)`` of checkpoint tensor ``name``."""
+
+    name: str
+    start: int
+    stop: int
+
+
+def row_block_pieces(extents: list[tuple[str, int]], block_rows: int) -> Iterator[tuple[int, list[Piece]]]:
+    """Blocks of ``block_rows`` rows over tensors ``(name, rows)`` stacked along dim 0."""
+    total = sum(rows for _, rows in extents)
+    for start in range(0, total, block_rows):
+        stop = min(total, start + block_rows)
+        pieces, first = [], 0
+        for name, rows in extents:
+            lo, hi = max(start, first), min(stop, first + rows)
+            if lo < hi:
+                pieces.append(Piece(name, lo - first, hi - first))
+            first += rows
+        yield start, pieces
+
+
+def is_prequantized(reader: CheckpointReader, name: str) -> bool:
+    return reader.info(name).dtype == "U8"
+
+
+def quantized_blocks(
+    reader: CheckpointReader, sources: tuple[str, ...], rows: int, cols: int, quant: QuantConfig, block_rows: int
+) -> Iterator[tuple[int, QuantizedRows]]:
+    """(first row, codes/scales/zeros) blocks of the linear stacked from ``sources``."""
+    stored = [is_prequantized(reader, name) for name in sources]
+    if any(stored) and not all(stored):
+        raise CheckpointError(f"tensors {', '.join(sources)} mix stored int4 codes and float weights; re-run edge-infer quantize")
+    prequantized = all(stored)
+    groups = padded(cols, quant.group_size) // quant.group_size
+    width = padded(cols, quant.group_size) // 2 if prequantized else cols
+    extents = []
+    for name in sources:
+        info = reader.info(name)
+        if len(info.shape) != 2 or info.shape[1] != width:
+            what = f"int4 codes of {width} bytes per row (group size {quant.group_size})" if prequantized else f"{cols} columns"
+            raise CheckpointError(f"tensor {name!r} has shape {info.shape}; config.json implies {what}")
+        if not prequantized and info.dtype not in FLOAT_DTYPES:
+            raise CheckpointError(f"tensor {name!r} is {info.dtype}; cpu_int4 quantizes F32, F16 or BF16 weights")
+        extents.append((name, info.shape[0]))
+    if sum(n for _, n in extents) != rows:
+        raise CheckpointError(f"tensors {', '.join(sources)} give {sum(n for _, n in extents)} rows; config.json implies {rows}")
+    for start, pieces in row_block_pieces(extents, block_rows):
+        if prequantized:
+            yield start, _read_codes(reader, pieces, groups, quant.symmetric)
+        else:
+            weight = torch.cat([reader.rows(p.name, p.start, p.stop) for p in pieces])
+            yield start, quantize_rows(weight, quant.group_size, quant.symmetric)
+
+
+def _read_codes(reader: CheckpointReader, pieces: list[Piece], groups: int, symmetric: bool) -> QuantizedRows:
+    codes = torch.cat([unpack_nibbles(reader.rows(p.name, p.start, p.stop)) for p in pieces])
+    scales = torch.cat([_side_tensor(reader, p, SCALE_SUFFIX, groups) for p in pieces])
+    if symmetric:
+        zeros = torch.zeros_like(scales)
+    else:
+        zeros = torch.cat([_side_tensor(reader, p, ZERO_SUFFIX, groups) for p in pieces])
+    return QuantizedRows(codes, scales, zeros)
+
+
+def _side_tensor(reader: CheckpointReader, piece: Piece, suffix: str, groups: int) -> torch.Tensor:
+    name = piece.name + suffix
+    if name not in reader.index:
+        raise CheckpointError(f"quantized checkpoint {reader.model_dir} lacks {name!r}; re-run edge-infer quantize")
+    info = reader.info(name)
+    if len(info.shape) != 2 or info.shape[1] != groups:
+        raise CheckpointError(f"tensor {name!r} has shape {info.shape}; config.json's group size implies {groups} groups per row")
+    return reader.rows(name, piece.start, piece.stop)
+
+
+def int4_installer(quant: QuantConfig, fallback: LinearInstaller) -> LinearInstaller:
+    """Installer quantizing every decoder linear (and the head with quantize_head); ``fallback`` loads the rest."""
+    check_quant_config(quant)
+    require_int4_kernel()
+
+    def install(linear: Linear, target: str, sources: tuple[str, ...], reader: CheckpointReader, dtype: torch.dtype) -> None:
+        if target == "lm_head" and not quant.quantize_head:
+            fallback(linear, target, sources, reader, dtype)
+            return
+        rows, cols = linear.out_features, linear.in_features
+        kernel = Int4Kernel(rows, cols, quant.group_size, dtype)
+        block_rows = rows if quant.repack == "whole" else repack_block_rows(cols, quant.group_size)
+        dense = torch.empty(rows, cols, dtype=dtype) if quant.keep_dense_copy else None
+        for start, block in quantized_blocks(reader, sources, rows, cols, quant, block_rows):
+            kernel.write_rows(start, block.codes, block.scales, block.zeros)
+            if dense is not None:
+                dense[start : start + block.codes.shape[0]] = dequantize_rows(block, quant.group_size, cols)
+        kernel.dense_copy = dense
+        linear.kernel = kernel
+
+    return install

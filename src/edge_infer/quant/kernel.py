@@ -1,0 +1,161 @@
+"""The int4 weight kernel: PyTorch's CPU tinygemm (``_weight_int4pack_mm_for_cpu``).
+
+An ``Int4Kernel`` owns the only resident copy of its weight: the packed codes
+``uint8 [Np, Kp / 2]`` in the kernel's own layout and one (scale, zero) pair
+per group, ``[Kp / group_size, Np, 2]`` in the activation dtype. It is filled
+a block of rows at a time (``write_rows``), so loading never holds the whole
+weight unpacked.
+
+The packed layout depends on the CPU capability PyTorch dispatched to
+(AVX512: 64-row tiles, nibbles interleaved across 32 rows; AVX2: 32-row
+tiles; otherwise pairs of rows), so it is built at load time and never
+written to disk. Row tiles are independent, which makes blocked packing
+exact: blocks start at multiples of 64 rows, a multiple of every tile size.
+
+``rows(ids)`` reads whole weight rows back out of the packed form. A tied
+model whose head is quantized uses it as its embedding lookup, so the table
+is resident once, in 4 bits. Where each row's nibbles sit inside a tile is
+not documented; ``_tile_positions`` learns it by packing probe matrices and
+checks itself, so a PyTorch with another layout fails loudly instead of
+reading wrong rows.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from edge_infer.models.linear import WeightKernel
+from edge_infer.quant.sizes import ROW_MULTIPLE, padded
+
+TILE_ROWS = 64  # the largest row tile of any layout; blocks of rows are multiples of it
+
+
+def require_int4_kernel() -> None:
+    """Refuse cpu_int4 by name on a PyTorch without the CPU int4 kernel (no silent fallback)."""
+    ops = ("_weight_int4pack_mm_for_cpu", "_convert_weight_to_int4pack_for_cpu")
+    missing = [op for op in ops if not hasattr(torch.ops.aten, op)]
+    if missing:
+        raise RuntimeError(
+            f"PyTorch {torch.__version__} lacks torch.ops.aten.{missing[0]}, the CPU int4 kernel cpu_int4 runs on; "
+            f"install a CPU build of torch >= 2.5 or load the model without quantization"
+        )
+
+
+def pack_codes(codes: torch.Tensor) -> torch.Tensor:
+    """int32-convertible codes ``[rows, K]`` (rows a multiple of 16) -> the kernel's packed ``uint8 [rows, K / 2]``."""
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
+
+
+class Int4Kernel(WeightKernel):
+    """``x @ W.T`` for a weight ``[out_features, in_features]`` held as packed int4."""
+
+    name = "cpu-int4"
+
+    def __init__(self, out_features: int, in_features: int, group_size: int, dtype: torch.dtype):
+        self.out_features = out_features
+        self.in_features = in_features
+        self.group_size = group_size
+        self.rows_padded = padded(out_features, ROW_MULTIPLE)
+        self.cols_padded = padded(in_features, group_size)
+        # Padding rows stay zero (codes 0 with scale 0 and zero 0: weight 0) and are sliced off.
+        self.packed = torch.zeros(self.rows_padded, self.cols_padded // 2, dtype=torch.uint8)
+        self.scales_zeros = torch.zeros(self.cols_padded // group_size, self.rows_padded, 2, dtype=dtype)
+        # Only in the measuring-only keep_dense_copy alternative: the row-major weight kept beside.
+        self.dense_copy: torch.Tensor | None = None
+
+    def write_rows(self, start: int, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> None:
+        """Pack rows ``start .. start + len(codes)``; ``start`` must be a multiple of 64.
+
+        ``codes`` uint8/int32 ``[rows, Kp]``, ``scales`` and ``zeros`` ``[rows, Kp / group_size]``.
+        """
+        assert start % TILE_ROWS == 0, "blocks must start on a row tile"
+        n = codes.shape[0]
+        end = min(start + n, self.out_features)
+        stop = self.rows_padded if end == self.out_features else end
+        if stop - start != n:  # the last block: pad to the kernel's row multiple with zero rows
+            codes = F.pad(codes, (0, 0, 0, stop - start - n))
+        self.packed[start:stop] = pack_codes(codes)
+        self.scales_zeros[:, start:end, 0] = scales[: end - start].T.to(self.scales_zeros.dtype)
+        self.scales_zeros[:, start:end, 1] = zeros[: end - start].T.to(self.scales_zeros.dtype)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != self.scales_zeros.dtype:
+            raise TypeError(f"int4 linear holds {self.scales_zeros.dtype} scales; got {x.dtype} activations")
+        lead = x.shape[:-1]
+        x = x.reshape(-1, self.in_features)
+        if self.cols_padded != self.in_features:
+            x = F.pad(x, (0, self.cols_padded - self.in_features))
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), self.packed, self.group_size, self.scales_zeros)
+        if self.rows_padded != self.out_features:
+            y = y[:, : self.out_features].contiguous()
+        return y.view(*lead, self.out_features)
+
+    @property
+    def nbytes(self) -> int:
+        n = self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
+        if self.dense_copy is not None:
+            n += self.dense_copy.numel() * self.dense_copy.element_size()
+        return n
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Dequantized weight rows ``[len(ids), in_features]`` in the activation dtype (an embedding lookup)."""
+        ids = ids.reshape(-1).long()
+        tile, r = ids // TILE_ROWS, ids % TILE_ROWS
+        tail = self.rows_padded % TILE_ROWS  # rows of the last tile when it is partial
+        in_full = tile < self.rows_padded // TILE_ROWS
+        tile_rows = torch.where(in_full, TILE_ROWS, tail)
+        pos = _tile_positions(TILE_ROWS)[r]
+        if tail:
+            pos = torch.where(in_full, pos, _tile_positions(tail)[r.clamp_max(tail - 1)])
+        half_k = self.cols_padded // 2
+        # Within a tile of t rows the bytes are k-major: column k's t nibbles fill t / 2 bytes.
+        base = tile * TILE_ROWS * half_k + pos // 2
+        k = torch.arange(self.cols_padded)
+        byte = self.packed.view(-1)[base[:, None] + k[None, :] * (tile_rows[:, None] // 2)]
+        codes = (byte >> (4 * (pos % 2))[:, None]) & 15
+        sz = self.scales_zeros[:, ids].float()  # [groups, T, 2]
+        scale = sz[..., 0].T.repeat_interleave(self.group_size, dim=1)
+        zero = sz[..., 1].T.repeat_interleave(self.group_size, dim=1)
+        w = (codes.float() - 8) * scale + zero
+        return w[:, : self.in_features].to(self.scales_zeros.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _tile_positions(tile_rows: int) -> torch.Tensor:
+    """For a tile of ``tile_rows`` rows: each row's nibble position (2 * byte + high) within one column.
+
+    Learned by packing probes whose code in row r is bit b of r, then checked
+    against a random matrix packed whole.
+    """
+    rows = torch.arange(tile_rows)
+    owner = torch.zeros(tile_rows, dtype=torch.long)  # nibble position -> row
+    for bit in range(max(1, (tile_rows - 1).bit_length())):
+        probe = ((rows >> bit) & 1)[:, None].expand(tile_rows, 2)
+        column0 = pack_codes(probe).view(-1)[: tile_rows // 2].long()
+        nibbles = torch.stack((column0 & 15, column0 >> 4), dim=-1).view(-1)
+        owner |= nibbles << bit
+    if not torch.equal(owner.sort().values, rows):
+        raise RuntimeError(_LAYOUT_ERROR)
+    position = torch.empty_like(owner)
+    position[owner] = rows
+    _check_layout(tile_rows, position)
+    return position
+
+
+def _check_layout(tile_rows: int, position: torch.Tensor) -> None:
+    gen = torch.Generator().manual_seed(tile_rows)
+    cols = 64
+    codes = torch.randint(0, 16, (tile_rows, cols), generator=gen, dtype=torch.int32)
+    packed = pack_codes(codes).view(-1).long()
+    k = torch.arange(cols)
+    byte = packed[(position // 2)[:, None] + k[None, :] * (tile_rows // 2)]
+    if not torch.equal((byte >> (4 * (position % 2))[:, None]) & 15, codes.long()):
+        raise RuntimeError(_LAYOUT_ERROR)
+
+
+_LAYOUT_ERROR = (
+    "this PyTorch build packs int4 weights in a layout edge-infer cannot read rows from, so a tied output "
+    "head cannot be quantized and still serve as the embedding; load without --quantize-head"
+)

@@ -1,0 +1,107 @@
+"""The int4 kernel and the quantizer, on bare matrices (fast)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edge_infer.models.weights import WeightSpec
+from edge_infer.engine.config import QuantConfig
+from edge_infer.quant.kernel import Int4Kernel
+from edge_infer.quant.quantize import dequantize_rows, pack_nibbles, quantize_rows, unpack_nibbles
+from edge_infer.quant.sizes import GROUP_SIZES, int4_nbytes, linear_nbytes
+
+
+def packed_kernel(weight: torch.Tensor, group_size: int, symmetric: bool, dtype: torch.dtype, block_rows: int = 128):
+    q = quantize_rows(weight, group_size, symmetric)
+    kernel = Int4Kernel(weight.shape[0], weight.shape[1], group_size, dtype)
+    for start in range(0, weight.shape[0], block_rows):
+        sl = slice(start, start + block_rows)
+        kernel.write_rows(start, q.codes[sl], q.scales[sl], q.zeros[sl])
+    return kernel, q
+
+
+@pytest.mark.parametrize("group_size", GROUP_SIZES)
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_int4_matmul_equals_dequantized_reference(group_size, symmetric, dtype):
+    torch.manual_seed(group_size)
+    weight = torch.randn(208, 2 * group_size) * 0.05
+    kernel, q = packed_kernel(weight, group_size, symmetric, dtype)
+    reference_w = dequantize_rows(q, group_size)
+    x = torch.randn(7, weight.shape[1]).to(dtype)
+    out = kernel(x).float()
+    ref = x.float() @ reference_w.T
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    assert (out - ref).abs().max() <= tolerance * ref.abs().max()
+
+
+@pytest.mark.parametrize("shape", [(40, 80), (200, 100), (17, 33)])
+def test_shapes_the_kernel_cannot_take_are_padded(shape):
+    """Output rows not a multiple of 16 and input columns not a multiple of the group still compute exactly."""
+    torch.manual_seed(1)
+    weight = torch.randn(*shape)
+    kernel, q = packed_kernel(weight, 32, False, torch.float32)
+    x = torch.randn(3, shape[1])
+    assert kernel(x).shape == (3, shape[0])
+    ref = x @ dequantize_rows(q, 32, shape[1]).T
+    assert torch.allclose(kernel(x), ref, atol=1e-4, rtol=1e-4)
+    assert kernel.nbytes == int4_nbytes(*shape, 32, 4)
+
+
+def test_quantization_error_is_bounded_by_half_a_step():
+    torch.manual_seed(2)
+    weight = torch.randn(64, 256)
+    for symmetric in (True, False):
+        q = quantize_rows(weight, 64, symmetric)
+        err = (dequantize_rows(q, 64) - weight).abs().view(64, 4, 64).amax(-1)
+        step = q.scales.float()
+        # Half a step of rounding, plus the bf16 rounding of the zero point (relative 2^-8).
+        slack = q.zeros.float().abs() * 2**-8 + 1e-6
+        assert bool((err <= step / 2 + slack + 1e-3 * step).all())
+        if symmetric:
+            assert not q.zeros.any()
+        assert int(q.codes.max()) <= 15
+
+
+def test_blocked_packing_is_identical_to_whole_packing():
+    torch.manual_seed(3)
+    weight = torch.randn(336, 128)  # 5 full 64-row tiles and a 16-row tail
+    blocked, _ = packed_kernel(weight, 64, True, torch.bfloat16, block_rows=64)
+    whole, _ = packed_kernel(weight, 64, True, torch.bfloat16, block_rows=336)
+    assert torch.equal(blocked.packed, whole.packed)
+    assert torch.equal(blocked.scales_zeros, whole.scales_zeros)
+
+
+@pytest.mark.parametrize("rows", [4096, 4112, 4144])  # full tiles only; a 16-row and a 48-row tail tile
+def test_rows_reads_embedding_rows_from_the_packed_form(rows):
+    torch.manual_seed(rows)
+    weight = torch.randn(rows, 96)
+    kernel, q = packed_kernel(weight, 32, False, torch.bfloat16, block_rows=1024)
+    ids = torch.tensor([0, 1, 31, 32, 63, 64, 100, rows - 17, rows - 1, 5, 5])
+    expected = dequantize_rows(q, 32)[ids].to(torch.bfloat16)
+    assert torch.equal(kernel.rows(ids), expected)
+
+
+def test_nibble_format_round_trips():
+    codes = torch.randint(0, 16, (5, 64), dtype=torch.uint8)
+    packed = pack_nibbles(codes)
+    assert packed.shape == (5, 32)
+    assert torch.equal(unpack_nibbles(packed), codes)
+    assert int(packed[0, 0]) == int(codes[0, 0]) | int(codes[0, 1]) << 4  # even column in the low nibble
+
+
+def test_kernel_bytes_equal_planned_bytes_and_real_storage():
+    spec = WeightSpec("layers.0.gate_up", (300, 200), ("a",), True)
+    for dtype, nbytes in ((torch.bfloat16, 2), (torch.float32, 4)):
+        kernel = Int4Kernel(300, 200, 64, dtype)
+        storage = kernel.packed.untyped_storage().nbytes() + kernel.scales_zeros.untyped_storage().nbytes()
+        assert kernel.nbytes == storage == linear_nbytes(spec, QuantConfig(group_size=64), nbytes)
+
+
+@pytest.mark.parametrize("cols", [64, 80])
+def test_quantizing_leaves_the_callers_weights_untouched(cols):
+    weight = torch.randn(16, cols)
+    before = weight.clone()
+    for symmetric in (True, False):
+        quantize_rows(weight, 32, symmetric)
+    assert torch.equal(weight, before)

@@ -1,0 +1,89 @@
+"""Bad input to quantizing and to quantized loading: clear errors, before any work."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from edge_infer.cli import main
+from edge_infer.engine.config import QuantConfig
+from edge_infer.errors import CheckpointError, InvalidRequestError
+from edge_infer.memory.plan import plan_text_session
+from edge_infer.quant.export import quantize_checkpoint
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory, hf_checkpoints):
+    return quantize_checkpoint(hf_checkpoints["qwen2"], tmp_path_factory.mktemp("q") / "g32", QuantConfig(group_size=32)).out_dir
+
+
+def test_quantizing_a_quantized_checkpoint_is_refused(tmp_path, quantized, capsys):
+    assert main(["quantize", str(quantized), str(tmp_path / "again")]) == 2
+    err = capsys.readouterr().err
+    assert "already quantized" in err and "original" in err
+    assert not (tmp_path / "again").exists()
+
+
+def test_unsupported_family_is_refused_before_writing(tmp_path, tied_model, capsys):
+    src = tmp_path / "gpt2"
+    shutil.copytree(tied_model, src)
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
+    assert main(["quantize", str(src), str(tmp_path / "out")]) == 2
+    assert "unsupported architecture" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("group_size", [16, 48, 100])
+def test_group_size_the_kernel_rejects_is_refused(tmp_path, tied_model, capsys, group_size):
+    assert main(["quantize", str(tied_model), str(tmp_path / "out"), "--group-size", str(group_size)]) == 2
+    assert "32, 64, 128, 256" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(InvalidRequestError, match="group size"):
+        plan_text_session(tied_model, quantization=QuantConfig(group_size=group_size))
+
+
+@pytest.mark.parametrize("group", ["row", "tensor"])
+def test_groups_the_kernel_cannot_run_need_simulate(tmp_path, tied_model, capsys, group):
+    assert main(["quantize", str(tied_model), str(tmp_path / "out"), "--group-size", group]) == 2
+    assert "--simulate" in capsys.readouterr().err
+    assert main(["quantize", str(tied_model), str(tmp_path / "sim"), "--group-size", group, "--simulate"]) == 0
+    assert "quantization_config" not in json.loads((tmp_path / "sim" / "config.json").read_text())
+
+
+def test_non_empty_destination_is_refused(tmp_path, tied_model):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("mine")
+    with pytest.raises(InvalidRequestError, match="not an empty directory"):
+        quantize_checkpoint(tied_model, tmp_path / "out", QuantConfig())
+    assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
+
+
+def test_requests_conflicting_with_a_quantized_checkpoint_are_refused(quantized):
+    with pytest.raises(InvalidRequestError, match="group size 32"):
+        plan_text_session(quantized, quantization=QuantConfig(group_size=128))
+    with pytest.raises(InvalidRequestError, match="cannot load unquantized"):
+        plan_text_session(quantized, quantization="none")
+    assert plan_text_session(quantized, quantization="cpu_int4").settings["quantization"] == "cpu_int4 g32 sym"
+
+
+def test_unknown_quantization_format_in_config_is_refused(tmp_path, tied_model):
+    src = tmp_path / "gptq"
+    shutil.copytree(tied_model, src)
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "gptq", "bits": 4}}))
+    with pytest.raises(CheckpointError, match="gptq"):
+        plan_text_session(src)
+
+
+def test_quantized_checkpoint_missing_its_scales_fails_with_the_tensor_named(tmp_path, quantized, make_core):
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "broken"
+    shutil.copytree(quantized, broken)
+    tensors = load_file(str(broken / "model.safetensors"))
+    del tensors["model.layers.0.mlp.down_proj.weight_scale"]
+    save_file(tensors, str(broken / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="down_proj.weight_scale"):
+        make_core(broken)

@@ -1,0 +1,145 @@
+"""Quantize -> write -> load: round trip, one packed copy, auto-detection, on-load == exported."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from edge_infer.engine.config import QuantConfig
+from edge_infer.models.linear import DenseKernel
+from edge_infer.quant.export import quantize_checkpoint
+from edge_infer.quant.install import SCALE_SUFFIX, ZERO_SUFFIX
+from edge_infer.quant.kernel import Int4Kernel
+from edge_infer.quant.quantize import QuantizedRows, dequantize_rows, unpack_nibbles
+from edge_infer.quant.sizes import GROUP_SIZES
+
+PROMPT = [5, 17, 99, 3, 250, 41, 7, 300, 2]
+
+
+def stored_weight(model_dir, name: str, group_size: int, symmetric: bool, cols: int) -> torch.Tensor:
+    """The weight a quantized checkpoint's codes stand for, decoded straight from the file."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(model_dir / "model.safetensors"))
+    scales = tensors[name + SCALE_SUFFIX]
+    zeros = torch.zeros_like(scales) if symmetric else tensors[name + ZERO_SUFFIX]
+    return dequantize_rows(QuantizedRows(unpack_nibbles(tensors[name]), scales, zeros), group_size, cols)
+
+
+@pytest.mark.parametrize("group_size", GROUP_SIZES)
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+def test_loaded_int4_linear_equals_dequantized_checkpoint_matmul(tmp_path, untied_model, make_core, group_size, symmetric):
+    quant = QuantConfig(group_size=group_size, symmetric=symmetric)
+    out = quantize_checkpoint(untied_model, tmp_path / "q", quant).out_dir
+    core = make_core(out, dtype="float32")
+    layer = core.model.layers[1]
+    assert isinstance(layer.down.kernel, Int4Kernel)
+    cfg = core.model.cfg
+    w = stored_weight(out, "model.layers.1.mlp.down_proj.weight", group_size, symmetric, cfg.intermediate_size)
+    x = torch.randn(5, cfg.intermediate_size)
+    assert torch.allclose(layer.down(x), x @ w.T, atol=1e-4, rtol=1e-4)
+    # The fused q/k/v linear stacks three stored tensors.
+    qkv = torch.cat([
+        stored_weight(out, f"model.layers.1.self_attn.{p}_proj.weight", group_size, symmetric, cfg.hidden_size) for p in "qkv"
+    ])
+    x = torch.randn(3, cfg.hidden_size)
+    assert torch.allclose(layer.qkv.kernel(x), x @ qkv.T, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "quant",
+    [QuantConfig(group_size=32), QuantConfig(group_size=64, symmetric=False, quantize_head=True)],
+    ids=["g32-sym", "g64-asym-head"],
+)
+@pytest.mark.parametrize("family", ["tied", "untied"])
+def test_exported_checkpoint_loads_to_the_same_model_as_quantizing_on_load(
+    tmp_path, tied_model, untied_model, make_core, greedy, quant, family
+):
+    src = tied_model if family == "tied" else untied_model
+    out = quantize_checkpoint(src, tmp_path / "q", quant).out_dir
+    on_load = make_core(src, quant)
+    exported = make_core(out)  # no quantization argument: read from config.json
+    assert exported.plan.engine_config.quant == quant
+    assert exported.ready_info.weight_kernels == on_load.ready_info.weight_kernels
+    assert torch.equal(exported.score(PROMPT), on_load.score(PROMPT))
+    tokens = greedy(exported, PROMPT)
+    assert tokens == greedy(on_load, PROMPT)
+    assert tokens != greedy(make_core(src), PROMPT), "int4 should change this wide-init model's output"
+
+
+@pytest.mark.parametrize("quant", [QuantConfig(group_size=32), QuantConfig(group_size=128, symmetric=False, quantize_head=True)])
+@pytest.mark.parametrize("family", ["tied", "untied"])
+def test_resident_weight_bytes_equal_the_plan_and_no_dense_copy_survives(tied_model, untied_model, make_core, quant, family):
+    core = make_core(tied_model if family == "tied" else untied_model, quant)
+    model = core.model
+    assert core.ready_info.weight_bytes == core.plan.item("weights")
+    # Count real storage, not what the kernels say about themselves.
+    tensors = [model.final_norm] + ([model.embed] if model.embed is not None else [])
+    for layer in model.layers:
+        tensors += [t for t in (layer.input_norm, layer.post_attention_norm, layer.q_norm, layer.k_norm) if t is not None]
+    opaque = 0  # oneDNN's blocked bf16 weight (an unquantized untied head) has no plain storage to inspect
+    for _, lin in model.linears():
+        tensors += [lin.bias] if lin.bias is not None else []
+        kernel = lin.kernel
+        if isinstance(kernel, Int4Kernel):
+            assert kernel.dense_copy is None
+            tensors += [kernel.packed, kernel.scales_zeros]
+        elif isinstance(kernel, DenseKernel):
+            tensors.append(kernel.weight)
+        else:
+            opaque += kernel.nbytes
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    assert sum(storages.values()) + opaque == core.plan.item("weights")
+    layer_kernels = {type(lin.kernel) for name, lin in model.linears() if name.startswith("layers.")}
+    assert layer_kernels == {Int4Kernel}
+    if quant.quantize_head:
+        assert isinstance(model.lm_head.kernel, Int4Kernel)
+        if family == "tied":
+            assert model.embed is None, "a quantized tied head must be the only copy of the embedding table"
+
+
+def test_quantized_tied_head_serves_embedding_rows(tied_model, make_core):
+    core = make_core(tied_model, QuantConfig(group_size=32, symmetric=False, quantize_head=True), dtype="float32")
+    kernel = core.model.lm_head.kernel
+    ids = torch.tensor([0, 7, 300, core.model.cfg.vocab_size - 1])
+    # Row i of the head, read through the matmul with one-hot inputs, is the embedding of token i.
+    eye = torch.eye(core.model.cfg.hidden_size)
+    head_rows = kernel(eye).T[ids]
+    assert torch.allclose(core.model.embed_tokens(ids), head_rows, atol=1e-5)
+
+
+def test_quantized_checkpoint_is_auto_detected_by_the_plan(tmp_path, tied_model):
+    from edge_infer.memory.plan import plan_text_session
+
+    out = quantize_checkpoint(tied_model, tmp_path / "q", QuantConfig(group_size=64, symmetric=False)).out_dir
+    raw = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert raw["quant_method"] == "cpu_int4" and raw["group_size"] == 64 and raw["symmetric"] is False
+    plan = plan_text_session(out, dtype="bfloat16", max_model_len=128)
+    assert plan.settings["quantization"] == "cpu_int4 g64 asym"
+    assert plan.item("weights") == plan_text_session(tied_model, quantization=QuantConfig(group_size=64, symmetric=False),
+                                                     dtype="bfloat16", max_model_len=128).item("weights")
+    assert plan.item("weights") < plan_text_session(tied_model, dtype="bfloat16", max_model_len=128).item("weights")
+
+
+def test_planning_a_quantized_checkpoint_does_not_import_torch(tmp_path, tied_model):
+    import subprocess
+    import sys
+
+    out = quantize_checkpoint(tied_model, tmp_path / "q", QuantConfig(group_size=32, quantize_head=True)).out_dir
+    code = (
+        "import sys; from edge_infer.memory.plan import plan_text_session; "
+        f"p = plan_text_session({str(out)!r}); assert 'torch' not in sys.modules, 'torch imported'; "
+        "print(p.settings['quantization'])"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "cpu_int4 g32 sym +head"
+
+
+def test_sharded_output_loads_like_a_single_file(tmp_path, untied_model, make_core):
+    quant = QuantConfig(group_size=32, symmetric=False)
+    single = quantize_checkpoint(untied_model, tmp_path / "one", quant).out_dir
+    sharded = quantize_checkpoint(untied_model, tmp_path / "many", quant, shard_bytes=64 << 10).out_dir
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    assert torch.equal(make_core(sharded).score(PROMPT), make_core(single).score(PROMPT))
