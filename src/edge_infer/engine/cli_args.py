@@ -17,7 +17,7 @@ def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True
     g.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step (prefill chunk size)")
     g.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="exact KV cache budget in bytes")
     g.add_argument("--quantization", default=None, choices=["cpu_int4", "none"], help="weight quantization")
-    g.add_argument("--group-size", type=int, default=None, help="cpu_int4 group size (32, 64 or 128)")
+    g.add_argument("--group-size", type=int, default=None, help="cpu_int4 group size (32, 64, 128 or 256)")
     g.add_argument("--asym", action="store_true", help="cpu_int4 with zero points (asymmetric)")
     g.add_argument("--quantize-head", action="store_true", help="cpu_int4: quantize the output head too")
     g.add_argument("--num-threads", type=int, default=None, help="compute threads (default: the CPUs this process may use)")
