@@ -1,4 +1,4 @@
-"""The FastAPI application: routes, API-key check, request counting, life cycle.
+"""The text server's FastAPI application: models, completions, chat, health, metrics.
 
 Serving a request: readiness (503), model name and parameters (400),
 admission (429), then the engine requests start (a prompt that does not fit
@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
-from contextlib import asynccontextmanager, suppress
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
-from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from edge_infer.server import serving_chat, serving_completions
-from edge_infer.server.errors import APIError, install_handlers
+from edge_infer.server.errors import APIError
 from edge_infer.server.generation import Generation
-from edge_infer.server.metrics import ServerMetrics
+from edge_infer.server.http import CLIENT_CLOSED, EventStream, base_app, wait_disconnected
 from edge_infer.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -33,12 +30,10 @@ from edge_infer.server.protocol import (
     SamplingFields,
 )
 from edge_infer.server.state import ServerState
-from edge_infer.server.streaming import HEADERS, MEDIA_TYPE
+from edge_infer.server.streaming import MEDIA_TYPE
 
 log = logging.getLogger(__name__)
 
-# The status nginx logs for a client that closed the connection first; nobody reads the body.
-CLIENT_CLOSED = 499
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": text}
     for code, text in {
@@ -51,88 +46,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 STREAM_RESPONSE = {"content": {MEDIA_TYPE: {"schema": {"type": "string"}}}, "description": "with stream=true: server-sent events"}
 
 
-class RequestCounter:
-    """ASGI middleware counting responses by path and status (it never touches the body)."""
-
-    def __init__(self, app: Any, metrics: ServerMetrics):
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = [CLIENT_CLOSED]
-
-        async def send_and_note(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_and_note)
-        finally:
-            self.metrics.count_request(scope["path"], status[0])
-
-
-class EventStream(StreamingResponse):
-    """A streamed response (SSE unless told otherwise) that ends its generation however the response ends.
-
-    A client can leave before the body is iterated at all; the body's own
-    ``finally`` would then never run, and its engine requests would hold
-    their admission and KV blocks.
-    """
-
-    def __init__(self, content: AsyncIterator[str | bytes], on_close: Callable[[], None], media_type: str = MEDIA_TYPE):
-        super().__init__(content, media_type=media_type, headers=HEADERS)
-        self.on_close = on_close
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.on_close()
-
-
-def api_key_check(api_key: str | None) -> Callable[..., None]:
-    bearer = HTTPBearer(auto_error=False, description="the server's --api-key, when it has one")
-
-    def check(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
-        if api_key is None:
-            return
-        if credentials is None:
-            raise APIError(401, "this server needs an API key: send 'Authorization: Bearer KEY'", code="missing_api_key")
-        if not secrets.compare_digest(credentials.credentials.encode(), api_key.encode()):
-            raise APIError(401, "the API key is wrong", code="invalid_api_key")
-
-    return check
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
 def build_app(state: ServerState, loader: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
     """The app; ``loader`` loads the engine in the background (default: ``state.load``)."""
-
-    @asynccontextmanager
-    async def lifespan(_: FastAPI):
-        loading = asyncio.create_task((loader or state.load)())
-        try:
-            yield
-        finally:
-            # A worker still loading is closed once it is up: stopping it mid-load would orphan it.
-            with suppress(Exception):
-                await loading
-            await state.close()
-
-    from edge_infer import __version__
-
-    app = FastAPI(title="edge-infer", version=__version__, lifespan=lifespan)
-    install_handlers(app)
-    app.add_middleware(RequestCounter, metrics=state.metrics)
-    auth = [Depends(api_key_check(state.settings.api_key))]
+    app, auth = base_app("edge-infer", state, loader)
     unknown_fields: set[str] = set()
 
     def admit_and_start(body: SamplingFields, job: Any) -> tuple[Generation, Any]:
@@ -157,7 +73,7 @@ def build_app(state: ServerState, loader: Callable[[], Awaitable[None]] | None =
 
             return EventStream(module.stream(state, job, gen), close)
         work = asyncio.ensure_future(module.complete(state, job, gen))
-        watch = asyncio.ensure_future(_disconnected(request))
+        watch = asyncio.ensure_future(wait_disconnected(request))
         try:
             done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
             if work not in done:

@@ -48,7 +48,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from edge_infer.engine.frontend import Frontend
     from edge_infer.errors import EdgeInferError, PlanRefusedError
-    from edge_infer.server.state import ServeSettings, ServerState
+    from edge_infer.server.lifecycle import ServeSettings
+    from edge_infer.server.state import ServerState
     from edge_infer.server.tool_parsers import detect_parser
 
     if args.max_queue < 0 or args.shutdown_grace_s < 0:

@@ -87,7 +87,7 @@ class SpeechRun:
             self.state.metrics.observe(self.timing, outcome, self.stages, self.frames)
         self.state.live.discard(self)
 
-    def cancel(self) -> None:
+    def cancel(self, reason: str) -> None:
         """Abort in every stage (server shutdown); the stream then ends with the aborted event."""
         asyncio.ensure_future(self.state.omni.abort(self.request_id))
 

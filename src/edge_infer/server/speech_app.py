@@ -7,15 +7,14 @@ request counting, the stream that cleans up however it ends) and serves a
 from __future__ import annotations
 
 import asyncio
-from contextlib import asynccontextmanager, suppress
 from typing import Any, Awaitable, Callable
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from edge_infer.server.app import CLIENT_CLOSED, EventStream, RequestCounter, _disconnected, api_key_check
-from edge_infer.server.errors import APIError, install_handlers
+from edge_infer.server.errors import APIError
+from edge_infer.server.http import CLIENT_CLOSED, EventStream, base_app, wait_disconnected
 from edge_infer.server.protocol import ErrorResponse, ModelCard, ModelList
 from edge_infer.server.serving_speech import SpeechRun, audio_body, sse_body, whole_audio
 from edge_infer.server.speech_protocol import SpeechRequest, VoiceList
@@ -42,7 +41,7 @@ class _ClientGone(Exception):
 
 async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
     task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(_disconnected(request))
+    watch = asyncio.ensure_future(wait_disconnected(request))
     try:
         done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
         if task not in done:
@@ -55,23 +54,7 @@ async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
 
 def build_speech_app(state: SpeechServerState, loader: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
     """The app; ``loader`` starts the pipeline in the background (default: ``state.load``)."""
-
-    @asynccontextmanager
-    async def lifespan(_: FastAPI):
-        loading = asyncio.create_task((loader or state.load)())
-        try:
-            yield
-        finally:
-            with suppress(Exception):
-                await loading
-            await state.close()
-
-    from edge_infer import __version__
-
-    app = FastAPI(title="edge-infer (speech)", version=__version__, lifespan=lifespan)
-    install_handlers(app)
-    app.add_middleware(RequestCounter, metrics=state.metrics)
-    auth = [Depends(api_key_check(state.settings.api_key))]
+    app, auth = base_app("edge-infer (speech)", state, loader)
 
     @app.get("/health", responses={503: {"description": "loading, shutting down, or a pipeline stage is down"}})
     async def health() -> JSONResponse:

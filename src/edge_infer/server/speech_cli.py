@@ -34,7 +34,7 @@ def serve_speech(args: argparse.Namespace, serve: Any) -> int:
     from edge_infer.server.speech_app import build_speech_app
     from edge_infer.server.speech_state import SpeechServerState
     from edge_infer.server.cli import API_KEY_ENV
-    from edge_infer.server.state import ServeSettings
+    from edge_infer.server.lifecycle import ServeSettings
     from edge_infer.tts.deploy import SpeechPipeline
 
     if args.group_size or args.asym or args.quantize_head:

@@ -2,15 +2,13 @@
 
 Requests are checked here before they reach the pipeline (voice, language,
 format, speed, input length in characters and in Talker positions), so a
-request the pipeline would refuse is a 400 naming the field. Phases as in
-the text server: ``loading`` (503), ``ready``, ``failed``, ``draining``.
+request the pipeline would refuse is a 400 naming the field. Phases,
+admission and draining are the shared ``lifecycle.ServingState``.
 """
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from edge_infer.models.qwen3_tts.config import load_config
 from edge_infer.models.qwen3_tts.prompt import VoiceRequest, prompt_length, resolve_language
@@ -19,18 +17,14 @@ from edge_infer.runtime.omni import AsyncOmni
 from edge_infer.server.errors import APIError
 from edge_infer.server.speech_metrics import SpeechMetrics
 from edge_infer.server.speech_protocol import SpeechRequest, VoiceCard, VoiceList
-from edge_infer.server.state import RETRY_AFTER_S, Admission, ServeSettings
+from edge_infer.server.lifecycle import ServeSettings, ServingState
 from edge_infer.tts.audio import FORMATS, STREAMABLE
 from edge_infer.tts.deploy import SpeechPipeline
 from edge_infer.tts.params import SpeechParams
 from edge_infer.tts.planning import DEFAULT_MAX_MODEL_LEN
 
-if TYPE_CHECKING:
-    from edge_infer.server.serving_speech import SpeechRun
-
 # OpenAI's limit for /v1/audio/speech.
 DEFAULT_MAX_INPUT_CHARS = 4096
-_POLL_S = 0.05
 _SAMPLING_FIELDS = ("seed", "temperature", "top_k", "top_p", "repetition_penalty", "max_tokens")
 
 
@@ -43,28 +37,20 @@ class SpeechJob:
     input_tokens: int
 
 
-class SpeechServerState:
+class SpeechServerState(ServingState):
+    unit = "requests"
+
     def __init__(self, pipeline: SpeechPipeline, settings: ServeSettings, max_input_chars: int = DEFAULT_MAX_INPUT_CHARS):
-        self.pipeline = pipeline
-        self.settings = settings
-        self.max_input_chars = max_input_chars
-        self.omni = AsyncOmni(pipeline.config)  # plans the deploy: raises DeployRefused before anything starts
+        omni = AsyncOmni(pipeline.config)  # plans the deploy: raises DeployRefused before anything starts
         talker = pipeline.config.stage(pipeline.talker_stage)
+        names = {s.stage_id: s.name or f"stage{s.stage_id}" for s in pipeline.config.stages}
+        super().__init__(settings, SpeechMetrics(omni.plan, names), talker.engine.max_num_seqs)
+        self.pipeline = pipeline
+        self.omni = omni
+        self.max_input_chars = max_input_chars
         self.config = load_config(pipeline.model)
         self.tokenizer = TextTokenizer.from_dir(pipeline.model)
         self.max_model_len = talker.engine.max_model_len or DEFAULT_MAX_MODEL_LEN
-        self.max_num_seqs = talker.engine.max_num_seqs
-        names = {s.stage_id: s.name or f"stage{s.stage_id}" for s in pipeline.config.stages}
-        self.metrics = SpeechMetrics(self.omni.plan, names)
-        self.created = int(time.time())
-        self.phase = "loading"
-        self.load_error: str | None = None
-        self.in_flight = 0
-        self.live: set["SpeechRun"] = set()
-
-    @property
-    def capacity(self) -> int:
-        return self.max_num_seqs + self.settings.max_queue
 
     @property
     def voices(self) -> list[str]:
@@ -80,24 +66,11 @@ class SpeechServerState:
     def healthy(self) -> bool:
         return self.omni.health().healthy
 
-    # -- checks made before a request touches the pipeline ----------------------------
-
-    def check_ready(self) -> None:
-        if self.phase == "loading":
-            raise APIError(503, "the model is still loading; retry when GET /health answers 200", code="loading",
-                           headers={"Retry-After": str(RETRY_AFTER_S)})
-        if self.phase == "draining":
-            raise APIError(503, "the server is shutting down", code="shutting_down")
-        if self.phase == "failed":
-            raise APIError(503, f"the model failed to load: {self.load_error}", code="engine_dead")
+    def down_reason(self) -> str | None:
         down = [f"{s.label} is {s.state} ({s.detail})" for s in self.omni.health().stages if s.state != "running"]
-        if down:
-            raise APIError(503, f"a pipeline stage is down: {'; '.join(down)}; restart the server", code="engine_dead")
+        return f"a pipeline stage is down: {'; '.join(down)}" if down else None
 
-    def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.settings.served_model_name:
-            raise APIError(400, f"model {name!r} is not served here; this server serves {self.settings.served_model_name!r} "
-                           "(GET /v1/models)", param="model", code="model_not_found")
+    # -- checks made before a request touches the pipeline ----------------------------
 
     def prepare(self, body: SpeechRequest) -> SpeechJob:
         if body.speed != 1.0:
@@ -144,33 +117,10 @@ class SpeechServerState:
             raise APIError(400, str(exc)) from None
         return SpeechJob(text, params, fmt, body.stream_format, input_tokens=len(ids))
 
-    def admit(self) -> Admission:
-        if self.in_flight + 1 > self.capacity:
-            self.metrics.rejected.inc()
-            raise APIError(429, f"the admission queue is full ({self.in_flight} of {self.capacity} requests in flight); "
-                           f"retry after {RETRY_AFTER_S} s", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
-        return Admission(self, 1)  # type: ignore[arg-type] - counts on in_flight only
-
     # -- life cycle ------------------------------------------------------------------
 
-    async def load(self, progress: Callable[[int, int], None] | None = None) -> None:
-        try:
-            await self.omni.start()
-        except Exception as exc:
-            self.phase = "failed"
-            self.load_error = f"{type(exc).__name__}: {exc}"
-            raise
-        if self.phase == "loading":
-            self.phase = "ready"
-
-    async def drain(self) -> None:
-        grace = self.settings.shutdown_grace_s
-        self.phase = "draining"
-        deadline = time.monotonic() + grace
-        while self.live and time.monotonic() < deadline:
-            await asyncio.sleep(_POLL_S)
-        for run in list(self.live):
-            run.cancel()
+    async def _start(self, progress: Callable[[int, int], None] | None) -> None:
+        await self.omni.start()
 
     async def close(self) -> None:
         await self.omni.shutdown()

@@ -1,130 +1,27 @@
-"""What one running server knows: its engine, settings, phase, admissions and live requests.
-
-Phases: ``loading`` (HTTP is up, the weights are not: 503), ``ready``,
-``failed`` (the worker did not come up: 503, and the CLI exits), and
-``draining`` (SIGTERM: in-flight requests may finish within the grace
-period, new ones get 503, the rest are cancelled at its end).
-"""
+"""What a text server knows: its engine and frontend, on top of the shared serving state."""
 from __future__ import annotations
 
-import asyncio
-import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from edge_infer.engine.async_engine import AsyncEngine
 from edge_infer.engine.frontend import Frontend
 from edge_infer.models.config import ModelConfig
-from edge_infer.server.errors import APIError
+from edge_infer.server.lifecycle import ServeSettings, ServingState
 from edge_infer.server.metrics import ServerMetrics
 
-if TYPE_CHECKING:
-    from edge_infer.server.generation import Generation
 
-# Seconds a client is told to wait after a 429 (a hint: one short request's time on an edge box).
-RETRY_AFTER_S = 1
-_POLL_S = 0.05
-
-
-@dataclass(frozen=True)
-class ServeSettings:
-    served_model_name: str
-    api_key: str | None = None
-    max_queue: int = 32
-    shutdown_grace_s: float = 10.0
-    tool_call_parser: str = "hermes"
-
-
-class Admission:
-    """Sequences held by one request until its response ends; release is idempotent."""
-
-    def __init__(self, state: "ServerState", n: int):
-        self.state = state
-        self.n = n
-        state.in_flight += n
-
-    def release(self) -> None:
-        if self.n:
-            self.state.in_flight -= self.n
-            self.n = 0
-
-
-class ServerState:
+class ServerState(ServingState):
     def __init__(self, frontend: Frontend, settings: ServeSettings, worker: str = "process"):
+        super().__init__(settings, ServerMetrics(frontend.plan), frontend.engine_config.max_num_seqs)
         self.frontend = frontend
-        self.settings = settings
         self.engine = AsyncEngine(frontend, worker=worker)
-        self.metrics = ServerMetrics(frontend.plan)
         self.vocab_size = ModelConfig.from_dir(frontend.plan.model).vocab_size
-        self.created = int(time.time())
-        self.phase = "loading"
-        self.load_error: str | None = None
-        self.in_flight = 0
-        self.live: set["Generation"] = set()
 
-    @property
-    def capacity(self) -> int:
-        """Sequences admitted at once: those the engine decodes together plus the queue."""
-        return self.frontend.engine_config.max_num_seqs + self.settings.max_queue
+    async def _start(self, progress: Callable[[int, int], None] | None) -> None:
+        await self.engine.start(progress)
 
-    # -- checks made before a request touches the engine ---------------------------
-
-    def check_ready(self) -> None:
-        if self.phase == "loading":
-            raise APIError(503, "the model is still loading; retry when GET /health answers 200", code="loading",
-                           headers={"Retry-After": str(RETRY_AFTER_S)})
-        if self.phase == "draining":
-            raise APIError(503, "the server is shutting down", code="shutting_down")
-        if self.phase == "failed":
-            raise APIError(503, f"the model failed to load: {self.load_error}", code="engine_dead")
-        if not self.engine.healthy:
-            raise APIError(503, f"the engine worker is down ({self.engine.dead_reason}); restart the server", code="engine_dead")
-
-    def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.settings.served_model_name:
-            raise APIError(
-                400, f"model {name!r} is not served here; this server serves {self.settings.served_model_name!r} (GET /v1/models)",
-                param="model", code="model_not_found",
-            )
-
-    def admit(self, n: int) -> Admission:
-        if n > self.capacity:
-            raise APIError(
-                400, f"the request asks for {n} sequences (n x prompts) but this server admits at most {self.capacity} "
-                f"at once; lower n or send fewer prompts per request", param="n", code="too_many_sequences",
-            )
-        if self.in_flight + n > self.capacity:
-            self.metrics.rejected.inc()
-            raise APIError(
-                429,
-                f"the admission queue is full ({self.in_flight} of {self.capacity} sequences in flight: "
-                f"--max-num-seqs {self.frontend.engine_config.max_num_seqs} + --max-queue {self.settings.max_queue}); "
-                f"retry after {RETRY_AFTER_S} s",
-                code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)},
-            )
-        return Admission(self, n)
-
-    # -- life cycle ------------------------------------------------------------------
-
-    async def load(self, progress: Callable[[int, int], None] | None = None) -> None:
-        try:
-            await self.engine.start(progress)
-        except Exception as exc:
-            self.phase = "failed"
-            self.load_error = f"{type(exc).__name__}: {exc}"
-            raise
-        if self.phase == "loading":
-            self.phase = "ready"
-
-    async def drain(self) -> None:
-        """Let in-flight requests finish within the grace period, then cancel the rest."""
-        grace = self.settings.shutdown_grace_s
-        self.phase = "draining"
-        deadline = time.monotonic() + grace
-        while self.live and time.monotonic() < deadline:
-            await asyncio.sleep(_POLL_S)
-        for gen in list(self.live):
-            gen.cancel(f"the server is shutting down and the request did not finish within the {grace:g} s grace period")
+    def down_reason(self) -> str | None:
+        return None if self.engine.healthy else f"the engine worker is down ({self.engine.dead_reason})"
 
     async def close(self) -> None:
         await self.engine.close()

@@ -1,0 +1,142 @@
+"""What every edge-infer server shares: phases, admission, draining, the app skeleton.
+
+Phases: ``loading`` (HTTP is up, the model is not: 503), ``ready``,
+``failed`` (the model did not come up: 503, and the CLI exits), and
+``draining`` (SIGTERM: in-flight requests may finish within the grace
+period, new ones get 503, the rest are cancelled at its end).
+
+The text server (``state.ServerState``) and the speech server
+(``speech_state.SpeechServerState``) subclass ``ServingState``; both apps are
+built on ``http.base_app``.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from edge_infer.server.errors import APIError
+
+# Seconds a client is told to wait after a 429 (a hint: one short request's time on an edge box).
+RETRY_AFTER_S = 1
+_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    served_model_name: str
+    api_key: str | None = None
+    max_queue: int = 32
+    shutdown_grace_s: float = 10.0
+    tool_call_parser: str = "hermes"
+
+
+class LiveRequest(Protocol):
+    def cancel(self, reason: str) -> None: ...
+
+
+class Admission:
+    """Sequences held by one request until its response ends; release is idempotent."""
+
+    def __init__(self, state: "ServingState", n: int):
+        self.state = state
+        self.n = n
+        state.in_flight += n
+
+    def release(self) -> None:
+        if self.n:
+            self.state.in_flight -= self.n
+            self.n = 0
+
+
+class ServingState:
+    """Phase, admission and live requests of one server; subclasses own the model."""
+
+    unit = "sequences"  # what admission counts, in messages
+
+    def __init__(self, settings: ServeSettings, metrics: Any, max_num_seqs: int):
+        self.settings = settings
+        self.metrics = metrics
+        self.max_num_seqs = max_num_seqs
+        self.created = int(time.time())
+        self.phase = "loading"
+        self.load_error: str | None = None
+        self.in_flight = 0
+        self.live: set[LiveRequest] = set()
+
+    @property
+    def capacity(self) -> int:
+        """Admitted at once: what the model runs together plus the queue."""
+        return self.max_num_seqs + self.settings.max_queue
+
+    # -- what subclasses provide ---------------------------------------------------
+
+    async def _start(self, progress: Callable[[int, int], None] | None) -> None:
+        raise NotImplementedError
+
+    def down_reason(self) -> str | None:
+        """Why the model cannot serve right now (a dead worker or stage), or None."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    # -- checks made before a request touches the model ---------------------------
+
+    def check_ready(self) -> None:
+        if self.phase == "loading":
+            raise APIError(503, "the model is still loading; retry when GET /health answers 200", code="loading",
+                           headers={"Retry-After": str(RETRY_AFTER_S)})
+        if self.phase == "draining":
+            raise APIError(503, "the server is shutting down", code="shutting_down")
+        if self.phase == "failed":
+            raise APIError(503, f"the model failed to load: {self.load_error}", code="engine_dead")
+        down = self.down_reason()
+        if down is not None:
+            raise APIError(503, f"{down}; restart the server", code="engine_dead")
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.settings.served_model_name:
+            raise APIError(
+                400, f"model {name!r} is not served here; this server serves {self.settings.served_model_name!r} (GET /v1/models)",
+                param="model", code="model_not_found",
+            )
+
+    def admit(self, n: int = 1) -> Admission:
+        if n > self.capacity:
+            raise APIError(
+                400, f"the request asks for {n} {self.unit} (n x prompts) but this server admits at most {self.capacity} "
+                f"at once; lower n or send fewer prompts per request", param="n", code="too_many_sequences",
+            )
+        if self.in_flight + n > self.capacity:
+            self.metrics.rejected.inc()
+            raise APIError(
+                429,
+                f"the admission queue is full ({self.in_flight} of {self.capacity} {self.unit} in flight: "
+                f"--max-num-seqs {self.max_num_seqs} + --max-queue {self.settings.max_queue}); retry after {RETRY_AFTER_S} s",
+                code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        return Admission(self, n)
+
+    # -- life cycle ------------------------------------------------------------------
+
+    async def load(self, progress: Callable[[int, int], None] | None = None) -> None:
+        try:
+            await self._start(progress)
+        except Exception as exc:
+            self.phase = "failed"
+            self.load_error = f"{type(exc).__name__}: {exc}"
+            raise
+        if self.phase == "loading":
+            self.phase = "ready"
+
+    async def drain(self) -> None:
+        """Let in-flight requests finish within the grace period, then cancel the rest."""
+        grace = self.settings.shutdown_grace_s
+        self.phase = "draining"
+        deadline = time.monotonic() + grace
+        while self.live and time.monotonic() < deadline:
+            await asyncio.sleep(_POLL_S)
+        for run in list(self.live):
+            run.cancel(f"the server is shutting down and the request did not finish within the {grace:g} s grace period")
