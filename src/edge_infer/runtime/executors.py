@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
 
 from pydantic import BaseModel, ConfigDict
 
@@ -53,6 +55,26 @@ class ReservationPlan:
     buffers_bytes: int = 0  # activations and working buffers
     runtime_bytes: int = 0  # the stage process itself: interpreter, libraries, allocator arenas
     max_payload_bytes: int = 0  # the largest payload the stage emits
+
+
+@dataclass
+class FrameQueue:
+    """Rows (frames or tokens) a request has fed a stage and the stage has not consumed yet."""
+
+    pending: list[np.ndarray] = field(default_factory=list)
+    count: int = 0
+    ended: bool = False  # every upstream stage finished this request
+
+    def put(self, rows: np.ndarray) -> None:
+        self.pending.append(rows)
+        self.count += len(rows)
+
+    def take(self, n: int) -> np.ndarray:
+        rows = np.concatenate(self.pending) if len(self.pending) > 1 else self.pending[0]
+        chunk, rest = rows[:n], rows[n:]
+        self.pending = [rest] if len(rest) else []
+        self.count = len(rest)
+        return chunk
 
 
 class StageRequestError(Exception):

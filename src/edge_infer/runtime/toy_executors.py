@@ -17,6 +17,7 @@ from pydantic import Field
 from edge_infer.runtime.contracts import Payload
 from edge_infer.runtime.executors import (
     ExecutorOptions,
+    FrameQueue,
     ReservationPlan,
     StageExecutor,
     StageRequestError,
@@ -146,20 +147,6 @@ class VocoderOptions(ExecutorOptions):
     step_delay_s: float = Field(default=0.0, ge=0)
 
 
-@dataclass
-class _CodeStream:
-    pending: list[np.ndarray] = field(default_factory=list)
-    count: int = 0
-    ended: bool = False
-
-    def take(self, n: int) -> np.ndarray:
-        rows = np.concatenate(self.pending) if len(self.pending) > 1 else self.pending[0]
-        chunk, rest = rows[:n], rows[n:]
-        self.pending = [rest] if len(rest) else []
-        self.count = len(rest)
-        return chunk
-
-
 class ChunkedVocoder(StageExecutor):
     """Codes in, PCM out: one chunk per ``chunk_tokens`` frames, the remainder at the end."""
 
@@ -178,10 +165,10 @@ class ChunkedVocoder(StageExecutor):
 
     def start(self, stage: StageConfig) -> None:
         self.opts = self.options(stage)
-        self.streams: dict[str, _CodeStream] = {}
+        self.streams: dict[str, FrameQueue] = {}
 
     def submit(self, request_id: str, params: dict[str, Any]) -> None:
-        self.streams[request_id] = _CodeStream()
+        self.streams[request_id] = FrameQueue()
 
     def feed(self, request_id: str, payload: Payload) -> None:
         data = np.asarray(payload.data).astype(np.int64)
@@ -192,13 +179,12 @@ class ChunkedVocoder(StageExecutor):
         if rows.size and int(rows.max()) >= self.vocab_size:
             raise StageRequestError(request_id, f"code {int(rows.max())} is outside the vocoder's vocabulary of {self.vocab_size}")
         if len(rows):
-            stream.pending.append(rows)
-            stream.count += len(rows)
+            stream.put(rows)
 
     def end_input(self, request_id: str) -> None:
         self.streams[request_id].ended = True
 
-    def _ready(self, stream: _CodeStream) -> bool:
+    def _ready(self, stream: FrameQueue) -> bool:
         return stream.count >= self.opts.chunk_tokens or stream.ended
 
     def has_work(self) -> bool:

@@ -25,7 +25,7 @@ import numpy as np
 from pydantic import Field
 
 from edge_infer.runtime.contracts import Payload
-from edge_infer.runtime.executors import ExecutorOptions, ReservationPlan, StageExecutor, StageRequestError, StepOutput
+from edge_infer.runtime.executors import ExecutorOptions, FrameQueue, ReservationPlan, StageExecutor, StageRequestError, StepOutput
 from edge_infer.tts.planning import code2wav_reservation, code2wav_settings, stage_threads, talker_engine_config, talker_reservation
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -154,16 +154,7 @@ class Code2WavOptions(ExecutorOptions):
 @dataclass
 class _Stream:
     decode: Callable[["torch.Tensor"], "torch.Tensor"]  # frames [n, Q] -> PCM, continuing this stream
-    pending: list[np.ndarray] = field(default_factory=list)
-    count: int = 0
-    ended: bool = False
-
-    def take(self, n: int) -> np.ndarray:
-        rows = np.concatenate(self.pending) if len(self.pending) > 1 else self.pending[0]
-        chunk, rest = rows[:n], rows[n:]
-        self.pending = [rest] if len(rest) else []
-        self.count = len(rest)
-        return chunk
+    frames: FrameQueue = field(default_factory=FrameQueue)
 
 
 class Code2WavExecutor(StageExecutor):
@@ -213,25 +204,24 @@ class Code2WavExecutor(StageExecutor):
             raise StageRequestError(request_id, f"code {int(codes.max())} is outside the codebooks' {self.config.codebook_size} entries")
         if len(codes):
             stream = self.streams[request_id]
-            stream.pending.append(codes)
-            stream.count += len(codes)
+            stream.frames.put(codes)
 
     def end_input(self, request_id: str) -> None:
-        self.streams[request_id].ended = True
+        self.streams[request_id].frames.ended = True
 
     def has_work(self) -> bool:
-        return any(s.count or s.ended for s in self.streams.values())
+        return any(s.frames.count or s.frames.ended for s in self.streams.values())
 
     def step(self) -> list[StepOutput]:
         out = []
         for rid, stream in list(self.streams.items()):
-            if not (stream.count or stream.ended):
+            if not (stream.frames.count or stream.frames.ended):
                 continue
             payload = None
-            if stream.count:
-                pcm = stream.decode(self.torch.from_numpy(stream.take(self.opts.max_chunk_frames)))
+            if stream.frames.count:
+                pcm = stream.decode(self.torch.from_numpy(stream.frames.take(self.opts.max_chunk_frames)))
                 payload = Payload("pcm_audio/1", pcm.float().numpy(), dict(self.metadata))
-            finished = stream.ended and stream.count == 0
+            finished = stream.frames.ended and stream.frames.count == 0
             out.append(StepOutput(rid, payload, finished=finished))
             if finished:
                 del self.streams[rid]
