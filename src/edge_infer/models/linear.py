@@ -17,12 +17,17 @@ from torch import nn
 
 
 class WeightKernel:
-    """Computes ``x @ W.T`` from one resident weight layout."""
+    """Computes ``x @ W.T (+ bias)`` from one resident weight layout."""
 
     name = "abstract"
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """Kernels that can fuse the bias override this."""
+        y = self.matmul(x)
+        return y if bias is None else y + bias
 
     @property
     def nbytes(self) -> int:  # pragma: no cover - interface
@@ -35,8 +40,8 @@ class DenseKernel(WeightKernel):
     def __init__(self, weight: torch.Tensor):
         self.weight = weight
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(x, self.weight, bias)
 
     @property
     def nbytes(self) -> int:
@@ -53,8 +58,8 @@ class OneDnnBf16Kernel(WeightKernel):
         self.out_features, self.in_features = weight.shape
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
     @property
     def nbytes(self) -> int:
@@ -95,10 +100,7 @@ class Linear(nn.Module):
         self.bias: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.kernel(x)
-        if self.bias is not None:
-            y = y + self.bias
-        return y
+        return self.kernel(x, self.bias)
 
     @property
     def resident_bytes(self) -> int:

@@ -24,7 +24,13 @@ if TYPE_CHECKING:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    """RMSNorm computed in fp32 and scaled in the activation dtype, as transformers does.
+
+    (``F.rms_norm`` on bf16 runs ~3x slower on a 512-token chunk here and rounds differently.)
+    """
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
 
 
 class DecoderLayer(nn.Module):
@@ -52,16 +58,17 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         cfg = self.cfg
         n = x.shape[0]
+        heads, kv_heads, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         h = rms_norm(x, self.input_norm, cfg.rms_norm_eps)
         qkv = self.qkv(h)
-        q = qkv[:, : cfg.q_size].view(n, cfg.num_attention_heads, cfg.head_dim)
-        k = qkv[:, cfg.q_size : cfg.q_size + cfg.kv_size].view(n, cfg.num_key_value_heads, cfg.head_dim)
-        v = qkv[:, cfg.q_size + cfg.kv_size :].view(n, cfg.num_key_value_heads, cfg.head_dim)
+        # q and k are adjacent in the fused output: rotate them together.
+        qk = qkv[:, : cfg.q_size + cfg.kv_size].view(n, heads + kv_heads, d)
+        v = qkv[:, cfg.q_size + cfg.kv_size :].view(n, kv_heads, d)
         if cfg.qk_norm:
-            q = rms_norm(q, self.q_norm, cfg.rms_norm_eps)
-            k = rms_norm(k, self.k_norm, cfg.rms_norm_eps)
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
+            eps = cfg.rms_norm_eps
+            qk = torch.cat((rms_norm(qk[:, :heads], self.q_norm, eps), rms_norm(qk[:, heads:], self.k_norm, eps)), 1)
+        qk = apply_rotary(qk, cos, sin)
+        q, k = qk[:, :heads], qk[:, heads:]
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         attn = paged_attention(q, k_cache, v_cache, meta, self.scale)
         x = x + self.o_proj(attn)

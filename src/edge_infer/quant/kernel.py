@@ -80,7 +80,7 @@ class Int4Kernel(WeightKernel):
         self.scales_zeros[:, start:end, 0] = scales[: end - start].T.to(self.scales_zeros.dtype)
         self.scales_zeros[:, start:end, 1] = zeros[: end - start].T.to(self.scales_zeros.dtype)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != self.scales_zeros.dtype:
             raise TypeError(f"int4 linear holds {self.scales_zeros.dtype} scales; got {x.dtype} activations")
         lead = x.shape[:-1]
