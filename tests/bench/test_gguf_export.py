@@ -46,8 +46,9 @@ def test_pairwise_layout_rotates_exactly_like_the_half_split_layout():
     x = torch.randn(positions, heads, d)
     inv = inverse_frequencies(d, 10000.0, None)
     angles = torch.outer(torch.arange(positions, dtype=torch.float32), inv)
-    cos, sin = torch.cat([angles.cos()] * 2, -1)[:, None], torch.cat([angles.sin()] * 2, -1)[:, None]
-    half_split = apply_rotary(x, cos, sin)
+    cos = torch.cat([angles.cos()] * 2, -1)[:, None]
+    signed_sin = torch.cat([-angles.sin(), angles.sin()], -1)[:, None]  # apply_rotary's convention
+    half_split = apply_rotary(x, cos, signed_sin)
 
     def reorder(t):  # [T, heads, d] -> the same reordering the exporter applies to weight rows
         return pairwise_rope_rows(t.reshape(positions, heads * d).T, heads).T.reshape(positions, heads, d)

@@ -18,10 +18,11 @@ from typing import Any
 
 from edge_infer.models.config import FAMILIES
 
+# vocab_size None: the tokenizer's size rounded up to a multiple of 128.
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(
         hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=4352, max_position_embeddings=2048, rope_theta=10000.0, tie_word_embeddings=True,
+        vocab_size=None, max_position_embeddings=2048, rope_theta=10000.0, tie_word_embeddings=True,
     ),
     "qwen2.5-0.5b": dict(
         hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
@@ -164,6 +165,9 @@ def write_checkpoint(
     style = _styles(chatml)[family]
     cfg_dict = model_config(family, preset, dtype)
     special_ids = write_tokenizer(out, style, cfg_dict["max_position_embeddings"])
+    if cfg_dict["vocab_size"] is None:  # tiny: every id the model can emit decodes to text
+        tokens = len(json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]) + len(style.specials)
+        cfg_dict["vocab_size"] = -(-tokens // 128) * 128
     eos = special_ids[style.eos]
     cfg_dict.update(eos_token_id=eos, bos_token_id=special_ids.get(style.bos) if style.bos else eos)
     (out / "config.json").write_text(json.dumps(cfg_dict, indent=2))
