@@ -48,7 +48,8 @@ class ServerProcess:
         env = dict(os.environ)
         src = str(Path(edge_infer.__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        # Its own process group, as under a service manager: the server, its worker and nothing else.
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.wait_ready()
         return self
 

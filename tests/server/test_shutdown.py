@@ -2,6 +2,7 @@
 cancelled explicitly, the exit status is 0 and no process is left behind."""
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -14,8 +15,12 @@ from .serverutil import ServerProcess, wait_until
 pytestmark = pytest.mark.slow
 
 
-def sigterm_during(served_model, grace_s: float, max_tokens: list[int]) -> list[str]:
-    """Start one stream per entry, send SIGTERM once all are open; each stream's outcome."""
+def sigterm_during(served_model, grace_s: float, max_tokens: list[int], whole_group: bool = False) -> list[str]:
+    """Start one stream per entry, send SIGTERM once all are open; each stream's outcome.
+
+    ``whole_group``: signal the server's process group (its worker included), as a
+    service manager stopping a control group or `timeout` does.
+    """
     args = ("--max-num-seqs", "2", "--max-model-len", "512", "--shutdown-grace-s", str(grace_s))
     with ServerProcess(served_model, *args) as server:
         workers = server.worker_pids()
@@ -44,7 +49,10 @@ def sigterm_during(served_model, grace_s: float, max_tokens: list[int]) -> list[
             t.start()
         for _ in threads:  # every request admitted and its stream open (two decoding, the rest queued)
             assert opened.acquire(timeout=60)
-        server.proc.send_signal(signal.SIGTERM)
+        if whole_group:
+            os.killpg(server.proc.pid, signal.SIGTERM)
+        else:
+            server.proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(120)
         assert server.proc.wait(60) == 0, server.output()
@@ -54,6 +62,10 @@ def sigterm_during(served_model, grace_s: float, max_tokens: list[int]) -> list[
 
 def test_sigterm_lets_in_flight_requests_finish_and_exits_0(served_model):
     assert sigterm_during(served_model, 120, [100] * 4) == ["finished:length"] * 4
+
+
+def test_sigterm_to_the_whole_process_group_still_drains(served_model):
+    assert sigterm_during(served_model, 120, [60] * 3, whole_group=True) == ["finished:length"] * 3
 
 
 def test_sigterm_cancels_requests_that_outlive_the_grace_period(served_model):

@@ -78,9 +78,12 @@ def core_loop(config: EngineConfig, commands: Connection, outputs: Connection) -
 def _worker_main(command_fd: int, output_fd: int) -> None:
     import signal
 
-    # Ctrl-C in a terminal reaches the whole process group; the frontend decides when its
-    # worker stops (it drains, then closes the pipe), so the worker must not die of it first.
+    # Ctrl-C in a terminal reaches the whole process group, and so does SIGTERM from
+    # `timeout` or a service manager stopping a control group. The frontend decides when its
+    # worker stops (it drains, then closes the pipe), so the worker must not die of them first.
+    # It still ends with its frontend: the pipe closes, even when the frontend is SIGKILLed.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     commands = Connection(command_fd, writable=False)
     outputs = Connection(output_fd, readable=False)
     try:

@@ -5,7 +5,9 @@ while it has work and sends outputs as long as its unacknowledged-payload
 budget allows (otherwise it waits for releases: back-pressure). It dies with
 its parent: PR_SET_PDEATHSIG (Linux) turns the parent's death into SIGTERM,
 and a closed pipe ends the loop anywhere; either way it unlinks the segments
-it still owns on the way out.
+it still owns on the way out. A SIGTERM while the parent lives (a service
+manager or `timeout` signalling the whole process group) is the parent's to
+handle: it drains its requests, then shuts the stage down.
 """
 from __future__ import annotations
 
@@ -57,13 +59,14 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(0)
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
-    raise SystemExit(0)
-
-
 def run_worker(spec: WorkerSpec, conn: Connection) -> None:
     """Entry point of the stage process."""
-    signal.signal(signal.SIGTERM, _on_sigterm)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if os.getppid() != spec.parent_pid:  # the parent is gone (PR_SET_PDEATHSIG): clean up and leave
+            raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _die_with_parent(spec.parent_pid)
     worker = _StageLoop(spec, conn)
