@@ -85,3 +85,15 @@ def test_planning_does_not_import_torch(tiny_model):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
+
+
+def test_packed_head_costs_one_table_and_the_engine_holds_exactly_that(tiny_model):
+    base = plan_text_session(tiny_model, max_model_len=256, dtype="bfloat16")
+    packed = plan_text_session(tiny_model, max_model_len=256, dtype="bfloat16", packed_head=True)
+    cfg = json.loads((tiny_model / "config.json").read_text())
+    assert packed.item("weights") - base.item("weights") == cfg["vocab_size"] * cfg["hidden_size"] * 2
+    with LLM(tiny_model, max_model_len=256, dtype="bfloat16", packed_head=True, worker="thread") as llm:
+        assert llm.ready.weight_bytes == packed.item("weights")
+        assert llm.ready.weight_kernels["onednn-bf16"] == 2 * cfg["num_hidden_layers"] * 2 + 1  # 4 per layer + the head
+    refused = plan_text_session(tiny_model, max_model_len=256, dtype="float32", packed_head=True)
+    assert not refused.admitted and any("--packed-head" in r for r in refused.reasons)

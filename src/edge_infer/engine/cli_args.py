@@ -20,6 +20,8 @@ def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True
     g.add_argument("--group-size", type=int, default=None, help="cpu_int4 group size (32, 64, 128 or 256)")
     g.add_argument("--asym", action="store_true", help="cpu_int4 with zero points (asymmetric)")
     g.add_argument("--quantize-head", action="store_true", help="cpu_int4: quantize the output head too")
+    g.add_argument("--packed-head", action="store_true",
+                   help="tied models: keep a second, packed copy of the output head (faster decode, vocab x hidden more bytes)")
     g.add_argument("--num-threads", type=int, default=None, help="compute threads (default: the CPUs this process may use)")
     g.add_argument("--weight-backend", default="auto", choices=["auto", "onednn", "dense"], help=argparse.SUPPRESS)
     g.add_argument("--worker", default="process", choices=["process", "thread"], help=argparse.SUPPRESS)
@@ -52,4 +54,5 @@ def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
         weight_backend=args.weight_backend,
         rope_model_positions=args.rope_model_positions,
         trim_after_load=not args.no_trim,
+        packed_head=args.packed_head,
     )

@@ -46,6 +46,9 @@ class EngineConfig:
     # and no malloc_trim after loading.
     rope_model_positions: bool = False
     trim_after_load: bool = True
+    # A tied model's output head read from a second, oneDNN-packed copy of the embedding table:
+    # faster decode (the head is read whole every token) for vocab x hidden more bytes.
+    packed_head: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -22,9 +22,10 @@ from edge_infer.engine.sampler import sample_row
 from edge_infer.engine.scheduler import ScheduledSeq, Scheduler
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.engine.sequence import Sequence
+from edge_infer.errors import CheckpointError
 from edge_infer.memory.measure import malloc_trim
 from edge_infer.models.config import ModelConfig
-from edge_infer.models.linear import onednn_bf16_available
+from edge_infer.models.linear import make_kernel, onednn_bf16_available
 from edge_infer.models.llama import DecoderLM
 from edge_infer.models.checkpoint import check_checkpoint
 from edge_infer.models.loader import LinearInstaller, install_dense, load_weights
@@ -64,6 +65,10 @@ def load_model(config: EngineConfig, progress: Callable[[int, int], None] | None
         model, config.model, TORCH_DTYPES[config.dtype], linear_installer(config), progress,
         head_from_embedding=quantized_head and cfg.tie_word_embeddings,
     )
+    if config.packed_head and cfg.tie_word_embeddings and not quantized_head:
+        if weight_backend(config) != "onednn":
+            raise CheckpointError("packed_head needs the oneDNN bf16 kernel (dtype bfloat16 on a CPU with bf16 support)")
+        model.lm_head.kernel = make_kernel(model.embed, "onednn")
     return model
 
 

@@ -200,6 +200,7 @@ def plan_text_session(
     frontend: str = "library",
     rope_model_positions: bool = False,
     trim_after_load: bool = True,
+    packed_head: bool = False,
 ) -> TextPlan:
     """Plan a text session; see the module docstring. Raises only for unreadable checkpoints."""
     model_dir = str(model)
@@ -244,6 +245,11 @@ def plan_text_session(
     frontend_bytes = overhead["server_frontend_bytes" if frontend == "server" else "frontend_bytes"]
     overhead_bytes = frontend_bytes + overhead["worker_bytes"] + tok_bytes
     weights, largest_linear = weight_bytes(cfg, dtype_bytes, quant)
+    packed_head = packed_head and cfg.tie_word_embeddings and not (quant is not None and quant.quantize_head)
+    if packed_head:
+        if dtype != "bfloat16":
+            reasons.append("--packed-head packs the output head for the oneDNN bf16 kernel; it needs --dtype bfloat16")
+        weights += cfg.vocab_size * cfg.hidden_size * dtype_bytes  # the head's own copy beside the embedding
     # The measuring-only alternative sizes RoPE for every position the model allows.
     rope_positions = model_max if rope_model_positions else max_model_len
     rope = 2 * rope_positions * cfg.head_dim * 4
@@ -292,7 +298,7 @@ def plan_text_session(
 
     items = [
         PlanItem("runtime overhead", overhead_bytes, "anon", "steady", f"{frontend} frontend + worker + tokenizer (measured once)"),
-        PlanItem("weights", weights, "anon", "steady", _weights_note(cfg, dtype, quant)),
+        PlanItem("weights", weights, "anon", "steady", _weights_note(cfg, dtype, quant, packed_head)),
         PlanItem("kv cache", kv_bytes, "anon", "steady", f"{kv_blocks} blocks x {layout.bytes_per_block:,} B = {kv_tokens} tokens"),
         PlanItem("rope tables", rope, "anon", "steady", f"cos+sin fp32 for {rope_positions} positions"),
         PlanItem("activations", acts, "anon", "steady", f"one step of {max_num_batched_tokens} tokens, {max_num_seqs} logit rows"),
@@ -341,6 +347,7 @@ def plan_text_session(
             eos_token_ids=tuple(eos_token_ids),
             rope_model_positions=rope_model_positions,
             trim_after_load=trim_after_load,
+            packed_head=packed_head,
         )
     return plan
 
@@ -362,8 +369,10 @@ def _resolve_quant(quantization: str | QuantConfig | None, cfg: ModelConfig) -> 
     raise InvalidRequestError(f"quantization {quantization!r} is not supported; use cpu_int4 or none")
 
 
-def _weights_note(cfg: ModelConfig, dtype: str, quant: QuantConfig | None) -> str:
+def _weights_note(cfg: ModelConfig, dtype: str, quant: QuantConfig | None, packed_head: bool) -> str:
     head = "tied to the embedding (one copy)" if cfg.tie_word_embeddings else "separate output head"
+    if packed_head:
+        head = "tied head kept twice: the embedding table and a packed copy for the head"
     if quant is None:
         return f"{dtype}, {head}"
     if quant.quantize_head:

@@ -130,7 +130,8 @@ class DecoderLM(nn.Module):
                 if t is not None:
                     total += t.numel() * t.element_size()
         total += self.final_norm.numel() * self.final_norm.element_size()
-        if not self.cfg.tie_word_embeddings or self.embed is None:
+        kernel = self.lm_head.kernel
+        if not (isinstance(kernel, DenseKernel) and kernel.weight is self.embed):  # the head has storage of its own
             total += self.lm_head.resident_bytes
         return total
 
