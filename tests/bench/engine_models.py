@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import edge_infer
-from testutil import write_hf_checkpoint
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -46,32 +45,17 @@ def add_byte_level_tokenizer(model_dir: Path, vocab_size: int = 320) -> dict[str
     return ids
 
 
-def demo_tokenizer_available() -> bool:
-    from edge_infer.engine.frontend import demo_model_dir
-
-    return (demo_model_dir() / "tokenizer.json").is_file()
-
-
 _made: dict[str, Path] = {}
 
 
 def tiny_text_checkpoint(root: Path, family: str = "qwen2") -> Path:
-    """A tiny random checkpoint with a byte-level BPE tokenizer, made once per test session.
-
-    `edge-infer synth` (which borrows the demo model's tokenizer) once the
-    demo model is in the tree; until then a transformers checkpoint with a
-    small trained tokenizer.
-    """
+    """A tiny random checkpoint (`edge-infer synth`, the demo model's tokenizer), made once per test session."""
     if family in _made:
         return _made[family]
     out = root / f"tiny-{family}"
-    if demo_tokenizer_available():
-        from edge_infer.models.synth import write_checkpoint
+    from edge_infer.models.synth import write_checkpoint
 
-        write_checkpoint(out, family, "tiny", dtype="float32")
-    else:
-        write_hf_checkpoint(out, family)
-        add_byte_level_tokenizer(out)
+    write_checkpoint(out, family, "tiny", dtype="float32")
     _made[family] = out
     return out
 

@@ -38,7 +38,6 @@ def test_f32_gguf_greedy_tokens_equal_edge_infer_fp32(root, family):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (demo_model_dir() / "config.json").is_file(), reason="the trained demo model is not in the tree yet")
 def test_demo_model_bf16_gguf_starts_every_answer_like_edge_infer(tmp_path):
     gguf_path = export_gguf(demo_model_dir(), tmp_path / "demo-bf16.gguf", "bf16").path
     result = run_check(demo_model_dir(), gguf_path, None, 8, "bfloat16")

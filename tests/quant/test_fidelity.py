@@ -61,7 +61,6 @@ def test_bench_fidelity_refuses_a_candidate_that_is_the_reference(chat_model, ca
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (demo_model_dir() / "config.json").is_file(), reason="the trained demo model is not in this checkout")
 def test_fidelity_ranks_w4a16_g128_above_a_deliberately_bad_quantizer(tmp_path, make_core):
     """The metric must rank: on the trained demo model, W4A16 g128 is closer to bf16 than
     4-bit codes with one scale per whole matrix (simulated: the kernel cannot run it)."""

@@ -142,7 +142,6 @@ def test_required_tool_choice_is_reported_when_not_met(frontend):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (demo_model_dir() / "config.json").is_file(), reason="the demo model has not landed on this branch yet")
 def test_demo_model_calls_the_weather_tool():
     from .serverutil import ServerProcess
 
