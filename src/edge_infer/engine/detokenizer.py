@@ -66,6 +66,8 @@ class RequestText:
                     self.finished, self.finish_reason, self.stop_reason = True, "stop", s
                     stop_hit = True
         if delta.finished and not self.finished:
+            if self.decoder is not None:
+                self.text += self.decoder.flush()
             self.finished = True
             self.finish_reason = delta.finish_reason
             self.stop_reason = delta.stop_reason

@@ -145,10 +145,25 @@ class IncrementalDecoder:
         from tokenizers.decoders import DecodeStream
 
         self._tok = tokenizer._tok
+        self._skip_special_tokens = skip_special_tokens
         self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        self._ids: list[int] = []
+        self._emitted = 0  # characters returned so far
 
     def step(self, token_id: int) -> str:
+        self._ids.append(token_id)
         try:
-            return self._stream.step(self._tok, token_id) or ""
+            piece = self._stream.step(self._tok, token_id) or ""
         except Exception:  # ids beyond the tokenizer's vocabulary
-            return ""
+            piece = ""
+        self._emitted += len(piece)
+        return piece
+
+    def flush(self) -> str:
+        """What is still held back when the sequence ends (an incomplete character
+        decodes to U+FFFD), so the final text equals decoding every id at once."""
+        vocab = self._tok.get_vocab_size(with_added_tokens=True)
+        full = self._tok.decode([i for i in self._ids if i < vocab], skip_special_tokens=self._skip_special_tokens)
+        rest = full[self._emitted:]
+        self._emitted = len(full)
+        return rest
