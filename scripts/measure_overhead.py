@@ -55,14 +55,15 @@ print(base, rss_anon_bytes())
 
 ACTIVATION_PROBE = """
 import sys
-from edge_infer.engine.config import EngineConfig
+from edge_infer.engine.config import EngineConfig, QuantConfig
 from edge_infer.engine.core import EngineCore
 from edge_infer.engine.protocol import EngineRequest
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.memory.measure import PeakSampler, malloc_trim, rss_anon_bytes
-model, tokens, ctx = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+model, tokens, ctx, quantization = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+quant = QuantConfig(method=quantization) if quantization != "none" else None
 core = EngineCore(EngineConfig(model=model, dtype="bfloat16", max_model_len=ctx, max_num_seqs=1,
-                               max_num_batched_tokens=tokens, kv_cache_memory_bytes=64 << 20))
+                               max_num_batched_tokens=tokens, kv_cache_memory_bytes=64 << 20, quant=quant))
 malloc_trim()
 base = rss_anon_bytes()
 sampler = PeakSampler(interval_s=0.002).start()
@@ -72,38 +73,59 @@ while core.has_work():
 sampler.stop()
 print(sampler.peak_bytes - base)
 """
-ACTIVATION_POINTS = (128, 512)
-ACTIVATION_CONTEXT = 1024
+ACTIVATION_POINTS = (128, 512)  # prefill chunk sizes at the short context
+ACTIVATION_CONTEXTS = (1024, 2048)  # contexts for the largest chunk: what the attention mask really costs
 
 
-def _step_transients(model_dir: str) -> tuple[float, float, int]:
-    """(bytes per token, fixed bytes, shape bytes per token) of one model's prefill steps."""
+def _probe_transient(model_dir: str, tokens: int, ctx: int, quantization: str | None) -> float:
+    args = [model_dir, str(tokens), str(ctx), quantization or "none"]
+    runs = [int(subprocess.run([sys.executable, "-c", ACTIVATION_PROBE, *args], capture_output=True, text=True,
+                               check=True).stdout.split()[-1]) for _ in range(REPEATS)]
+    return statistics.median(runs)
+
+
+def _step_transients(model_dir: str, quantization: str | None) -> tuple[float, float, float, int]:
+    """(bytes per token, fixed bytes, bytes per mask element, shape bytes per token) of one model's prefill steps.
+
+    The mask of a chunk against the context ([group x chunk, ctx] booleans)
+    costs more than its own bytes: attention turns it into a float bias.
+    Its real cost per element comes from the same chunk at two contexts;
+    the rest from two chunk sizes at the shorter context."""
     from edge_infer.memory import plan
     from edge_infer.models.config import ModelConfig
 
     cfg = ModelConfig.from_dir(model_dir)
-    measured = {}
-    for tokens in ACTIVATION_POINTS:
-        runs = []
-        for _ in range(REPEATS):
-            out = subprocess.run([sys.executable, "-c", ACTIVATION_PROBE, model_dir, str(tokens), str(ACTIVATION_CONTEXT)],
-                                 capture_output=True, text=True, check=True)
-            runs.append(int(out.stdout.split()[-1]))
-        group = cfg.num_attention_heads // cfg.num_key_value_heads
-        known = tokens * ACTIVATION_CONTEXT * group + 4 * cfg.vocab_size * 5  # mask and logits
-        measured[tokens] = statistics.median(runs) - known
+    group = cfg.num_attention_heads // cfg.num_key_value_heads
     lo, hi = ACTIVATION_POINTS
+    short, long = ACTIVATION_CONTEXTS
+    at_short = {tokens: _probe_transient(model_dir, tokens, short, quantization) for tokens in ACTIVATION_POINTS}
+    at_long = _probe_transient(model_dir, hi, long, quantization)
+    per_mask_element = max(1.0, (at_long - at_short[hi]) / (hi * (long - short) * group))
+    logits = 4 * cfg.vocab_size * 5
+    measured = {t: m - per_mask_element * t * short * group - logits for t, m in at_short.items()}
     per_token = (measured[hi] - measured[lo]) / (hi - lo)
-    return per_token, measured[lo] - per_token * lo, plan.activation_tensor_bytes(cfg, 2)
+    return per_token, measured[lo] - per_token * lo, per_mask_element, plan.activation_tensor_bytes(cfg, 2)
 
 
-def activation_calibration(model_dirs: list[str]) -> dict[str, float]:
-    """The largest measured/shape ratio over the probe models: a plan errs on the side of refusing."""
-    fits = [_step_transients(d) for d in model_dirs]
+def activation_calibration(model_dirs: list[str], quantization: str | None = None) -> dict[str, float]:
+    """The largest measured/shape ratio over the probe models: a plan errs on the side of refusing.
+
+    Keyed as edge_infer.memory.plan.activation_calibration reads it: the
+    quantized kernel's figures carry its name as a prefix."""
+    fits = [_step_transients(d, quantization) for d in model_dirs]
+    prefix = f"{quantization}_" if quantization else ""
     return {
-        "activation_per_token_factor": round(max(per_token / shape for per_token, _, shape in fits), 3),
-        "activation_fixed_bytes": int(max(0, max(fixed for _, fixed, _ in fits))),
+        prefix + "activation_per_token_factor": round(max(per_token / shape for per_token, _, _, shape in fits), 3),
+        prefix + "activation_fixed_bytes": int(max(0, max(fixed for _, fixed, _, _ in fits))),
+        "activation_mask_bytes_per_element": round(max(mask for _, _, mask, _ in fits), 3),
     }
+
+
+def shared_mask_cost(*calibrations: dict[str, float]) -> dict[str, float]:
+    """Every kernel's calibration, merged: the attention mask is the same kernel's, so its cost is the largest seen."""
+    merged = {k: v for c in calibrations for k, v in c.items()}
+    merged["activation_mask_bytes_per_element"] = max(c["activation_mask_bytes_per_element"] for c in calibrations)
+    return merged
 
 
 def probe(kind: str, tokenizer_dir: str = "-") -> list[int]:
@@ -133,7 +155,10 @@ def main() -> None:
         "server_frontend_bytes": server_base,
         "worker_bytes": worker,
         "tokenizer_bytes_per_json_byte": round(max(0, lib_tok - lib_base) / json_bytes, 3),
-        **activation_calibration([str(demo_model_dir()), real_shape]),
+        **shared_mask_cost(
+            activation_calibration([str(demo_model_dir()), real_shape]),
+            activation_calibration([str(demo_model_dir()), real_shape], "cpu_int4"),
+        ),
         "provenance": {
             "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "host": platform.node(),
@@ -142,8 +167,9 @@ def main() -> None:
             "method": f"median RssAnon of {REPEATS} fresh processes per kind (scripts/measure_overhead.py)",
             "tokenizer_probe": f"demo model tokenizer.json, {json_bytes} bytes",
             "activation_probe": (
-                f"demo model and a synthetic qwen2.5-0.5b shape, bf16, prefill chunks of {ACTIVATION_POINTS} tokens "
-                f"at a {ACTIVATION_CONTEXT}-token context; the larger per-token factor and fixed part"
+                f"demo model and a synthetic qwen2.5-0.5b shape, bf16 and cpu_int4 (g128), prefill chunks of {ACTIVATION_POINTS} tokens "
+                f"at a {ACTIVATION_CONTEXTS[0]}-token context and {ACTIVATION_POINTS[1]} at {ACTIVATION_CONTEXTS[1]}; "
+                f"the larger per-token factor, fixed part and mask cost"
             ),
         },
     }

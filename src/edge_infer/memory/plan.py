@@ -167,21 +167,34 @@ def activation_tensor_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
     return dtype_bytes * (4 * h + 3 * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size + 4 * i)
 
 
-def activation_bytes(cfg: ModelConfig, dtype_bytes: int, tokens: int, max_num_seqs: int, max_model_len: int) -> int:
+def activation_calibration(quantization: str | None) -> tuple[float, int, float]:
+    """(per-token factor, fixed bytes, bytes per attention-mask element) measured for the linears'
+    kernel: dense/oneDNN, or cpu_int4's."""
+    calib = runtime_overhead()
+    prefix = f"{quantization}_" if quantization else ""
+    return (calib[prefix + "activation_per_token_factor"], int(calib[prefix + "activation_fixed_bytes"]),
+            calib["activation_mask_bytes_per_element"])
+
+
+def activation_bytes(
+    cfg: ModelConfig, dtype_bytes: int, tokens: int, max_num_seqs: int, max_model_len: int,
+    quantization: str | None = None,
+) -> int:
     """Transient bytes of one step of ``tokens`` tokens, calibrated by measurement.
 
     Per token: the shape-derived tensors times the measured kernel factor.
     Attention: the fused kernel works in blocks; what scales is the mask of
-    one chunk against the context. Logits: fp32 rows for every sequence that
+    one chunk against the context (booleans, which attention turns into a
+    float bias: the measured bytes per element). Logits: fp32 rows for every sequence that
     samples, plus the sampler's working copies of one row. Fixed: the
     measured allocator and thread scratch of a step.
     """
-    calib = runtime_overhead()
-    per_token = int(calib["activation_per_token_factor"] * activation_tensor_bytes(cfg, dtype_bytes))
+    factor, fixed, mask_element = activation_calibration(quantization)
+    per_token = int(factor * activation_tensor_bytes(cfg, dtype_bytes))
     chunk = min(tokens, max_model_len)
-    mask = chunk * max_model_len * (cfg.num_attention_heads // cfg.num_key_value_heads)
+    mask = int(mask_element * chunk * max_model_len * (cfg.num_attention_heads // cfg.num_key_value_heads))
     logits = 4 * cfg.vocab_size * (max_num_seqs + 4)
-    return per_token * tokens + mask + logits + int(calib["activation_fixed_bytes"])
+    return per_token * tokens + mask + logits + fixed
 
 
 def plan_text_session(
@@ -253,7 +266,8 @@ def plan_text_session(
     # The measuring-only alternative sizes RoPE for every position the model allows.
     rope_positions = model_max if rope_model_positions else max_model_len
     rope = 2 * rope_positions * cfg.head_dim * 4
-    acts = activation_bytes(cfg, dtype_bytes, max_num_batched_tokens, max_num_seqs, max_model_len)
+    acts = activation_bytes(cfg, dtype_bytes, max_num_batched_tokens, max_num_seqs, max_model_len,
+                            quant.method if quant is not None else None)
     src_bytes = max((CHECKPOINT_DTYPE_BYTES.get(t.dtype, 4) for t in tensors.values()), default=4)
     # One block being converted, plus the largest linear held twice while it is repacked.
     transient = min(LOAD_BLOCK_BYTES, largest_linear * src_bytes // dtype_bytes) + largest_linear

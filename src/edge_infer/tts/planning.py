@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from edge_infer.engine.config import EngineConfig, QuantConfig
 from edge_infer.engine.kv_cache import DEFAULT_BLOCK_SIZE, KVLayout
-from edge_infer.memory.plan import activation_bytes, resolve_dtype, runtime_overhead
+from edge_infer.memory.plan import activation_bytes, activation_calibration, resolve_dtype, runtime_overhead
 from edge_infer.models.checkpoint import read_tensor_index
 from edge_infer.models.qwen3_tts.code2wav_shapes import decode_activation_bytes, decode_state_bytes
 from edge_infer.models.qwen3_tts.config import Code2WavConfig, Qwen3TTSConfig, load_code2wav_config, load_config
@@ -141,10 +141,14 @@ def talker_bytes(config: Qwen3TTSConfig, engine: EngineConfig) -> TalkerBytes:
     # Prompt rows and fed-back frames of every running request, one hidden vector per position.
     embeddings = engine.max_num_seqs * engine.max_model_len * talker.shape.hidden_size * dtype_bytes
     # The predictor runs within the Talker's step: its activations, but the step's fixed scratch only once.
-    predictor_acts = activation_bytes(predictor, dtype_bytes, 2 * engine.max_num_seqs, engine.max_num_seqs, talker.num_code_groups)
+    quantization = engine.quant.method if engine.quant is not None else None
+    predictor_acts = activation_bytes(
+        predictor, dtype_bytes, 2 * engine.max_num_seqs, engine.max_num_seqs, talker.num_code_groups, quantization,
+    )
     buffers = (
-        activation_bytes(decoder, dtype_bytes, engine.max_num_batched_tokens, engine.max_num_seqs, engine.max_model_len)
-        + predictor_acts - int(runtime_overhead()["activation_fixed_bytes"]) + rope + embeddings
+        activation_bytes(decoder, dtype_bytes, engine.max_num_batched_tokens, engine.max_num_seqs, engine.max_model_len,
+                         quantization)
+        + predictor_acts - activation_calibration(quantization)[1] + rope + embeddings
     )
     return TalkerBytes(weights, kv, buffers)
 
