@@ -11,7 +11,11 @@ every request generate ``--max-tokens`` tokens.
 Measured at the consumer: time to first token (TTFT) and inter-token latency
 (ITL, the gaps between token chunks) p50/p95, time per output token (TPOT:
 first to last token of a request over its tokens, median over requests) and
-output tokens/s over the level's wall time. The server's overhead per token
+output tokens/s over the level's wall time. Both sides ask for the sampled
+token's logprob (``logprobs=0``): the server then streams a chunk for every
+token, also one whose text is still empty (a byte of a longer character,
+or, on a synthetic checkpoint, an id beyond its small tokenizer), so every
+token is timed on both sides. The server's overhead per token
 is its TPOT minus the engine's at the same level (TPOT, unlike ITL, does not
 depend on how the network bunches chunks); the client runs in this process
 in both cases, so that difference is HTTP, SSE and JSON on both ends.
@@ -114,7 +118,7 @@ async def engine_levels(args: argparse.Namespace, levels: list[int], vocab: int)
     await engine.start()
 
     async def one(i: int, max_tokens: int = args.max_tokens) -> Timeline:
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=0)
         tl = Timeline(time.perf_counter())
         async for event in engine.add_request(PreparedPrompt(None, prompt_ids(i, args.prompt_tokens, vocab)), params):
             if event.token_ids:
@@ -136,7 +140,7 @@ async def server_levels(base_url: str, args: argparse.Namespace, levels: list[in
 
         async def one(i: int, max_tokens: int = args.max_tokens) -> Timeline:
             body = {"prompt": prompt_ids(i, args.prompt_tokens, vocab), "max_tokens": max_tokens, "temperature": 0,
-                    "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+                    "ignore_eos": True, "logprobs": 0, "stream": True, "stream_options": {"include_usage": True}}
             tl = Timeline(time.perf_counter())
             async with http.stream("POST", "/v1/completions", json=body) as r:
                 r.raise_for_status()
@@ -146,7 +150,7 @@ async def server_levels(base_url: str, args: argparse.Namespace, levels: list[in
                     chunk = json.loads(line[6:])
                     if chunk.get("usage"):
                         tl.count = chunk["usage"]["completion_tokens"]
-                    elif chunk["choices"] and chunk["choices"][0]["text"]:
+                    elif chunk["choices"] and chunk["choices"][0].get("logprobs"):
                         tl.tokens.append(time.perf_counter())
             return tl
 
