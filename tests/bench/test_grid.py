@@ -50,6 +50,18 @@ def test_direction_override_flips_best(write_spec, grid):
     assert result.row("A", "tg_tps").best == 10.0
 
 
+def test_spec_gives_directions_and_the_command_line_wins(write_spec, grid):
+    arm = metrics_arm("A", {"mean_kl": [0.3, 0.1, 0.2], "score": [1.0, 3.0, 2.0]})
+    spec = write_spec([arm], directions={"mean_kl": "min", "score": "min"})
+    rc, result = grid(spec, "--direction", "score=max")
+    assert rc == 0
+    assert (result.row("A", "mean_kl").direction, result.row("A", "mean_kl").best) == ("min", 0.1)
+    assert (result.row("A", "score").direction, result.row("A", "score").best) == ("max", 3.0)
+    assert not any(f.kind == "NO_DIRECTION" for f in result.flags)
+    rc, _ = grid(write_spec([arm], directions={"mean_kl": "lower"}))
+    assert rc != 0  # a direction other than max/min is a spec error
+
+
 def test_noisy_arm_is_flagged(write_spec, grid):
     rc, result = grid(write_spec([metrics_arm("A", {"step_ms": [10.0, 12.0, 10.0]})]))
     noisy = [f for f in result.flags if f.kind == "NOISY"]

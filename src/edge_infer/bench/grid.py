@@ -115,7 +115,7 @@ def _settings(args: argparse.Namespace, spec: GridSpec) -> GridSettings:
     return GridSettings(
         spec_path=str(args.spec), spec_sha256=spec.sha256, passes=args.passes, cores=cores,
         headline_metric=headline, keys=keys,
-        directions=stats.parse_direction_overrides(args.direction),
+        directions={**spec.directions, **stats.parse_direction_overrides(args.direction)},
         noise_threshold_pct=args.noise_threshold, max_stolen_pct=args.max_stolen_pct,
         max_core_busy_pct=args.max_core_busy_pct, preflight_window_s=args.preflight_window_s,
         allow_busy=args.allow_busy, lock=None if args.no_lock else str(default_lock_path()),

@@ -2,14 +2,18 @@
 
     {"arms": [{"tag": "eager", "command": ["python", "bench.py"], "env": {"OMP_NUM_THREADS": "2"}},
               {"tag": "compiled", "command": "python bench.py --compile"}],
-     "cores": "0-1", "metric": "tg_tps"}
+     "cores": "0-1", "metric": "tg_tps", "directions": {"mean_kl": "min"}}
+
+``directions`` names the better direction of metrics whose names do not
+say it; ``--direction`` on the command line still wins.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
@@ -46,6 +50,7 @@ class _SpecIn(BaseModel):
     arms: list[_ArmIn]
     cores: str | list[int] | None = None  # "0-1,4" or [0, 1, 4]
     metric: str | None = None
+    directions: dict[str, Literal["max", "min"]] = {}
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,7 @@ class GridSpec:
     cores: str | None
     metric: str | None
     sha256: str
+    directions: dict[str, str] = field(default_factory=dict)
 
 
 def load_spec(path: Path) -> GridSpec:
@@ -72,7 +78,7 @@ def load_spec(path: Path) -> GridSpec:
             detail = str(exc)
         raise SpecError(
             f"spec {path} is invalid ({detail}); expected "
-            '{"arms": [{"tag": ..., "command": [...] or "...", "env": {...}}], "cores": ..., "metric": ...}'
+            '{"arms": [{"tag": ..., "command": [...] or "...", "env": {...}}], "cores": ..., "metric": ..., "directions": {metric: "max" | "min"}}'
         ) from None
     if not parsed.arms:
         raise SpecError(f"spec {path} has no arms; add at least one under \"arms\"")
@@ -82,4 +88,5 @@ def load_spec(path: Path) -> GridSpec:
         raise SpecError(f"spec {path}: arm tags must be unique, repeated: {', '.join(duplicates)}")
     arms = [Arm(tag=a.tag, command=a.command, env={k: str(v) for k, v in a.env.items()}) for a in parsed.arms]
     cores = ",".join(map(str, parsed.cores)) if isinstance(parsed.cores, list) else parsed.cores
-    return GridSpec(arms=arms, cores=cores or None, metric=parsed.metric, sha256=hashlib.sha256(raw).hexdigest())
+    return GridSpec(arms=arms, cores=cores or None, metric=parsed.metric, sha256=hashlib.sha256(raw).hexdigest(),
+                    directions=dict(parsed.directions))
