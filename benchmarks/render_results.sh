@@ -49,5 +49,13 @@ out=docs/results.md
     echo
     "$PYTHON" benchmarks/levers_table.py benchmarks/results
   fi
+  if compgen -G "benchmarks/results/profiles/*.json" > /dev/null; then
+    echo
+    echo "## Where a decode step's time goes (Qwen2.5-0.5B shape, batch 1, 2 threads)"
+    echo
+    echo "torch.profiler over real engine steps (\`benchmarks/profile_decode.py\`); self time per step."
+    echo
+    "$PYTHON" benchmarks/profiles_table.py benchmarks/results/profiles
+  fi
 } > "$out"
 echo "wrote $out" >&2

@@ -7,9 +7,9 @@
 # lock. First (once) it writes the synthetic checkpoints and their GGUFs
 # (bf16 export, Q8_0 and Q4_K_M through llama.cpp's quantizer) under
 # benchmarks/models/, then runs every spec in benchmarks/specs/ into
-# benchmarks/results/<spec>.json. An arm that fails (the W4A16 arms until
-# quantization="cpu_int4" exists) is kept in its result as a failed pass and
-# makes this script exit 1 after everything else has run.
+# benchmarks/results/<spec>.json, and profiles batch-1 decode steps into
+# benchmarks/results/profiles/. An arm that fails is kept in its result as a
+# failed pass and makes this script exit 1 after everything else has run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${EDGE_INFER:-}" ]; then
@@ -39,6 +39,14 @@ for spec in benchmarks/specs/*.json; do
   name=$(basename "$spec" .json)
   echo "== $name" >&2
   $EDGE_INFER bench grid --spec "$spec" --out "benchmarks/results/$name.json" "$@" || status=1
+done
+PYTHON=$(dirname "$EDGE_INFER")/python; [ -x "$PYTHON" ] || PYTHON=python
+cores=$(printf '%s\n' "$@" | sed -n '/^--cores$/{n;p;}')  # the grids' --cores, if given
+for arm in "bf16:" "bf16-packed-head:--packed-head" "w4a16:--quantization cpu_int4" \
+           "w4a16-head:--quantization cpu_int4 --quantize-head"; do
+  # shellcheck disable=SC2086  # the flags are words
+  ${cores:+taskset -c "$cores"} "$PYTHON" benchmarks/profile_decode.py "$models/qwen2.5-0.5b" ${arm#*:} \
+    --out "benchmarks/results/profiles/decode-qwen2.5-0.5b-${arm%%:*}.json" || status=1
 done
 benchmarks/render_results.sh
 exit $status
