@@ -144,6 +144,7 @@ class IncrementalDecoder:
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
         from tokenizers.decoders import DecodeStream
 
+        self._tokenizer = tokenizer
         self._tok = tokenizer._tok
         self._skip_special_tokens = skip_special_tokens
         self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
@@ -162,8 +163,7 @@ class IncrementalDecoder:
     def flush(self) -> str:
         """What is still held back when the sequence ends (an incomplete character
         decodes to U+FFFD), so the final text equals decoding every id at once."""
-        vocab = self._tok.get_vocab_size(with_added_tokens=True)
-        full = self._tok.decode([i for i in self._ids if i < vocab], skip_special_tokens=self._skip_special_tokens)
+        full = self._tokenizer.decode(self._ids, self._skip_special_tokens)  # unknown ids decode to nothing here too
         rest = full[self._emitted:]
         self._emitted = len(full)
         return rest
