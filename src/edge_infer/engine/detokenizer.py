@@ -67,7 +67,7 @@ class RequestText:
                     stop_hit = True
         if delta.finished and not self.finished:
             if self.decoder is not None:
-                self.text += self.decoder.flush()
+                self.text += self.decoder.flush(self.token_ids)
             self.finished = True
             self.finish_reason = delta.finish_reason
             self.stop_reason = delta.stop_reason

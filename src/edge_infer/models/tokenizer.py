@@ -148,11 +148,9 @@ class IncrementalDecoder:
         self._tok = tokenizer._tok
         self._skip_special_tokens = skip_special_tokens
         self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
-        self._ids: list[int] = []
         self._emitted = 0  # characters returned so far
 
     def step(self, token_id: int) -> str:
-        self._ids.append(token_id)
         try:
             piece = self._stream.step(self._tok, token_id) or ""
         except Exception:  # ids beyond the tokenizer's vocabulary
@@ -160,10 +158,10 @@ class IncrementalDecoder:
         self._emitted += len(piece)
         return piece
 
-    def flush(self) -> str:
-        """What is still held back when the sequence ends (an incomplete character
-        decodes to U+FFFD), so the final text equals decoding every id at once."""
-        full = self._tokenizer.decode(self._ids, self._skip_special_tokens)  # unknown ids decode to nothing here too
+    def flush(self, ids: list[int]) -> str:
+        """What is still held back when the sequence ``ids`` (every id stepped so far) ends:
+        an incomplete character decodes to U+FFFD, so the final text equals decoding every id at once."""
+        full = self._tokenizer.decode(ids, self._skip_special_tokens)  # unknown ids decode to nothing here too
         rest = full[self._emitted:]
         self._emitted = len(full)
         return rest
