@@ -43,7 +43,9 @@ def decode_activation_bytes(config: Code2WavConfig, frames: int, dtype_bytes: in
     The largest tensors are the decoder blocks' outputs (channels x
     samples); a residual unit holds its input, the SnakeBeta temporaries
     (two of the same size) and the conv output at once, so four of the
-    largest, plus the fp32 PCM.
+    largest, plus the fp32 PCM. A block's transposed conv (two taps, stride
+    >= 2) holds its input, its product (two outputs' worth) and its output:
+    at most four outputs too.
     """
     dims = decoder_dims(config)
     steps = frames
