@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import psutil
+
 FAMILY_CONFIGS = {
     # Odd shapes on purpose: head counts that are not powers of two, MQA, head_dim != hidden / heads.
     "llama": dict(
@@ -43,3 +45,15 @@ def write_hf_checkpoint(path: Path, family: str, **overrides) -> Path:
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     model.save_pretrained(path)
     return path
+
+
+def live_children():
+    """Child processes of this test process, except multiprocessing's resource tracker."""
+    out = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.is_running() and child.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(child.cmdline()):
+                out.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return out

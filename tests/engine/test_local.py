@@ -12,6 +12,7 @@ import pytest
 
 from edge_infer import LocalTextEngine, plan_text_session
 from edge_infer.errors import InvalidRequestError, PlanRefusedError, StaleSessionError
+from testutil import live_children
 
 pytestmark = pytest.mark.slow
 PROMPT = "Tell me a story about a small robot"
@@ -125,7 +126,7 @@ def test_worker_death_ends_streams_with_an_error_and_restart_works(plan):
             await engine.close()
         assert not psutil.pid_exists(worker)
         assert not psutil.pid_exists(new_worker) or psutil.Process(new_worker).status() == psutil.STATUS_ZOMBIE
-        assert psutil.Process().children(recursive=True) == []
+        assert live_children() == []
 
     run(scenario())
 

@@ -5,8 +5,6 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
-
 from edge_infer.runtime.transport import list_segments
 
 
@@ -40,18 +38,6 @@ def wait_until(predicate, timeout=5.0, interval=0.05):
             return True
         time.sleep(interval)
     return predicate()
-
-
-def live_children():
-    """Child processes of this test process, except multiprocessing's resource tracker."""
-    out = []
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.is_running() and child.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(child.cmdline()):
-                out.append(child)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def segments_of(omni) -> list[str]:

@@ -6,7 +6,8 @@ import pytest
 
 from edge_infer.runtime.omni import Omni
 from edge_infer.runtime.toy_executors import toy_ar_tokens
-from omni_helpers import live_children, wait_until, write_config
+from omni_helpers import wait_until, write_config
+from testutil import live_children
 
 pytest.importorskip("onnxruntime", reason="the external backend needs the 'external' extra (onnxruntime, onnx)")
 pytest.importorskip("onnx", reason="exporting the toy model needs the 'external' extra (onnx)")

@@ -11,7 +11,8 @@ from edge_infer.runtime.contracts import Payload
 from edge_infer.runtime.omni import AsyncOmni
 from edge_infer.runtime.toy_executors import toy_ar_tokens
 from edge_infer.runtime.transport import list_segments
-from omni_helpers import collect, live_children, segments_of, wait_until, write_config
+from omni_helpers import collect, segments_of, wait_until, write_config
+from testutil import live_children
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,8 @@ import pytest
 from edge_infer.runtime.omni import AsyncOmni
 from edge_infer.runtime.toy_executors import toy_ar_tokens
 from edge_infer.runtime.transport import list_segments
-from omni_helpers import live_children, wait_until, write_config
+from omni_helpers import wait_until, write_config
+from testutil import live_children
 
 pytestmark = pytest.mark.slow
 

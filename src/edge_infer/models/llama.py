@@ -64,9 +64,9 @@ class DecoderLayer(nn.Module):
         # q and k are adjacent in the fused output: rotate them together.
         qk = qkv[:, : cfg.q_size + cfg.kv_size].view(n, heads + kv_heads, d)
         v = qkv[:, cfg.q_size + cfg.kv_size :].view(n, kv_heads, d)
-        if cfg.qk_norm:
-            eps = cfg.rms_norm_eps
-            qk = torch.cat((rms_norm(qk[:, :heads], self.q_norm, eps), rms_norm(qk[:, heads:], self.k_norm, eps)), 1)
+        if cfg.qk_norm:  # one norm over all q and k heads, each head with its own weight row
+            weight = torch.cat((self.q_norm.expand(heads, d), self.k_norm.expand(kv_heads, d)))
+            qk = rms_norm(qk, weight, cfg.rms_norm_eps)
         qk = apply_rotary(qk, cos, sin)
         q, k = qk[:, :heads], qk[:, heads:]
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
