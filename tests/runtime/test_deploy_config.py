@@ -283,6 +283,8 @@ def test_bad_value_from_override_is_blamed_on_the_override(tmp_path):
         ("stages: [{stage_id: 0, kind: ar, executor: toy_ar}]\nfinal_outputs: [0, 0]\n", "final_outputs", "listed twice"),
         ("stages: [{stage_id: 0, kind: external, executor: onnx_vocoder}]\nfinal_outputs: [0]\n", "stages[id=0].model", "needs a model"),
         ("stages: [{stage_id: 0, kind: ar, executor: toy_ar, engine: {dtype: int8}}]\nfinal_outputs: [0]\n", "stages[id=0].engine.dtype", "'bfloat16'"),
+        ("stages: [{stage_id: 0, kind: ar, executor: toy_ar, nice: -5}]\nfinal_outputs: [0]\n", "stages[id=0].nice", ">= 0"),
+        ("stages: [{stage_id: 0, kind: ar, executor: toy_ar, nice: 20}]\nfinal_outputs: [0]\n", "stages[id=0].nice", "<= 19"),
     ],
 )
 def test_more_config_errors_name_file_key_and_fix(tmp_path, text, key_path, words):

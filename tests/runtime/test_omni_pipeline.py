@@ -5,6 +5,7 @@ import signal
 import threading
 
 import numpy as np
+import psutil
 import pytest
 
 from edge_infer.runtime.contracts import Payload
@@ -26,6 +27,7 @@ stages:
     engine: {max_num_seqs: 8}
     executor_options: {step_delay_s: 0.01, fail_on_token: 250}
   - stage_id: 1
+    nice: 4
     engine: {max_num_seqs: 8}
 """
 
@@ -138,6 +140,13 @@ def test_prompt_of_a_contract_the_source_does_not_accept_is_refused(loop_thread,
     image = Payload("image/1", np.zeros((1, 1, 3), np.uint8), {"mode": "RGB"})
     with pytest.raises(ValueError, match="accepts text/1, token_ids/1; the prompt is image/1"):
         loop_thread.run(collect(omni, image))
+
+
+def test_a_stage_runs_at_its_configured_lower_priority(omni):
+    ours = os.nice(0)
+    pids = omni.worker_pids()
+    assert psutil.Process(pids[0]).nice() == ours
+    assert psutil.Process(pids[1]).nice() == min(19, ours + 4)
 
 
 def test_sigkill_of_each_stage_errors_its_requests_and_leaves_no_segment(loop_thread, omni):

@@ -7,8 +7,10 @@ chunks of the configured sizes.
 from __future__ import annotations
 
 import asyncio
+import os
 
 import numpy as np
+import psutil
 import pytest
 
 from edge_infer.runtime.omni import AsyncOmni, Omni
@@ -90,6 +92,14 @@ def test_stage_processes_stay_within_their_reservations(loop_thread, omni, pipel
         measured = int(status["RssAnon"].split()[0]) * 1024
         reservation = omni.plan.stage(sid).reservation
         assert measured <= reservation.total_bytes - reservation.transport_bytes, (sid, measured, reservation)
+
+
+def test_the_talker_yields_the_cores_to_code2wav(omni, pipeline) -> None:
+    # The bundled layout: the Talker on every core at a lower priority, Code2Wav on half at ours.
+    ours = os.nice(0)
+    pids = omni.worker_pids()
+    assert psutil.Process(pids[pipeline.talker_stage]).nice() == min(19, ours + 5)
+    assert psutil.Process(pids[pipeline.audio_stage]).nice() == ours
 
 
 def test_sync_omni_generates_a_batch(pipeline) -> None:

@@ -108,6 +108,8 @@ class _StageLoop:
 
     def serve(self) -> None:
         try:
+            if self.stage.nice:
+                os.nice(self.stage.nice)
             self.executor = load_executor(self.spec.executor_target)()
             self.executor.start(self.stage)
         except Exception as exc:  # noqa: BLE001 - any start failure is reported, not raised

@@ -69,7 +69,9 @@ class TalkerExecutor(StageExecutor):
 
         self.torch = torch
         self.opts: TalkerOptions = self.options(stage)
-        torch.set_num_threads(stage_threads(self.opts.num_threads))
+        # The Talker is the critical path: by default every core. The bundled config
+        # runs it at a lower priority (nice), so Code2Wav's chunks preempt it.
+        torch.set_num_threads(stage_threads(self.opts.num_threads, share=1))
         engine_config = talker_engine_config(stage)
         self.engine = load_talker_engine(engine_config)
         self.tokenizer = TextTokenizer.from_dir(engine_config.model)
@@ -178,7 +180,7 @@ class Code2WavExecutor(StageExecutor):
 
         self.torch = torch
         self.opts: Code2WavOptions = self.options(stage)
-        torch.set_num_threads(stage_threads(self.opts.num_threads))
+        torch.set_num_threads(stage_threads(self.opts.num_threads, share=2))
         settings = code2wav_settings(stage)
         self.config = load_code2wav_config(settings.model)
         dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[settings.dtype]

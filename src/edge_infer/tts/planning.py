@@ -54,9 +54,9 @@ def stage_runtime_bytes() -> int:
     return runtime_overhead()["worker_bytes"] + STAGE_EXTRA_BYTES
 
 
-def stage_threads(requested: int | None) -> int:
-    """Threads of one TTS stage: as asked, else half the cores this process may use (two stages share them)."""
-    return requested or max(1, len(os.sched_getaffinity(0)) // 2)
+def stage_threads(requested: int | None, share: int) -> int:
+    """Threads of one TTS stage: as asked, else ``1 / share`` of the cores this process may use."""
+    return requested or max(1, len(os.sched_getaffinity(0)) // share)
 
 
 def _require_model(stage: "StageConfig") -> Path:
