@@ -57,5 +57,14 @@ out=docs/results.md
     echo
     "$PYTHON" benchmarks/profiles_table.py benchmarks/results/profiles
   fi
+  if compgen -G "benchmarks/results/tts-frames/*.json" > /dev/null; then
+    echo
+    echo "## Where a frame of speech goes (Qwen3-TTS 0.6B shape, batch 1; real time is 80 ms per frame)"
+    echo
+    echo "\`benchmarks/profile_tts_frame.py\`: the Talker's wall time per frame (decoder step + 15 code-predictor"
+    echo "passes), its operators' self time (torch.profiler), and Code2Wav's wall time per frame by chunk size."
+    echo
+    "$PYTHON" benchmarks/profile_tts_frame.py --table benchmarks/results/tts-frames
+  fi
 } > "$out"
 echo "wrote $out" >&2

@@ -7,8 +7,8 @@
 # lock. First (once) it writes the synthetic checkpoints and their GGUFs
 # (bf16 export, Q8_0 and Q4_K_M through llama.cpp's quantizer) under
 # benchmarks/models/, then runs every spec in benchmarks/specs/ into
-# benchmarks/results/<spec>.json, and profiles batch-1 decode steps into
-# benchmarks/results/profiles/. An arm that fails is kept in its result as a
+# benchmarks/results/<spec>.json, profiles batch-1 decode steps into
+# benchmarks/results/profiles/ and speech frames into benchmarks/results/tts-frames/. An arm that fails is kept in its result as a
 # failed pass and makes this script exit 1 after everything else has run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,6 +47,12 @@ for arm in "bf16:" "bf16-packed-head:--packed-head" "w4a16:--quantization cpu_in
   # shellcheck disable=SC2086  # the flags are words
   ${cores:+taskset -c "$cores"} "$PYTHON" benchmarks/profile_decode.py "$models/qwen2.5-0.5b" ${arm#*:} \
     --out "benchmarks/results/profiles/decode-qwen2.5-0.5b-${arm%%:*}.json" || status=1
+done
+for arm in "bf16-1t::1" "w4a16-1t:--quantization cpu_int4:1" "w4a16-2t:--quantization cpu_int4:2"; do
+  IFS=: read -r tag flags threads <<< "$arm"
+  # shellcheck disable=SC2086  # the flags are words
+  ${cores:+taskset -c "$cores"} "$PYTHON" benchmarks/profile_tts_frame.py "$models/qwen3-tts-0.6b" $flags \
+    --threads "$threads" --out "benchmarks/results/tts-frames/qwen3-tts-0.6b-$tag.json" || status=1
 done
 benchmarks/render_results.sh
 exit $status
