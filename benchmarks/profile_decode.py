@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
+
+from step_profile import time_and_profile
 
 STEPS = 40
 WARMUP_STEPS = 10
@@ -36,7 +37,6 @@ def main() -> int:
     import os
 
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     from edge_infer.bench import provenance
     from edge_infer.engine.config import EngineConfig, QuantConfig
@@ -57,16 +57,7 @@ def main() -> int:
     for _ in range(WARMUP_STEPS):
         core.step()
 
-    start = time.perf_counter()
-    for _ in range(STEPS):
-        core.step()
-    wall_ms = (time.perf_counter() - start) * 1e3 / STEPS  # without the profiler's own cost
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(STEPS):
-            core.step()
-    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
-    per_step = [(e.key, e.self_cpu_time_total / 1e3 / STEPS, e.count / STEPS) for e in ops]
+    wall_ms, per_step = time_and_profile(core.step, STEPS)
     in_ops_ms = sum(ms for _, ms, _ in per_step)
     result = {
         "kind": "edge-infer.profile.decode",

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from step_profile import time_and_profile
+
 WARMUP_FRAMES = 8
 FRAMES = 24
 CODE2WAV_CHUNKS = (1, 4, 8)
@@ -29,12 +31,15 @@ FRAME_MS = 80.0
 WEIGHT_OPS = ("mkldnn::_linear_pointwise", "aten::_weight_int4pack_mm_for_cpu", "aten::mm", "aten::addmm")
 
 
+def layer_weight_bytes(decoder) -> int:
+    """Resident bytes of a decoder's layer weights (its four linears per layer)."""
+    return sum(lin.resident_bytes for layer in decoder.layers for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down))
+
+
 def profile(args: argparse.Namespace) -> dict:
     import os
 
     import torch
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
 
     from edge_infer.bench import provenance
     from edge_infer.models.qwen3_tts.config import load_code2wav_config
@@ -58,24 +63,16 @@ def profile(args: argparse.Namespace) -> dict:
     engine.add("profile", voice, SamplingParams(max_frames=total, ignore_eos=True), torch.Generator().manual_seed(0))
     for _ in range(1 + WARMUP_FRAMES):  # the prompt, then warm-up frames
         engine.step()
-    start = time.perf_counter()
-    for _ in range(FRAMES):
-        engine.step()
-    talker_ms = (time.perf_counter() - start) * 1e3 / FRAMES  # without the profiler's own cost
-    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(FRAMES):
-            engine.step()
-    ops = {e.key: e.self_cpu_time_total / 1e3 / FRAMES for e in prof.key_averages()}
+    talker_ms, per_frame = time_and_profile(engine.step, FRAMES)
+    ops = {key: ms for key, ms, _ in per_frame}
     weight_ms = sum(ms for key, ms in ops.items() if key in WEIGHT_OPS)
     in_ops_ms = sum(ops.values())
     talker, predictor = engine.talker.decoder, engine.talker.predictor
     residual = predictor.num_residual
     # Per frame: the decoder's layers and codec head once, the predictor's layers once per residual code,
     # and each of its heads once.
-    layer_bytes = [sum(lin.resident_bytes for lin in (l.qkv, l.o_proj, l.gate_up, l.down)) for l in talker.layers]
-    predictor_layer_bytes = [sum(lin.resident_bytes for lin in (l.qkv, l.o_proj, l.gate_up, l.down)) for l in predictor.layers]
-    weight_bytes = (sum(layer_bytes) + talker.lm_head.resident_bytes + residual * sum(predictor_layer_bytes)
-                    + sum(h.resident_bytes for h in predictor.heads))
+    weight_bytes = (layer_weight_bytes(talker) + talker.lm_head.resident_bytes
+                    + residual * layer_weight_bytes(predictor) + sum(h.resident_bytes for h in predictor.heads))
     del engine
 
     code2wav_config = load_code2wav_config(model)
