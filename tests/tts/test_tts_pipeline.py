@@ -83,15 +83,31 @@ def test_ignore_eos_speaks_exactly_max_tokens_frames(loop_thread, omni, pipeline
     assert audio.shape == (30 * SAMPLES_PER_FRAME,) and np.isfinite(audio).all()
 
 
-def test_stage_processes_stay_within_their_reservations(loop_thread, omni, pipeline) -> None:
+def assert_stages_within_reservations(omni) -> None:
     # RssAnon of each stage process after serving, against its planned reservation (shared-memory
     # payload buffers are RssShmem, not RssAnon: the transport item is left out).
-    loop_thread.run(collect(omni, pipeline, "Fill the buffers.", {"voice": "ryan", "max_tokens": 40, "ignore_eos": True}))
     for sid, pid in omni.worker_pids().items():
         status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status"))
         measured = int(status["RssAnon"].split()[0]) * 1024
         reservation = omni.plan.stage(sid).reservation
         assert measured <= reservation.total_bytes - reservation.transport_bytes, (sid, measured, reservation)
+
+
+def test_stage_processes_stay_within_their_reservations(loop_thread, omni, pipeline) -> None:
+    loop_thread.run(collect(omni, pipeline, "Fill the buffers.", {"voice": "ryan", "max_tokens": 40, "ignore_eos": True}))
+    assert_stages_within_reservations(omni)
+
+
+def test_the_default_layout_stays_within_its_reservations(loop_thread) -> None:
+    # What a user runs: bf16 where the CPU has it, the Talker on every core, Code2Wav on half.
+    default = SpeechPipeline.for_checkpoint(TINY)
+    omni = AsyncOmni(default.config)
+    loop_thread.run(omni.start())
+    try:
+        loop_thread.run(collect(omni, default, "Fill the buffers.", {"voice": "ryan", "max_tokens": 40, "ignore_eos": True}))
+        assert_stages_within_reservations(omni)
+    finally:
+        loop_thread.run(omni.shutdown())
 
 
 def test_the_talker_yields_the_cores_to_code2wav(omni, pipeline) -> None:
