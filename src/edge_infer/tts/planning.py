@@ -28,7 +28,7 @@ from edge_infer.engine.config import EngineConfig, QuantConfig
 from edge_infer.engine.kv_cache import DEFAULT_BLOCK_SIZE, KVLayout
 from edge_infer.memory.plan import activation_bytes, activation_calibration, resolve_dtype, runtime_overhead
 from edge_infer.models.checkpoint import read_tensor_index
-from edge_infer.models.qwen3_tts.code2wav_shapes import decode_activation_bytes, decode_state_bytes
+from edge_infer.models.qwen3_tts.code2wav_shapes import NOT_FOR_DECODING, decode_activation_bytes, decode_state_bytes
 from edge_infer.models.qwen3_tts.config import Code2WavConfig, Qwen3TTSConfig, load_code2wav_config, load_config
 from edge_infer.models.qwen3_tts.layout import SPEECH_TOKENIZER_DIR
 from edge_infer.models.weights import WeightSpec
@@ -184,10 +184,10 @@ def code2wav_settings(stage: "StageConfig") -> Code2WavSettings:
 
 
 def code2wav_weight_bytes(model: Path, dtype_bytes: int) -> int:
-    """``decoder.*`` of the speech tokenizer, less the quantizers' encoder-side input projections."""
+    """The speech tokenizer's tensors that decoding loads (``decoder.*`` less ``NOT_FOR_DECODING``)."""
     index = read_tensor_index(model / SPEECH_TOKENIZER_DIR)
     numel = sum(math.prod(info.shape) for name, info in index.items()
-                if name.startswith("decoder.") and ".input_proj." not in name)
+                if name.startswith("decoder.") and not name.startswith(NOT_FOR_DECODING))
     return numel * dtype_bytes
 
 

@@ -163,10 +163,12 @@ class CausalTransposedConv(nn.Module):
         x = F.pad(x, (h, 0)) if state is None else state.extend(self, x, h)
         weight, bias = self.conv.weight, self.conv.bias  # [cin, cout, kernel]
         cin, cout = weight.shape[0], weight.shape[1]
-        blocks = (weight.view(cin, -1).t() @ x[0]).view(cout, self.taps, self.stride, n + h)
+        blocks = (weight.reshape(cin, -1).t() @ x[0]).view(cout, self.taps, self.stride, n + h)
+        del x  # the extended copy; dropping it and the product early keeps the decode's peak down
         out = torch.add(blocks[:, 0, :, h:], bias.view(-1, 1, 1))  # [cout, stride, n]
         for m in range(1, self.taps):
             out += blocks[:, m, :, h - m: h - m + n]
+        del blocks
         return out.transpose(1, 2).reshape(1, cout, n * self.stride)
 
 

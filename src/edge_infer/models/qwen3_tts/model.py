@@ -13,6 +13,7 @@ from typing import Iterator
 import torch
 
 from edge_infer.models.qwen3_tts.code2wav import Code2Wav, StreamingDecoder
+from edge_infer.models.qwen3_tts.code2wav_shapes import NOT_FOR_DECODING
 from edge_infer.models.qwen3_tts.config import (
     Code2WavConfig, GenerationDefaults, Qwen3TTSConfig, load_code2wav_config, load_config, load_generation_defaults,
 )
@@ -34,11 +35,8 @@ def load_talker(model_dir: str | Path, config: Qwen3TTSConfig, dtype: torch.dtyp
 
 
 def load_code2wav(model_dir: str | Path, config: Code2WavConfig, dtype: torch.dtype = torch.float32) -> Code2Wav:
-    # The codec's encoder (audio -> codes, for voice cloning) and the quantizers'
-    # input projections (encoder side) are not needed to decode.
     return build_and_load(lambda: Code2Wav(config), Path(model_dir) / SPEECH_TOKENIZER_DIR, prefix="decoder.",
-                          ignore=("encoder.", "decoder.quantizer.rvq_first.input_proj", "decoder.quantizer.rvq_rest.input_proj"),
-                          dtype=dtype)
+                          ignore=NOT_FOR_DECODING, dtype=dtype)
 
 
 @dataclass
