@@ -144,6 +144,8 @@ def test_prompt_of_a_contract_the_source_does_not_accept_is_refused(loop_thread,
 
 def test_a_stage_runs_at_its_configured_lower_priority(omni):
     ours = os.nice(0)
+    if ours > 15:
+        pytest.skip(f"this test process already runs at nice {ours}: a further 4 cannot be told apart")
     pids = omni.worker_pids()
     assert psutil.Process(pids[0]).nice() == ours
     assert psutil.Process(pids[1]).nice() == min(19, ours + 4)

@@ -98,9 +98,11 @@ def test_stage_processes_stay_within_their_reservations(loop_thread, omni, pipel
     assert_stages_within_reservations(omni)
 
 
-def test_the_default_layout_stays_within_its_reservations(loop_thread) -> None:
-    # What a user runs: bf16 where the CPU has it, the Talker on every core, Code2Wav on half.
-    default = SpeechPipeline.for_checkpoint(TINY)
+def test_the_default_layout_in_bf16_stays_within_its_reservations(loop_thread) -> None:
+    # What a user runs on a CPU with bf16: the Talker on every core, Code2Wav on half (bf16 set
+    # explicitly, so that a CPU without it checks the same thing).
+    both = {"engine": {"dtype": "bfloat16"}}
+    default = SpeechPipeline.for_checkpoint(TINY, {"0": both, "1": both})
     omni = AsyncOmni(default.config)
     loop_thread.run(omni.start())
     try:
@@ -113,6 +115,8 @@ def test_the_default_layout_stays_within_its_reservations(loop_thread) -> None:
 def test_the_talker_yields_the_cores_to_code2wav(omni, pipeline) -> None:
     # The bundled layout: the Talker on every core at a lower priority, Code2Wav on half at ours.
     ours = os.nice(0)
+    if ours > 14:
+        pytest.skip(f"this test process already runs at nice {ours}: a further 5 cannot be told apart")
     pids = omni.worker_pids()
     assert psutil.Process(pids[pipeline.talker_stage]).nice() == min(19, ours + 5)
     assert psutil.Process(pids[pipeline.audio_stage]).nice() == ours

@@ -42,7 +42,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p = parser.add_argument_group("pipeline (as edge-infer serve)")
     p.add_argument("--dtype", default="auto", help="both stages: auto, bfloat16 or float32")
     p.add_argument("--quantization", default=None, choices=["cpu_int4", "none"], help="the Talker's weights")
-    p.add_argument("--num-threads", type=int, default=None, help="threads per stage (default: half the cores each)")
+    p.add_argument("--num-threads", type=int, default=None, help="threads of each stage (default: the Talker every core, Code2Wav half)")
     p.add_argument("--max-num-seqs", type=int, default=None, help="requests batched per stage (default 4)")
     p.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="the Talker's exact KV budget")
     p.add_argument("--stage-overrides", default=None, help="JSON per stage id, applied last")

@@ -114,8 +114,8 @@ class StageConfig(_Strict):
     name: str | None = None
     model: str | None = None
     device: Device = "cpu"
-    # Unix nice increment of the stage's process: a lower-priority stage uses the
-    # cores the others leave idle, and yields them as soon as those have work.
+    # Unix nice increment of the stage's process: a niced stage uses the cores the
+    # others leave idle and gets a smaller share of a core they contend for.
     nice: int = Field(default=0, ge=0, le=19)
     reservation: ReservationConfig = ReservationConfig()
     engine: EngineSettings = EngineSettings()

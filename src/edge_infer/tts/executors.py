@@ -70,7 +70,7 @@ class TalkerExecutor(StageExecutor):
         self.torch = torch
         self.opts: TalkerOptions = self.options(stage)
         # The Talker is the critical path: by default every core. The bundled config
-        # runs it at a lower priority (nice), so Code2Wav's chunks preempt it.
+        # runs it at nice 5, so Code2Wav gets most of a core the two contend for.
         torch.set_num_threads(stage_threads(self.opts.num_threads, share=1))
         engine_config = talker_engine_config(stage)
         self.engine = load_talker_engine(engine_config)
