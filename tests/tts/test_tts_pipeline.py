@@ -129,4 +129,6 @@ def test_sync_omni_generates_a_batch(pipeline) -> None:
     assert [r.status for r in results] == ["finished", "finished"]
     first, second = (r.joined(pipeline.audio_stage) for r in results)
     assert first.shape == (len(case["codes"]) * SAMPLES_PER_FRAME,)
-    np.testing.assert_array_equal(first, second)
+    # Code2Wav decodes whatever frames have arrived, so the two streams may be cut into different
+    # chunks; carried-state joins equal a whole decode within PCM_ATOL, not bit for bit.
+    np.testing.assert_allclose(first, second, rtol=0, atol=PCM_ATOL)

@@ -53,7 +53,9 @@ def test_a_slow_consumer_still_gets_complete_finite_audio(loop_thread, omni, pip
     assert fast[-1].kind == slow[-1].kind == "finished"
     audio = audio_of(slow)
     assert audio.shape == (LONG["max_tokens"] * SAMPLES_PER_FRAME,) and np.isfinite(audio).all()
-    np.testing.assert_array_equal(audio, audio_of(fast))  # same seed, same codes, same samples
+    # Same seed, same codes; Code2Wav may cut the two streams into different chunks, and carried-state
+    # joins equal a whole decode within 1e-5 (fp32), not bit for bit.
+    np.testing.assert_allclose(audio, audio_of(fast), rtol=0, atol=1e-5)
 
 
 def test_abort_after_the_first_chunk_is_a_fence_and_the_next_request_works(loop_thread, omni, pipeline) -> None:
