@@ -32,8 +32,8 @@ WEIGHT_OPS = ("mkldnn::_linear_pointwise", "aten::_weight_int4pack_mm_for_cpu", 
 
 
 def layer_weight_bytes(decoder) -> int:
-    """Resident bytes of a decoder's layer weights (its four linears per layer)."""
-    return sum(lin.resident_bytes for layer in decoder.layers for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down))
+    """Resident bytes of a decoder's layer weights (every linear under ``layers.``)."""
+    return sum(lin.resident_bytes for name, lin in decoder.linears() if name.startswith("layers."))
 
 
 def profile(args: argparse.Namespace) -> dict:
@@ -42,6 +42,7 @@ def profile(args: argparse.Namespace) -> dict:
     import torch
 
     from edge_infer.bench import provenance
+    from edge_infer.models.loader import TORCH_DTYPES
     from edge_infer.models.qwen3_tts.config import load_code2wav_config
     from edge_infer.models.qwen3_tts.generate import SamplingParams
     from edge_infer.models.qwen3_tts.model import load_code2wav
@@ -76,7 +77,7 @@ def profile(args: argparse.Namespace) -> dict:
     del engine
 
     code2wav_config = load_code2wav_config(model)
-    code2wav = load_code2wav(model, code2wav_config, {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype])
+    code2wav = load_code2wav(model, code2wav_config, TORCH_DTYPES[args.dtype])
     code2wav_ms = {}
     for chunk in CODE2WAV_CHUNKS:
         state = code2wav.new_state()

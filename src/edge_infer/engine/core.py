@@ -28,11 +28,10 @@ from edge_infer.models.config import ModelConfig
 from edge_infer.models.linear import make_kernel, onednn_bf16_available
 from edge_infer.models.llama import DecoderLM
 from edge_infer.models.checkpoint import check_checkpoint
-from edge_infer.models.loader import LinearInstaller, install_dense, load_weights
+from edge_infer.models.loader import TORCH_DTYPES, LinearInstaller, install_dense, load_weights
 
 log = logging.getLogger(__name__)
 
-TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def configure_threads(requested: int | None) -> int:

@@ -29,6 +29,8 @@ DTYPES = {
     "U8": torch.uint8,
     "I8": torch.int8,
 }
+# The engine's dtype names (EngineConfig.dtype) as torch dtypes.
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 class CheckpointReader:

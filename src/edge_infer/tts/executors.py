@@ -174,6 +174,7 @@ class Code2WavExecutor(StageExecutor):
     def start(self, stage: StageConfig) -> None:
         import torch
 
+        from edge_infer.models.loader import TORCH_DTYPES
         from edge_infer.models.qwen3_tts.code2wav import StreamingDecoder
         from edge_infer.models.qwen3_tts.config import load_code2wav_config
         from edge_infer.models.qwen3_tts.model import load_code2wav
@@ -183,8 +184,7 @@ class Code2WavExecutor(StageExecutor):
         torch.set_num_threads(stage_threads(self.opts.num_threads, share=2))
         settings = code2wav_settings(stage)
         self.config = load_code2wav_config(settings.model)
-        dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[settings.dtype]
-        self.model = load_code2wav(settings.model, self.config, dtype)
+        self.model = load_code2wav(settings.model, self.config, TORCH_DTYPES[settings.dtype])
         self.StreamingDecoder = StreamingDecoder
         self.metadata = {"sample_rate": self.config.sample_rate, "channels": 1}
         self.streams: dict[str, _Stream] = {}

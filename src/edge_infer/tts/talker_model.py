@@ -22,7 +22,7 @@ from edge_infer.models.config import ModelConfig
 from edge_infer.models.linear import Linear
 from edge_infer.models.llama import DecoderLM, rms_norm
 from edge_infer.models.checkpoint import read_tensor_index
-from edge_infer.models.loader import LinearInstaller, load_weights
+from edge_infer.models.loader import TORCH_DTYPES, LinearInstaller, load_weights
 from edge_infer.models.qwen3_tts.config import Qwen3TTSConfig
 from edge_infer.models.qwen3_tts.talker import TextProjection
 from edge_infer.models.qwen3_tts.weights import build_and_load
@@ -138,7 +138,7 @@ class PagedTalker:
 def load_paged_talker(model_dir: str | Path, config: Qwen3TTSConfig, engine: EngineConfig,
                       install_linear: LinearInstaller) -> PagedTalker:
     """Build and fill the Talker's decoders (through the engine's loader) and its text side."""
-    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[engine.dtype]
+    dtype = TORCH_DTYPES[engine.dtype]
     talker = config.talker
     decoder = TalkerDecoder(talker_decoder_config(config, engine.max_model_len, engine.dtype), engine.max_model_len)
     predictor = PredictorDecoder(predictor_decoder_config(config, engine.dtype), talker.shape.hidden_size,
