@@ -1,6 +1,6 @@
 """Where one frame of speech goes: the Talker's step and Code2Wav's decode, per 80 ms frame.
 
-    python benchmarks/profile_tts_frame.py benchmarks/models/qwen3-tts-0.6b [--quantization cpu_int4] \
+    python benchmarks/profile_tts_frame.py benchmarks/models/qwen3-tts-0.6b [--quantization cpu_int4|cpu_w4a8] \
         [--threads N] --out benchmarks/results/tts-frames/NAME.json
     python benchmarks/profile_tts_frame.py --table benchmarks/results/tts-frames
 
@@ -28,7 +28,7 @@ CODE2WAV_CHUNKS = (1, 4, 8)
 CODE2WAV_FRAMES = 48
 FRAME_MS = 80.0
 # The operators that multiply by weights: oneDNN's bf16 linear, the int4 kernel, a plain matmul.
-WEIGHT_OPS = ("mkldnn::_linear_pointwise", "aten::_weight_int4pack_mm_for_cpu", "aten::mm", "aten::addmm")
+WEIGHT_OPS = ("mkldnn::_linear_pointwise", "aten::_weight_int4pack_mm_for_cpu", "edge_infer::w4a8_linear", "aten::mm", "aten::addmm")
 
 
 def layer_weight_bytes(decoder) -> int:
@@ -130,7 +130,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", nargs="?")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    parser.add_argument("--quantization", choices=["cpu_int4"], default=None)
+    parser.add_argument("--quantization", choices=["cpu_int4", "cpu_w4a8"], default=None)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--table", type=Path, help="print the markdown table of a directory of profiles instead")

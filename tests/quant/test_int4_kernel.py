@@ -45,7 +45,7 @@ def test_shapes_the_kernel_cannot_take_are_padded(shape):
     assert kernel(x).shape == (3, shape[0])
     ref = x @ dequantize_rows(q, 32, shape[1]).T
     assert torch.allclose(kernel(x), ref, atol=1e-4, rtol=1e-4)
-    assert kernel.nbytes == int4_nbytes(*shape, 32, 4)
+    assert kernel.nbytes == int4_nbytes(*shape, QuantConfig(group_size=32), 4)
 
 
 def test_quantization_error_is_bounded_by_half_a_step():

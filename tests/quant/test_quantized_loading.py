@@ -13,6 +13,7 @@ from edge_infer.quant.install import SCALE_SUFFIX, ZERO_SUFFIX
 from edge_infer.quant.kernel import Int4Kernel
 from edge_infer.quant.quantize import QuantizedRows, dequantize_rows, unpack_nibbles
 from edge_infer.quant.sizes import GROUP_SIZES
+from edge_infer.quant.w4a8 import missing_requirement
 
 PROMPT = [5, 17, 99, 3, 250, 41, 7, 300, 2]
 
@@ -68,7 +69,20 @@ def test_exported_checkpoint_loads_to_the_same_model_as_quantizing_on_load(
     assert tokens != greedy(make_core(src), PROMPT), "int4 should change this wide-init model's output"
 
 
-@pytest.mark.parametrize("quant", [QuantConfig(group_size=32), QuantConfig(group_size=128, symmetric=False, quantize_head=True)])
+W4A8_QUANTS = [] if missing_requirement() is not None else [
+    QuantConfig(group_size=64, int8_activations=True), QuantConfig(group_size=32, quantize_head=True, int8_activations=True)]
+
+
+def kernel_class(quant: QuantConfig) -> type:
+    if quant.int8_activations:
+        from edge_infer.quant.w4a8 import W4A8Kernel
+
+        return W4A8Kernel
+    return Int4Kernel
+
+
+@pytest.mark.parametrize("quant", [QuantConfig(group_size=32), QuantConfig(group_size=128, symmetric=False, quantize_head=True),
+                                   *W4A8_QUANTS], ids=lambda q: q.name + f"-g{q.group_size}" + ("-head" if q.quantize_head else ""))
 @pytest.mark.parametrize("family", ["tied", "untied"])
 def test_resident_weight_bytes_equal_the_plan_and_no_dense_copy_survives(tied_model, untied_model, make_core, quant, family):
     core = make_core(tied_model if family == "tied" else untied_model, quant)
@@ -82,7 +96,7 @@ def test_resident_weight_bytes_equal_the_plan_and_no_dense_copy_survives(tied_mo
     for _, lin in model.linears():
         tensors += [lin.bias] if lin.bias is not None else []
         kernel = lin.kernel
-        if isinstance(kernel, Int4Kernel):
+        if isinstance(kernel, kernel_class(quant)):
             assert kernel.dense_copy is None
             tensors += [kernel.packed, kernel.scales_zeros]
         elif isinstance(kernel, DenseKernel):
@@ -92,15 +106,18 @@ def test_resident_weight_bytes_equal_the_plan_and_no_dense_copy_survives(tied_mo
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     assert sum(storages.values()) + opaque == core.plan.item("weights")
     layer_kernels = {type(lin.kernel) for name, lin in model.linears() if name.startswith("layers.")}
-    assert layer_kernels == {Int4Kernel}
+    assert layer_kernels == {kernel_class(quant)}
     if quant.quantize_head:
-        assert isinstance(model.lm_head.kernel, Int4Kernel)
+        assert isinstance(model.lm_head.kernel, kernel_class(quant))
         if family == "tied":
             assert model.embed is None, "a quantized tied head must be the only copy of the embedding table"
 
 
-def test_quantized_tied_head_serves_embedding_rows(tied_model, make_core):
-    core = make_core(tied_model, QuantConfig(group_size=32, symmetric=False, quantize_head=True), dtype="float32")
+@pytest.mark.parametrize("quant", [QuantConfig(group_size=32, symmetric=False, quantize_head=True),
+                                   *[QuantConfig(group_size=32, symmetric=False, quantize_head=True, int8_activations=True)
+                                     for _ in W4A8_QUANTS[:1]]], ids=lambda q: q.name)
+def test_quantized_tied_head_serves_embedding_rows(tied_model, make_core, quant):
+    core = make_core(tied_model, quant, dtype="float32")
     kernel = core.model.lm_head.kernel
     ids = torch.tensor([0, 7, 300, core.model.cfg.vocab_size - 1])
     # Row i of the head, read through the matmul with one-hot inputs, is the embedding of token i.
@@ -143,3 +160,18 @@ def test_sharded_output_loads_like_a_single_file(tmp_path, untied_model, make_co
     index = json.loads((sharded / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
     assert torch.equal(make_core(sharded).score(PROMPT), make_core(single).score(PROMPT))
+
+
+def test_a_quantized_checkpoint_loads_with_int8_activations_on_request(tmp_path, tied_model, make_core):
+    """cpu_w4a8 is a kernel choice: the stored cpu_int4 weights load into the W4A8 kernel, format settings kept."""
+    from edge_infer.memory.plan import plan_text_session
+
+    if missing_requirement() is not None:
+        pytest.skip(missing_requirement())
+    out = quantize_checkpoint(tied_model, tmp_path / "q", QuantConfig(group_size=64, symmetric=False)).out_dir
+    plan = plan_text_session(out, quantization="cpu_w4a8", dtype="bfloat16", max_model_len=128)
+    assert plan.settings["quantization"] == "cpu_w4a8 g64 asym"
+    assert plan.engine_config.quant == QuantConfig(group_size=64, symmetric=False, int8_activations=True)
+    core = make_core(out, "cpu_w4a8")
+    assert core.ready_info.weight_bytes == core.plan.item("weights")
+    assert {lin.kernel.name for name, lin in core.model.linears() if name.startswith("layers.")} == {"cpu-w4a8"}

@@ -18,7 +18,8 @@ from pathlib import Path
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reference", required=True, help="reference checkpoint directory (e.g. the bf16 model)")
     parser.add_argument("--candidate", default=None, help="candidate checkpoint directory (default: the reference)")
-    parser.add_argument("--candidate-quantization", default=None, choices=["cpu_int4"], help="quantize the candidate at load time")
+    parser.add_argument("--candidate-quantization", default=None, choices=["cpu_int4", "cpu_w4a8"],
+                        help="quantize the candidate at load time (cpu_w4a8: int8 activations too)")
     parser.add_argument("--group-size", type=int, default=128, help="cpu_int4 group size of the candidate (default 128)")
     parser.add_argument("--asym", action="store_true", help="cpu_int4 candidate with zero points")
     parser.add_argument("--quantize-head", action="store_true", help="cpu_int4 candidate with its output head quantized too")
@@ -58,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     quant = None
     if args.candidate_quantization:
-        quant = QuantConfig(group_size=args.group_size, symmetric=not args.asym, quantize_head=args.quantize_head)
+        quant = QuantConfig(group_size=args.group_size, symmetric=not args.asym, quantize_head=args.quantize_head,
+                            int8_activations=args.candidate_quantization == "cpu_w4a8")
     try:
         texts = read_prompts(args.prompts)
         tokenizer = Tokenizer(args.reference)

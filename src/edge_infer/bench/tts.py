@@ -25,6 +25,8 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 
+from edge_infer.engine.config import QUANTIZATION_CHOICES
+
 DEFAULT_BANDS = "short:25,medium:75,long:200"
 # About five frames (0.4 s) of speech per word; the text grows with the band.
 _WORDS = "the quick brown fox jumps over a lazy dog near the quiet river bank at dawn".split()
@@ -41,7 +43,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0)
     p = parser.add_argument_group("pipeline (as edge-infer serve)")
     p.add_argument("--dtype", default="auto", help="both stages: auto, bfloat16 or float32")
-    p.add_argument("--quantization", default=None, choices=["cpu_int4", "none"], help="the Talker's weights")
+    p.add_argument("--quantization", default=None, choices=QUANTIZATION_CHOICES, help="the Talker's weights")
     p.add_argument("--num-threads", type=int, default=None, help="threads of each stage (default: the Talker every core, Code2Wav half)")
     p.add_argument("--max-num-seqs", type=int, default=None, help="requests batched per stage (default 4)")
     p.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="the Talker's exact KV budget")
@@ -182,7 +184,7 @@ def ran_with(pipeline, voice: str) -> dict[str, object]:
     talker = talker_engine_config(pipeline.config.stage(pipeline.talker_stage))
     plan = plan_deploy(pipeline.config)
     return {
-        "talker_dtype": talker.dtype, "talker_quantization": talker.quant.method if talker.quant else "none",
+        "talker_dtype": talker.dtype, "talker_quantization": talker.quant.name if talker.quant else "none",
         "talker_kv_bytes": plan.stage(pipeline.talker_stage).reservation.kv_bytes,
         "code2wav_dtype": code2wav_settings(pipeline.config.stage(pipeline.audio_stage)).dtype, "voice": voice,
     }

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from edge_infer.engine.config import QUANTIZATION_CHOICES
+
 
 def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True) -> None:
     parser.add_argument(
@@ -16,7 +18,9 @@ def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True
     g.add_argument("--max-num-seqs", type=int, default=None, help="sequences decoded together")
     g.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step (prefill chunk size)")
     g.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="exact KV cache budget in bytes")
-    g.add_argument("--quantization", default=None, choices=["cpu_int4", "none"], help="weight quantization")
+    g.add_argument("--quantization", default=None, choices=QUANTIZATION_CHOICES,
+                   help="int4 weights: cpu_int4 (bf16 activations, PyTorch's kernel) or cpu_w4a8 (int8 activations, "
+                        "AVX512-VNNI; faster, built on first use)")
     g.add_argument("--group-size", type=int, default=None, help="cpu_int4 group size (32, 64, 128 or 256)")
     g.add_argument("--asym", action="store_true", help="cpu_int4 with zero points (asymmetric)")
     g.add_argument("--quantize-head", action="store_true", help="cpu_int4: quantize the output head too")
@@ -36,12 +40,13 @@ def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments for plan_text_session / LLM from parsed flags."""
     quant: Any = args.quantization
     int4_levers = args.int4_keep_dense_copy or args.int4_repack != "blocked"
-    if quant == "cpu_int4" and (args.group_size or args.asym or args.quantize_head or int4_levers):
+    if quant in ("cpu_int4", "cpu_w4a8") and (args.group_size or args.asym or args.quantize_head or int4_levers):
         from edge_infer.engine.config import QuantConfig
 
         quant = QuantConfig(
             group_size=args.group_size or 128, symmetric=not args.asym, quantize_head=args.quantize_head,
             repack=args.int4_repack, keep_dense_copy=args.int4_keep_dense_copy,
+            int8_activations=quant == "cpu_w4a8",
         )
     return dict(
         dtype=args.dtype,

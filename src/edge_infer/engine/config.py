@@ -10,21 +10,31 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 DTYPES = ("bfloat16", "float32")
+# What --quantization takes: int4 weights with tinygemm (W4A16) or with int8 activations (W4A8).
+QUANTIZATION_CHOICES = ("cpu_int4", "cpu_w4a8", "none")
 
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """Weight-only int4 settings (``quantization="cpu_int4"``)."""
+    """int4 weight settings (``quantization="cpu_int4"``, or ``"cpu_w4a8"`` for int8 activations)."""
 
     method: str = "cpu_int4"
     group_size: int = 128
     symmetric: bool = True
     quantize_head: bool = False
+    # A kernel choice, not a weight format: int8 activations through our AVX512-VNNI kernel
+    # (quant/w4a8.py) instead of PyTorch's tinygemm with activations in the model dtype.
+    int8_activations: bool = False
     # Alternatives of two memory levers, reachable only to measure them as A/B
     # (benchmarks/specs/levers-*): "whole" repacks each linear from a full fp32 copy instead
     # of in row blocks; keep_dense_copy keeps the row-major weight beside the packed one.
     repack: str = "blocked"
     keep_dense_copy: bool = False
+
+    @property
+    def name(self) -> str:
+        """The --quantization name these settings run as."""
+        return "cpu_w4a8" if self.int8_activations else self.method
 
 
 @dataclass(frozen=True)

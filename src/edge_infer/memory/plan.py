@@ -323,7 +323,7 @@ def plan_text_session(
         model=model_dir,
         settings={
             "dtype": dtype,
-            "quantization": None if quant is None else f"{quant.method} g{quant.group_size} {'sym' if quant.symmetric else 'asym'}{' +head' if quant.quantize_head else ''}",
+            "quantization": None if quant is None else f"{quant.name} g{quant.group_size} {'sym' if quant.symmetric else 'asym'}{' +head' if quant.quantize_head else ''}",
             "max_model_len": max_model_len,
             "max_num_seqs": max_num_seqs,
             "max_num_batched_tokens": max_num_batched_tokens,
@@ -380,7 +380,9 @@ def _resolve_quant(quantization: str | QuantConfig | None, cfg: ModelConfig) -> 
         return None
     if quantization == "cpu_int4":
         return QuantConfig()
-    raise InvalidRequestError(f"quantization {quantization!r} is not supported; use cpu_int4 or none")
+    if quantization == "cpu_w4a8":
+        return QuantConfig(int8_activations=True)
+    raise InvalidRequestError(f"quantization {quantization!r} is not supported; use cpu_int4, cpu_w4a8 or none")
 
 
 def _weights_note(cfg: ModelConfig, dtype: str, quant: QuantConfig | None, packed_head: bool) -> str:
@@ -391,7 +393,7 @@ def _weights_note(cfg: ModelConfig, dtype: str, quant: QuantConfig | None, packe
         return f"{dtype}, {head}"
     if quant.quantize_head:
         head = "int4 head, embedding rows read from it" if cfg.tie_word_embeddings else f"int4 head, {dtype} embedding"
-    return f"{quant.method} g{quant.group_size} linears, {dtype} norms, {head}"
+    return f"{quant.name} g{quant.group_size} linears, {dtype} norms, {head}"
 
 
 def _memory_levers(plan: TextPlan, cfg: ModelConfig, quant: QuantConfig | None, layout: KVLayout, one_seq_blocks: int) -> list[str]:

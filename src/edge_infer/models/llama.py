@@ -93,6 +93,10 @@ class DecoderLM(nn.Module):
         self.final_norm: torch.Tensor | None = None
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rope = RotaryTable(cfg.head_dim, cfg.rope_theta, max_positions, cfg.rope_scaling)
+        # Decode steps in fused layer calls when every layer holds W4A8 weights (quant/w4a8_decode.py):
+        # decided at the first decode, after loading; set False to measure the PyTorch path.
+        self.fused_decode: bool | None = None
+        self._fused = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -143,9 +147,23 @@ class DecoderLM(nn.Module):
     def decode(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: "KVCache") -> torch.Tensor:
         """Run the decoder layers over input embeddings ``[T, hidden]``; returns hidden states."""
         cos, sin = self.rope.lookup(positions, x.dtype)
+        if self.fused_decode is None:
+            self.fused_decode = self._build_fused()
+        if self.fused_decode and self._fused.accepts(x, meta):
+            return self._fused(x, cos, sin, meta, kv_cache)
         for n, layer in enumerate(self.layers):
             x = layer(x, cos, sin, meta, kv_cache.k[n], kv_cache.v[n])
         return x
+
+    def _build_fused(self) -> bool:
+        if not any(lin.kernel is not None and lin.kernel.name == "cpu-w4a8" for _, lin in self.linears()):
+            return False  # no W4A8 weights: do not import the kernel module
+        from edge_infer.quant.w4a8_decode import FusedDecode, fusable
+
+        if not fusable(self):
+            return False
+        self._fused = FusedDecode(self)
+        return True
 
     def forward(
         self,

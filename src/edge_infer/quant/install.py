@@ -1,4 +1,4 @@
-"""Install cpu_int4 linears while loading, a block of rows at a time.
+"""Install cpu_int4 linears (tinygemm or, for cpu_w4a8, the W4A8 kernel) while loading, a block of rows at a time.
 
 A linear's rows come from one or more checkpoint tensors (q/k/v and gate/up
 are fused). They are read in blocks of whole 64-row tiles across those
@@ -107,14 +107,21 @@ def _side_tensor(reader: CheckpointReader, piece: Piece, suffix: str, groups: in
 def int4_installer(quant: QuantConfig, fallback: LinearInstaller) -> LinearInstaller:
     """Installer quantizing every decoder linear (and the head with quantize_head); ``fallback`` loads the rest."""
     check_quant_config(quant)
-    require_int4_kernel()
+    if quant.int8_activations:
+        from edge_infer.quant.w4a8 import W4A8Kernel, require_w4a8_kernel
+
+        require_w4a8_kernel()
+        kernel_class = W4A8Kernel
+    else:
+        require_int4_kernel()
+        kernel_class = Int4Kernel
 
     def install(linear: Linear, target: str, sources: tuple[str, ...], reader: CheckpointReader, dtype: torch.dtype) -> None:
         if target == "lm_head" and not quant.quantize_head:
             fallback(linear, target, sources, reader, dtype)
             return
         rows, cols = linear.out_features, linear.in_features
-        kernel = Int4Kernel(rows, cols, quant.group_size, dtype)
+        kernel = kernel_class(rows, cols, quant.group_size, dtype)
         block_rows = rows if quant.repack == "whole" else repack_block_rows(cols, quant.group_size)
         dense = torch.empty(rows, cols, dtype=dtype) if quant.keep_dense_copy else None
         for start, block in quantized_blocks(reader, sources, rows, cols, quant, block_rows):

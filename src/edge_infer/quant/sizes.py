@@ -22,10 +22,15 @@ from edge_infer.errors import CheckpointError, InvalidRequestError
 from edge_infer.models.weights import WeightSpec
 
 METHOD = "cpu_int4"
+# The same weights computed with int8 activations (quant/w4a8.py): a name users pass, not a format.
+W4A8_METHOD = "cpu_w4a8"
 # Group sizes torch.ops.aten._weight_int4pack_mm_for_cpu accepts.
 GROUP_SIZES = (32, 64, 128, 256)
 # The kernel packs output rows in tiles; it needs the row count to be a multiple of 16.
 ROW_MULTIPLE = 16
+# The W4A8 kernel packs whole tiles of 64 rows, with bf16 scales and zeros whatever the activation dtype.
+W4A8_ROW_MULTIPLE = 64
+W4A8_SCALE_BYTES = 2
 # Version of the on-disk layout written by `edge-infer quantize` (docs/quantization.md).
 FORMAT_VERSION = 1
 REPACK_MODES = ("blocked", "whole")
@@ -48,7 +53,7 @@ REPACK_BYTES_PER_ELEMENT = 12
 def check_quant_config(quant: QuantConfig) -> None:
     """Refuse settings the kernel cannot run, before anything is read or loaded."""
     if quant.method != METHOD:
-        raise InvalidRequestError(f"quantization method {quant.method!r} is not supported; use {METHOD}")
+        raise InvalidRequestError(f"quantization method {quant.method!r} is not supported; use {METHOD} or {W4A8_METHOD}")
     if quant.group_size not in GROUP_SIZES:
         raise InvalidRequestError(
             f"cpu_int4 group size {quant.group_size} is not supported by PyTorch's CPU int4 kernel; "
@@ -62,10 +67,14 @@ def padded(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def int4_nbytes(rows: int, cols: int, group_size: int, dtype_bytes: int) -> int:
-    """Bytes of one packed int4 linear ``[rows, cols]``: codes plus scales and zeros."""
-    n, k = padded(rows, ROW_MULTIPLE), padded(cols, group_size)
-    return n * k // 2 + (k // group_size) * n * 2 * dtype_bytes
+def int4_nbytes(rows: int, cols: int, quant: QuantConfig, dtype_bytes: int) -> int:
+    """Bytes of one packed int4 linear ``[rows, cols]``: codes plus scales and zeros, as its kernel holds them."""
+    if quant.int8_activations:
+        n, scale_bytes = padded(rows, W4A8_ROW_MULTIPLE), W4A8_SCALE_BYTES
+    else:
+        n, scale_bytes = padded(rows, ROW_MULTIPLE), dtype_bytes
+    k = padded(cols, quant.group_size)
+    return n * k // 2 + (k // quant.group_size) * n * 2 * scale_bytes
 
 
 def is_quantized(spec: WeightSpec, quant: QuantConfig, tied: bool) -> bool:
@@ -88,7 +97,7 @@ def linear_nbytes(spec: WeightSpec, quant: QuantConfig, dtype_bytes: int) -> int
     (and, for the measuring-only ``keep_dense_copy`` alternative, the dense copy)."""
     check_quant_config(quant)
     rows, cols = spec.shape
-    total = int4_nbytes(rows, cols, quant.group_size, dtype_bytes)
+    total = int4_nbytes(rows, cols, quant, dtype_bytes)
     if quant.keep_dense_copy:
         total += rows * cols * dtype_bytes
     return total
@@ -110,7 +119,7 @@ def repack_transient_bytes(specs: list[WeightSpec], quant: QuantConfig, tied: bo
     if not quantized:
         return 0
     def block_rows(spec: WeightSpec) -> int:
-        rows = padded(spec.shape[0], ROW_MULTIPLE)
+        rows = padded(spec.shape[0], W4A8_ROW_MULTIPLE if quant.int8_activations else ROW_MULTIPLE)
         return rows if quant.repack == "whole" else min(rows, repack_block_rows(spec.shape[1], quant.group_size))
 
     per_element = 2 * source_bytes + REPACK_BYTES_PER_ELEMENT
@@ -161,14 +170,17 @@ def resolve_checkpoint_quant(requested: QuantConfig | str | None, raw: dict[str,
     stored = quant_config_from_checkpoint(raw)
     if requested in (None, METHOD):
         return stored
+    if requested == W4A8_METHOD:  # the stored weights, computed with int8 activations
+        return replace(stored, int8_activations=True)
     if requested == "none":
         raise InvalidRequestError(
             "this checkpoint holds cpu_int4 weights and cannot load unquantized; "
             "drop --quantization none or load the original checkpoint"
         )
     if isinstance(requested, QuantConfig):
-        # Loading-time alternatives (repack, keep_dense_copy) may differ; the format may not.
-        if replace(requested, repack=stored.repack, keep_dense_copy=stored.keep_dense_copy) != stored:
+        # Loading-time alternatives (repack, keep_dense_copy) and the kernel may differ; the format may not.
+        loading = dict(repack=stored.repack, keep_dense_copy=stored.keep_dense_copy, int8_activations=stored.int8_activations)
+        if replace(requested, **loading) != stored:
             raise InvalidRequestError(
                 f"this checkpoint was quantized with group size {stored.group_size}, "
                 f"{'symmetric' if stored.symmetric else 'asymmetric'}, quantize_head={stored.quantize_head}; "
@@ -176,4 +188,4 @@ def resolve_checkpoint_quant(requested: QuantConfig | str | None, raw: dict[str,
                 f"original checkpoint again"
             )
         return requested
-    raise InvalidRequestError(f"quantization {requested!r} is not supported; use cpu_int4 or none")
+    raise InvalidRequestError(f"quantization {requested!r} is not supported; use {METHOD}, {W4A8_METHOD} or none")

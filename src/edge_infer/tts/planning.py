@@ -69,13 +69,13 @@ def _require_model(stage: "StageConfig") -> Path:
 def _quant(name: str | None) -> QuantConfig | None:
     if name in (None, "none"):
         return None
-    if name != "cpu_int4":
-        raise ValueError(f"quantization {name!r} is not supported for the Talker; use cpu_int4 or none")
+    if name not in ("cpu_int4", "cpu_w4a8"):
+        raise ValueError(f"quantization {name!r} is not supported for the Talker; use cpu_int4, cpu_w4a8 or none")
     try:
         import edge_infer.quant.install  # noqa: F401 - the int4 installer the Talker loads through
     except ImportError:
-        raise ValueError("quantization cpu_int4 needs edge_infer.quant, which this build lacks; drop quantization:") from None
-    return QuantConfig()
+        raise ValueError(f"quantization {name} needs edge_infer.quant, which this build lacks; drop quantization:") from None
+    return QuantConfig(int8_activations=name == "cpu_w4a8")
 
 
 def talker_engine_config(stage: "StageConfig") -> EngineConfig:

@@ -1,0 +1,204 @@
+// One decoder layer of a decode step (one new token per sequence) in a single call.
+//
+// At one token per step a layer's four W4A8 products take ~40% of its time;
+// the rest went to ~150 small PyTorch operators (norms, RoPE, cache writes,
+// attention, residual adds), each paying Python and dispatcher overhead. Here
+// the same arithmetic runs as plain loops around the W4A8 products, with the
+// results rounded to bf16 where models/llama.py's DecoderLayer rounds them.
+//
+// Supported: bf16 activations and KV cache, fused q/k/v (optional bias) and
+// gate/up, optional per-head q/k RMSNorm, half-split RoPE from precomputed
+// tables, full causal attention over the paged cache (no sliding window).
+#include "w4a8.h"
+
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace edge_infer {
+namespace {
+
+using bf16 = at::BFloat16;
+
+inline float rounded(float v) { return static_cast<float>(static_cast<bf16>(v)); }
+
+// rms_norm of models/llama.py: normalise in fp32, round, scale by the weight, round.
+void rms_norm(const bf16* x, const bf16* weight, int64_t n, float eps, bf16* out) {
+  float squares = 0.f;
+  for (int64_t i = 0; i < n; ++i) squares += static_cast<float>(x[i]) * static_cast<float>(x[i]);
+  const float r = 1.f / std::sqrt(squares / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = static_cast<bf16>(rounded(static_cast<float>(x[i]) * r) * static_cast<float>(weight[i]));
+}
+
+// apply_rotary: x * cos (rounded) + roll(x, d / 2) * signed_sin, in place over ``heads`` heads.
+void rotate(bf16* x, int64_t heads, int64_t d, const bf16* cos, const bf16* sin) {
+  std::vector<float> out(d);
+  for (int64_t h = 0; h < heads; ++h, x += d) {
+    for (int64_t i = 0; i < d; ++i)
+      out[i] = rounded(static_cast<float>(x[i]) * static_cast<float>(cos[i])) +
+               static_cast<float>(x[(i + d / 2) % d]) * static_cast<float>(sin[i]);
+    for (int64_t i = 0; i < d; ++i) x[i] = static_cast<bf16>(out[i]);
+  }
+}
+
+inline float dot(const bf16* a, const bf16* b, int64_t d) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < d; i += 16) acc = _mm512_fmadd_ps(load16(a + i), load16(b + i), acc);
+  return _mm512_reduce_add_ps(acc);
+}
+
+struct Cache {
+  const bf16* k;
+  const bf16* v;
+  int64_t block_size, kv_heads, d;
+  const bf16* row(const bf16* base, int64_t block, int64_t offset, int64_t head) const {
+    return base + ((block * block_size + offset) * kv_heads + head) * d;
+  }
+};
+
+// One query head over the ``ctx`` keys of its sequence's blocks; fp32 softmax as SDPA computes it.
+void attend_head(const bf16* q, const Cache& c, const int64_t* blocks, int64_t ctx, int64_t kv_head, float scale,
+                 bf16* out) {
+  std::vector<float> p(ctx);
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < ctx; ++j) {
+    p[j] = dot(q, c.row(c.k, blocks[j / c.block_size], j % c.block_size, kv_head), c.d) * scale;
+    top = std::max(top, p[j]);
+  }
+  float total = 0.f;
+  for (int64_t j = 0; j < ctx; ++j) total += (p[j] = std::exp(p[j] - top));
+  std::vector<__m512> acc(c.d / 16, _mm512_setzero_ps());
+  for (int64_t j = 0; j < ctx; ++j) {
+    const bf16* v = c.row(c.v, blocks[j / c.block_size], j % c.block_size, kv_head);
+    const __m512 w = _mm512_set1_ps(p[j] / total);
+    for (int64_t i = 0; i < c.d / 16; ++i) acc[i] = _mm512_fmadd_ps(w, load16(v + 16 * i), acc[i]);
+  }
+  for (int64_t i = 0; i < c.d / 16; ++i) store_bf16(out + 16 * i, acc[i]);
+}
+
+// A W4A8 weight as the Python side passes it: packed codes, scales and zeros.
+struct Weight {
+  const at::Tensor& packed;
+  const at::Tensor& sz;
+  int64_t in_padded() const { return packed.size(1) * 8; }
+};
+
+// out[m, n] = in[m, :] W^T; ``in`` has the weight's padded width (zero beyond the real columns).
+void matmul(const std::vector<bf16>& in, int64_t m, const Weight& w, int64_t group, int64_t n, std::vector<bf16>& out) {
+  out.resize(m * n);
+  w4a8_matmul(in.data(), m, w.in_padded(), w.packed.data_ptr<uint8_t>(), w.sz.data_ptr<bf16>(), group, n, out.data());
+}
+
+void check_weight(const char* name, const at::Tensor& packed, const at::Tensor& sz) {
+  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  sz.scalar_type() == at::kBFloat16 && sz.is_contiguous(),
+              "decode_layer: ", name, " must be a W4A8-packed weight (uint8 codes, bf16 scales)");
+}
+
+at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache,
+                        const at::Tensor& v_cache, const at::Tensor& slots, const at::Tensor& block_table,
+                        const at::Tensor& ctx_lens, const at::Tensor& input_norm, const at::Tensor& post_norm,
+                        const c10::optional<at::Tensor>& q_norm, const c10::optional<at::Tensor>& k_norm,
+                        const at::Tensor& qkv_packed, const at::Tensor& qkv_sz, const c10::optional<at::Tensor>& qkv_bias,
+                        const at::Tensor& o_packed, const at::Tensor& o_sz, const at::Tensor& gate_up_packed,
+                        const at::Tensor& gate_up_sz, const at::Tensor& down_packed, const at::Tensor& down_sz,
+                        int64_t group, int64_t heads, int64_t kv_heads, int64_t intermediate, double eps_d, double scale_d) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "decode_layer: x must be bf16 [M, hidden]");
+  TORCH_CHECK(k_cache.scalar_type() == at::kBFloat16 && k_cache.dim() == 4 && k_cache.is_contiguous() &&
+                  v_cache.is_contiguous() && k_cache.size(2) == kv_heads && k_cache.size(3) % 16 == 0,
+              "decode_layer: caches must be bf16 [blocks, block_size, kv_heads, head_dim], head_dim a multiple of 16");
+  TORCH_CHECK(cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16 && cos.is_contiguous() &&
+                  sin.is_contiguous(), "decode_layer: RoPE tables must be contiguous bf16 [M, 1, head_dim]");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && block_table.scalar_type() == at::kLong && ctx_lens.scalar_type() == at::kLong &&
+                  block_table.is_contiguous(), "decode_layer: slots, block_table and ctx_lens must be int64");
+  check_weight("qkv", qkv_packed, qkv_sz);
+  check_weight("o_proj", o_packed, o_sz);
+  check_weight("gate_up", gate_up_packed, gate_up_sz);
+  check_weight("down", down_packed, down_sz);
+  const float eps = static_cast<float>(eps_d), scale = static_cast<float>(scale_d);
+  const int64_t m = x.size(0), hidden = x.size(1), d = k_cache.size(3);
+  const int64_t q_size = heads * d, kv_size = kv_heads * d, qkv_n = q_size + 2 * kv_size;
+  const Weight qkv{qkv_packed, qkv_sz}, o{o_packed, o_sz}, gate_up{gate_up_packed, gate_up_sz}, down{down_packed, down_sz};
+  TORCH_CHECK(qkv.in_padded() >= hidden && o.in_padded() >= q_size && gate_up.in_padded() >= hidden &&
+                  down.in_padded() >= intermediate, "decode_layer: weight widths do not match the layer's shapes");
+  const bf16* xp = x.data_ptr<bf16>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const int64_t* table = block_table.data_ptr<int64_t>();
+  const int64_t* ctx = ctx_lens.data_ptr<int64_t>();
+  const int64_t max_blocks = block_table.size(1);
+
+  // Attention block: norm, q/k/v, per-head norms, RoPE, cache write, attention, output projection.
+  std::vector<bf16> h(m * qkv.in_padded(), bf16(0.f)), proj;
+  for (int64_t i = 0; i < m; ++i)
+    rms_norm(xp + i * hidden, input_norm.data_ptr<bf16>(), hidden, eps, h.data() + i * qkv.in_padded());
+  matmul(h, m, qkv, group, qkv_n, proj);
+  bf16* kc = k_cache.data_ptr<bf16>();
+  bf16* vc = v_cache.data_ptr<bf16>();
+  for (int64_t i = 0; i < m; ++i) {
+    bf16* row = proj.data() + i * qkv_n;
+    if (qkv_bias.has_value()) {
+      const bf16* b = qkv_bias->data_ptr<bf16>();
+      for (int64_t j = 0; j < qkv_n; ++j) row[j] = static_cast<bf16>(static_cast<float>(row[j]) + static_cast<float>(b[j]));
+    }
+    if (q_norm.has_value()) {
+      for (int64_t hd = 0; hd < heads; ++hd) rms_norm(row + hd * d, q_norm->data_ptr<bf16>(), d, eps, row + hd * d);
+      for (int64_t hd = 0; hd < kv_heads; ++hd)
+        rms_norm(row + q_size + hd * d, k_norm->data_ptr<bf16>(), d, eps, row + q_size + hd * d);
+    }
+    rotate(row, heads + kv_heads, d, cos.data_ptr<bf16>() + i * d, sin.data_ptr<bf16>() + i * d);
+    std::copy(row + q_size, row + q_size + kv_size, kc + slot[i] * kv_size);
+    std::copy(row + q_size + kv_size, row + qkv_n, vc + slot[i] * kv_size);
+  }
+  std::vector<bf16> attn(m * o.in_padded(), bf16(0.f));
+  const Cache cache{kc, vc, k_cache.size(1), kv_heads, d};
+  int64_t keys = 0;
+  for (int64_t i = 0; i < m; ++i) keys += ctx[i];
+  // Short contexts (the code predictor's) are not worth waking the other threads for.
+  const int64_t grain = keys * heads * d < (1 << 18) ? m * heads : 1;
+  at::parallel_for(0, m * heads, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t w = begin; w < end; ++w) {
+      const int64_t i = w / heads, hd = w % heads;
+      attend_head(proj.data() + i * qkv_n + hd * d, cache, table + i * max_blocks, ctx[i], hd / (heads / kv_heads),
+                  scale, attn.data() + i * o.in_padded() + hd * d);
+    }
+  });
+  matmul(attn, m, o, group, hidden, proj);
+  at::Tensor out = at::empty_like(x);
+  bf16* y = out.data_ptr<bf16>();
+  for (int64_t j = 0; j < m * hidden; ++j) y[j] = static_cast<bf16>(static_cast<float>(xp[j]) + static_cast<float>(proj[j]));
+
+  // MLP block: norm, gate/up, silu(gate) * up, down, residual.
+  std::vector<bf16> h2(m * gate_up.in_padded(), bf16(0.f));
+  for (int64_t i = 0; i < m; ++i)
+    rms_norm(y + i * hidden, post_norm.data_ptr<bf16>(), hidden, eps, h2.data() + i * gate_up.in_padded());
+  matmul(h2, m, gate_up, group, 2 * intermediate, proj);
+  std::vector<bf16> act(m * down.in_padded(), bf16(0.f));
+  for (int64_t i = 0; i < m; ++i) {
+    const bf16* gate = proj.data() + i * 2 * intermediate;
+    for (int64_t j = 0; j < intermediate; ++j) {
+      const float g = static_cast<float>(gate[j]);
+      act[i * down.in_padded() + j] = static_cast<bf16>(rounded(g / (1.f + std::exp(-g))) * static_cast<float>(gate[intermediate + j]));
+    }
+  }
+  matmul(act, m, down, group, hidden, proj);
+  for (int64_t j = 0; j < m * hidden; ++j) y[j] = static_cast<bf16>(static_cast<float>(y[j]) + static_cast<float>(proj[j]));
+  return out;
+}
+
+}  // namespace
+}  // namespace edge_infer
+
+TORCH_LIBRARY_FRAGMENT(edge_infer, lib) {
+  lib.def(
+      "decode_layer(Tensor x, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, "
+      "Tensor block_table, Tensor ctx_lens, Tensor input_norm, Tensor post_norm, Tensor? q_norm, Tensor? k_norm, "
+      "Tensor qkv_packed, Tensor qkv_sz, Tensor? qkv_bias, Tensor o_packed, Tensor o_sz, Tensor gate_up_packed, "
+      "Tensor gate_up_sz, Tensor down_packed, Tensor down_sz, int group, int heads, int kv_heads, int intermediate, "
+      "float eps, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(edge_infer, CPU, lib) { lib.impl("decode_layer", &edge_infer::decode_layer); }

@@ -1,0 +1,173 @@
+"""The W4A8 kernel: int4 weights times int8 activations on AVX512-VNNI CPUs.
+
+``cpu_int4`` weights (the same codes, scales and zeros) computed by our own
+kernel, ``csrc/w4a8.cpp``, instead of PyTorch's tinygemm: activations are
+quantized to int8 per row and weight group as they enter, and the products
+run on integer dot-product instructions. At one token a matrix-vector
+product then runs at memory speed rather than tinygemm's dequantizing
+compute speed (4-6x faster on this machine class, see docs/quantization.md),
+for a small extra error from the 8-bit activations.
+
+The extension is compiled on first use with PyTorch's C++ extension
+builder (a C++ compiler and ``ninja`` needed, about 25 s on 2 cores, cached
+under ``EDGE_INFER_KERNEL_CACHE`` or ``~/.cache/edge-infer/kernels``).
+Anything missing is refused by name: there is no silent fall back to tinygemm.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from edge_infer.models.linear import WeightKernel
+from edge_infer.quant.quantize import QuantizedRows
+
+TILE_ROWS = 64  # output rows per packed tile (csrc/w4a8.cpp)
+CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
+log = logging.getLogger(__name__)
+_CSRC = Path(__file__).with_name("csrc")
+_SOURCES = [_CSRC / name for name in ("w4a8.cpp", "decode_layer.cpp")]
+_FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
+
+
+def missing_requirement() -> str | None:
+    """Why the W4A8 kernel cannot run here, or None when it can."""
+    flags = _cpu_flags()
+    absent = [f for f in CPU_FLAGS if f not in flags]
+    if absent:
+        return f"this CPU lacks {', '.join(absent)} (the W4A8 kernel needs AVX512-VNNI); use cpu_int4"
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        return "no C++ compiler (c++ or $CXX) to build the W4A8 kernel; install g++ or use cpu_int4"
+    try:
+        import ninja  # noqa: F401 - PyTorch's extension builder runs it
+    except ImportError:
+        return "the W4A8 kernel is built with ninja: pip install ninja, or use cpu_int4"
+    return None
+
+
+def require_w4a8_kernel() -> None:
+    """Build (once) and load the kernel; a RuntimeError names what is missing."""
+    reason = missing_requirement()
+    if reason is not None:
+        raise RuntimeError(f"cpu_w4a8: {reason}")
+    _load_extension()
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_flags() -> frozenset[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+@functools.lru_cache(maxsize=1)
+def _load_extension() -> None:
+    """Load the built library, building it first if these sources, flags and torch have none yet.
+
+    A built library is loaded directly: importing the extension builder (setuptools and
+    friends) would cost every process ~5 MB of RssAnon that no plan counts.
+    """
+    key = hashlib.sha256(torch.__version__.encode() + " ".join(_FLAGS).encode())
+    for path in sorted(_CSRC.iterdir()):
+        key.update(path.name.encode() + path.read_bytes())
+    cache = Path(os.environ.get("EDGE_INFER_KERNEL_CACHE", Path.home() / ".cache" / "edge-infer" / "kernels"))
+    build = cache / f"w4a8-{key.hexdigest()[:16]}"
+    library = build / "edge_infer_w4a8.so"
+    if library.exists():
+        torch.ops.load_library(str(library))
+        return
+    from torch.utils.cpp_extension import load
+
+    log.info("building the W4A8 kernel into %s (once per source version, ~15-25 s)", build)
+    # Each process builds in its own directory and publishes the library with an atomic rename,
+    # so a process starting meanwhile never loads a half-written file.
+    work = build / f"build-{os.getpid()}"
+    work.mkdir(parents=True, exist_ok=True)
+    # -fopenmp: at::parallel_for runs on the OpenMP pool PyTorch already started (same libgomp soname).
+    load(name="edge_infer_w4a8", sources=[str(s) for s in _SOURCES], extra_cflags=_FLAGS,
+         extra_ldflags=["-fopenmp"], build_directory=str(work), is_python_module=False, verbose=False)
+    os.replace(work / library.name, library)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+class W4A8Kernel(WeightKernel):
+    """``x @ W.T`` for a weight ``[out_features, in_features]`` held as int4 in ``csrc/w4a8.cpp``'s layout.
+
+    ``packed`` uint8 ``[Np / 64, Kp / 8, 64, 4]`` and ``scales_zeros`` bf16
+    ``[Np / 64, Kp / group_size, 2, 64]`` (see the kernel source); ``Np`` pads the
+    rows to whole tiles with zero codes and scales, which the kernel never stores.
+    """
+
+    name = "cpu-w4a8"
+
+    def __init__(self, out_features: int, in_features: int, group_size: int, dtype: torch.dtype):
+        _load_extension()
+        self.out_features = out_features
+        self.in_features = in_features
+        self.group_size = group_size
+        self.dtype = dtype
+        tiles = -(-out_features // TILE_ROWS)
+        self.cols_padded = -(-in_features // group_size) * group_size
+        self.packed = torch.zeros(tiles, self.cols_padded // 8, TILE_ROWS, 4, dtype=torch.uint8)
+        self.scales_zeros = torch.zeros(tiles, self.cols_padded // group_size, 2, TILE_ROWS, dtype=torch.bfloat16)
+        self.dense_copy: torch.Tensor | None = None
+
+    def write_rows(self, start: int, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> None:
+        """Pack rows ``start .. start + len(codes)`` (``start`` a multiple of 64); arguments as ``Int4Kernel.write_rows``."""
+        assert start % TILE_ROWS == 0, "blocks must start on a row tile"
+        n = min(codes.shape[0], self.out_features - start)
+        tiles = -(-n // TILE_ROWS)
+        rows = tiles * TILE_ROWS
+        pad = rows - n
+        codes = torch.nn.functional.pad(codes[:n].to(torch.uint8), (0, 0, 0, pad))
+        kp, groups = self.cols_padded, self.cols_padded // self.group_size
+        # Column k + 4 + i shares a byte with column k + i (i < 4) in every block of 8 columns.
+        halves = codes.view(tiles, TILE_ROWS, kp // 8, 2, 4)
+        byte = halves[:, :, :, 0] | (halves[:, :, :, 1] << 4)
+        first = start // TILE_ROWS
+        self.packed[first:first + tiles] = byte.permute(0, 2, 1, 3)
+        sz = torch.stack((scales[:n], zeros[:n])).to(torch.bfloat16)  # [2, n, groups]
+        sz = torch.nn.functional.pad(sz, (0, 0, 0, pad)).view(2, tiles, TILE_ROWS, groups)
+        self.scales_zeros[first:first + tiles] = sz.permute(1, 3, 0, 2)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x = x.reshape(-1, self.in_features)
+        if self.cols_padded != self.in_features:
+            x = torch.nn.functional.pad(x, (0, self.cols_padded - self.in_features))
+        y = torch.ops.edge_infer.w4a8_linear(x.contiguous(), self.packed, self.scales_zeros, self.group_size,
+                                             self.out_features)
+        return y.view(*lead, self.out_features)
+
+    @property
+    def nbytes(self) -> int:
+        n = self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
+        if self.dense_copy is not None:
+            n += self.dense_copy.numel() * self.dense_copy.element_size()
+        return n
+
+    def quantized_rows(self, ids: torch.Tensor) -> QuantizedRows:
+        """The codes, scales and zeros of weight rows ``ids``."""
+        ids = ids.reshape(-1).long()
+        tile, r = ids // TILE_ROWS, ids % TILE_ROWS
+        byte = self.packed[tile, :, r]  # [T, Kp / 8, 4]
+        codes = torch.stack((byte & 15, byte >> 4), dim=2).reshape(len(ids), self.cols_padded)
+        sz = self.scales_zeros[tile, :, :, r]  # [T, groups, 2]
+        return QuantizedRows(codes, sz[..., 0], sz[..., 1])
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Dequantized weight rows ``[len(ids), in_features]`` in the activation dtype (an embedding lookup)."""
+        from edge_infer.quant.quantize import dequantize_rows
+
+        w = dequantize_rows(self.quantized_rows(ids), self.group_size, self.in_features)
+        return w.to(self.dtype)
