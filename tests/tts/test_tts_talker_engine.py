@@ -148,3 +148,62 @@ def test_planned_weight_and_kv_bytes_are_what_the_engine_holds(roomy: TalkerEngi
     planned = talker_bytes(roomy.config, roomy.engine)
     assert planned.weights == roomy.talker.resident_bytes()
     assert planned.kv == roomy.cache.nbytes + roomy.predictor.cache.nbytes
+
+
+def test_prompt_steps_use_the_prefill_threads_and_frame_steps_the_decode_threads() -> None:
+    eng = engine()
+    eng.set_threads(prefill=2, decode=1)
+    submit(eng, GREEDY[0])
+    seen = []
+    while eng.has_work():
+        prefill = eng.requests[GREEDY[0]].seq.num_computed < eng.requests[GREEDY[0]].prompt_len
+        eng.step()
+        seen.append((prefill, torch.get_num_threads()))
+    assert seen[0] == (True, 2)
+    assert {threads for prefill, threads in seen[1:] if not prefill} == {1}
+
+
+@pytest.fixture(scope="module")
+def w4a8_checkpoint(tmp_path_factory) -> Path:
+    """The tiny layout with head_dim 16 in both decoders: the fused W4A8 decode layer takes multiples of 16."""
+    import copy
+    from dataclasses import replace
+
+    from edge_infer.models.qwen3_tts import synth
+    from edge_infer.quant.w4a8 import missing_requirement
+
+    if missing_requirement() is not None:
+        pytest.skip(missing_requirement())
+    spec = synth.checkpoint_spec("tiny")
+    config = copy.deepcopy(spec.config)
+    talker = config["talker_config"]
+    talker["head_dim"] = 16
+    talker["rope_scaling"]["mrope_section"] = [4, 2, 2]
+    talker["code_predictor_config"]["head_dim"] = 16
+    out = tmp_path_factory.mktemp("w4a8-talker")
+    original = synth.checkpoint_spec
+    synth.checkpoint_spec = lambda preset: replace(spec, config=config)
+    try:
+        return synth.write_random_checkpoint(out, "tiny")
+    finally:
+        synth.checkpoint_spec = original
+
+
+def test_a_w4a8_talker_runs_its_frame_steps_in_fused_layers(w4a8_checkpoint: Path) -> None:
+    from edge_infer.engine.config import QuantConfig
+
+    eng = load_talker_engine(EngineConfig(
+        model=str(w4a8_checkpoint), dtype="bfloat16", max_model_len=128, max_num_seqs=2, max_num_batched_tokens=64,
+        kv_cache_memory_bytes=1 << 20, quant=QuantConfig(int8_activations=True),
+    ))
+    voice = VoiceRequest(CASES[GREEDY[0]]["input_ids"], CASES[GREEDY[0]]["speaker"])
+    for request_id in ("a", "b"):  # two at once: the fused layer takes a batch of sequences
+        eng.add(request_id, voice, SamplingParams(do_sample=False, subtalker_do_sample=False, max_frames=6,
+                                                  ignore_eos=True))
+    frames = drain(eng)
+    assert eng.talker.decoder.fused_decode is True and eng.talker.predictor.fused_decode is True
+    assert [len(f) for f in frames.values()] == [6, 6]
+    codebook = eng.config.talker.code_predictor.codebook_size
+    assert all(0 <= code < codebook for f in frames.values() for frame in f for code in frame[1:])
+    # Both requests were identical and greedy: batched in the fused layers, they stay identical.
+    assert frames["a"] == frames["b"]

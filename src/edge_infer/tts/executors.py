@@ -38,6 +38,8 @@ class TalkerOptions(ExecutorOptions):
     chunk_frames: int = Field(default=4, ge=1)
     first_chunk_frames: int = Field(default=1, ge=1)
     num_threads: int | None = Field(default=None, ge=1)
+    # Threads of steps without prompt tokens; unset: half the cores (at most num_threads).
+    decode_threads: int | None = Field(default=None, ge=1)
 
 
 @dataclass
@@ -69,11 +71,12 @@ class TalkerExecutor(StageExecutor):
 
         self.torch = torch
         self.opts: TalkerOptions = self.options(stage)
-        # The Talker is the critical path: by default every core. The bundled config
-        # runs it at nice 5, so Code2Wav gets most of a core the two contend for.
-        torch.set_num_threads(stage_threads(self.opts.num_threads, share=1))
+        # Prompts (and loading) on every core; frame steps on half of them, beside Code2Wav on the other half.
+        prefill = stage_threads(self.opts.num_threads, share=1)
+        torch.set_num_threads(prefill)
         engine_config = talker_engine_config(stage)
         self.engine = load_talker_engine(engine_config)
+        self.engine.set_threads(prefill, self.opts.decode_threads or min(prefill, stage_threads(None, share=2)))
         self.tokenizer = TextTokenizer.from_dir(engine_config.model)
         self.defaults = load_generation_defaults(engine_config.model)
         talker = self.engine.config.talker

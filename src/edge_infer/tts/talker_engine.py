@@ -84,12 +84,19 @@ class TalkerEngine:
         self.group = shape.num_heads // shape.num_kv_heads
         self.eos = config.talker.codec.eos
         self.requests: dict[str, _Request] = {}
+        # Threads for steps with prompt tokens, and for steps that only generate frames (set_threads).
+        self.prefill_threads = self.decode_threads = torch.get_num_threads()
         if self.capacity_tokens < engine.max_model_len:
             raise ValueError(
                 f"kv_cache_memory_bytes={engine.kv_cache_memory_bytes} holds {self.capacity_tokens} Talker positions, "
                 f"fewer than one max_model_len={engine.max_model_len} request; raise the budget to at least "
                 f"{self.layout.blocks_for_tokens(engine.max_model_len) * self.layout.bytes_per_block} bytes or lower max_model_len"
             )
+
+    def set_threads(self, prefill: int, decode: int) -> None:
+        """A prompt is a matrix product worth every core; a frame step is a chain of matrix-vector
+        products that mostly wait on memory and per-layer work, and shares the cores with Code2Wav."""
+        self.prefill_threads, self.decode_threads = prefill, decode
 
     @property
     def capacity_tokens(self) -> int:
@@ -154,6 +161,10 @@ class TalkerEngine:
 
     def _run(self, batch: list) -> list[FrameEvent]:
         step = prepare_step(batch, self.layout.block_size, self.group, None)
+        prefill = any(start < self.requests[item.seq.request_id].prompt_len for item, start, _ in step.spans)
+        threads = self.prefill_threads if prefill else self.decode_threads
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
         x = torch.cat([self._inputs(self.requests[item.seq.request_id], start, end) for item, start, end in step.spans])
         hidden = self.talker.decoder.decode(x, step.positions, step.meta, self.cache)
         for item in batch:
