@@ -162,3 +162,21 @@ def test_fused_decode_is_not_used_for_tinygemm_weights(w4a8_model):
     meta = AttentionMetadata(torch.tensor([0]), [build_seq_attention(0, 1, 1, [0], 16, group, None)])
     model.decode(model.embed_tokens(torch.tensor([5])), torch.tensor([0]), meta, cache)
     assert model.fused_decode is False
+
+
+def test_the_cli_flags_reach_the_engine_as_w4a8_kernels(tied_model):
+    import argparse
+
+    from edge_infer.engine.cli_args import add_engine_args, engine_settings
+    from edge_infer.engine.core import EngineCore
+    from edge_infer.memory.plan import plan_text_session
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    flags = [str(tied_model), "--dtype", "bfloat16", "--max-model-len", "128", "--kv-cache-memory-bytes", str(1 << 20),
+             "--quantization", "cpu_w4a8", "--group-size", "32", "--quantize-head"]
+    plan = plan_text_session(tied_model, **engine_settings(parser.parse_args(flags)))
+    assert plan.settings["quantization"] == "cpu_w4a8 g32 sym +head"
+    core = EngineCore(plan.engine_config)
+    assert {lin.kernel.name for _, lin in core.model.linears()} == {"cpu-w4a8"}
+    assert core.ready_info.weight_bytes == plan.item("weights")

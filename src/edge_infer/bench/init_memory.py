@@ -51,6 +51,10 @@ def _generate(llm: Any, ids: list[int], n: int) -> None:
         raise RuntimeError(f"generation of {n} tokens after a {len(ids)}-token prompt produced {got} ({out.error or out.outputs[0].finish_reason})")
 
 
+# The weight kernel (``WeightKernel.name``) each quantization method loads.
+QUANTIZED_KERNELS = {"cpu_int4": "cpu-int4", "cpu_w4a8": "cpu-w4a8"}
+
+
 def verify_loaded(plan: Any, ready: Any) -> list[str]:
     """Where what the engine loaded differs from what the plan promised (empty: the settings took effect)."""
     problems = []
@@ -58,11 +62,11 @@ def verify_loaded(plan: Any, ready: Any) -> list[str]:
         problems.append(f"KV cache: plan {plan.item('kv cache'):,} bytes, engine allocated {ready.kv_cache_bytes:,}")
     if ready.dtype != plan.settings["dtype"]:
         problems.append(f"dtype: plan {plan.settings['dtype']}, engine loaded {ready.dtype}")
-    quantized = plan.settings["quantization"] is not None
-    int4_kernels = sum(n for name, n in ready.weight_kernels.items() if "int4" in name)
-    if quantized and not int4_kernels:
-        problems.append(f"quantization {plan.settings['quantization']} planned but no int4 kernel loaded ({ready.weight_kernels})")
-    if not quantized and int4_kernels:
+    planned = plan.settings["quantization"]  # e.g. "cpu_w4a8 g128 sym"
+    quantized_kernels = {name: n for name, n in ready.weight_kernels.items() if name in QUANTIZED_KERNELS.values()}
+    if planned is not None and QUANTIZED_KERNELS[planned.split()[0]] not in quantized_kernels:
+        problems.append(f"quantization {planned} planned but its kernel did not load ({ready.weight_kernels})")
+    if planned is None and quantized_kernels:
         problems.append(f"no quantization planned but int4 kernels loaded ({ready.weight_kernels})")
     return problems
 

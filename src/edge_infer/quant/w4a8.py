@@ -41,6 +41,8 @@ def missing_requirement() -> str | None:
     absent = [f for f in CPU_FLAGS if f not in flags]
     if absent:
         return f"this CPU lacks {', '.join(absent)} (the W4A8 kernel needs AVX512-VNNI); use cpu_int4"
+    if _library_path().exists():  # built before: nothing else needed
+        return None
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         return "no C++ compiler (c++ or $CXX) to build the W4A8 kernel; install g++ or use cpu_int4"
     try:
@@ -71,18 +73,24 @@ def _cpu_flags() -> frozenset[str]:
 
 
 @functools.lru_cache(maxsize=1)
+def _library_path() -> Path:
+    """Where the library built from these sources and flags for this torch lives."""
+    key = hashlib.sha256(torch.__version__.encode() + " ".join(_FLAGS).encode())
+    for path in sorted(p for p in _CSRC.iterdir() if p.suffix in (".cpp", ".h")):
+        key.update(path.name.encode() + path.read_bytes())
+    cache = Path(os.environ.get("EDGE_INFER_KERNEL_CACHE", Path.home() / ".cache" / "edge-infer" / "kernels"))
+    return cache / f"w4a8-{key.hexdigest()[:16]}" / "edge_infer_w4a8.so"
+
+
+@functools.lru_cache(maxsize=1)
 def _load_extension() -> None:
     """Load the built library, building it first if these sources, flags and torch have none yet.
 
     A built library is loaded directly: importing the extension builder (setuptools and
     friends) would cost every process ~5 MB of RssAnon that no plan counts.
     """
-    key = hashlib.sha256(torch.__version__.encode() + " ".join(_FLAGS).encode())
-    for path in sorted(_CSRC.iterdir()):
-        key.update(path.name.encode() + path.read_bytes())
-    cache = Path(os.environ.get("EDGE_INFER_KERNEL_CACHE", Path.home() / ".cache" / "edge-infer" / "kernels"))
-    build = cache / f"w4a8-{key.hexdigest()[:16]}"
-    library = build / "edge_infer_w4a8.so"
+    library = _library_path()
+    build = library.parent
     if library.exists():
         torch.ops.load_library(str(library))
         return
