@@ -2,7 +2,7 @@
 # Regenerate docs/results.md from benchmarks/results/*.json with `edge-infer bench report`.
 #
 # Each pp-tg result is reported with ratios against its llama.cpp arm
-# (bf16 grids: llamacpp-bf16; int4 grids: llamacpp-q4_k_m); plots (when
+# (bf16 grids: llamacpp-bf16; int4 and w4a8 grids: llamacpp-q4_k_m); plots (when
 # matplotlib is installed) go to benchmarks/results/plots/<result>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ fi
 control_for() {
   case "$1" in
     pp-tg-*-bf16) echo llamacpp-bf16 ;;
-    pp-tg-*-int4) echo llamacpp-q4_k_m ;;
+    pp-tg-*-int4 | pp-tg-*-w4a8) echo llamacpp-q4_k_m ;;
     *) echo "" ;;
   esac
 }
@@ -63,6 +63,8 @@ out=docs/results.md
     echo
     echo "\`benchmarks/profile_tts_frame.py\`: the Talker's wall time per frame (decoder step + 15 code-predictor"
     echo "passes), its operators' self time (torch.profiler), and Code2Wav's wall time per frame by chunk size."
+    echo "\"fused layers\" (cpu_w4a8) are whole decoder layers in one call: products and the rest of the layer;"
+    echo "the weight rate then divides by products plus fused layers (a lower bound on the products' rate)."
     echo
     "$PYTHON" benchmarks/profile_tts_frame.py --table benchmarks/results/tts-frames
   fi

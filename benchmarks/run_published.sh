@@ -43,12 +43,13 @@ done
 PYTHON=$(dirname "$EDGE_INFER")/python; [ -x "$PYTHON" ] || PYTHON=python
 cores=$(printf '%s\n' "$@" | sed -n '/^--cores$/{n;p;}')  # the grids' --cores, if given
 for arm in "bf16:" "bf16-packed-head:--packed-head" "w4a16:--quantization cpu_int4" \
-           "w4a16-head:--quantization cpu_int4 --quantize-head"; do
+           "w4a16-head:--quantization cpu_int4 --quantize-head" "w4a8-head:--quantization cpu_w4a8 --quantize-head"; do
   # shellcheck disable=SC2086  # the flags are words
   ${cores:+taskset -c "$cores"} "$PYTHON" benchmarks/profile_decode.py "$models/qwen2.5-0.5b" ${arm#*:} \
     --out "benchmarks/results/profiles/decode-qwen2.5-0.5b-${arm%%:*}.json" || status=1
 done
-for arm in "bf16-1t::1" "w4a16-1t:--quantization cpu_int4:1" "w4a16-2t:--quantization cpu_int4:2"; do
+for arm in "bf16-1t::1" "w4a16-1t:--quantization cpu_int4:1" "w4a16-2t:--quantization cpu_int4:2" \
+           "w4a8-1t:--quantization cpu_w4a8:1" "w4a8-2t:--quantization cpu_w4a8:2"; do
   IFS=: read -r tag flags threads <<< "$arm"
   # shellcheck disable=SC2086  # the flags are words
   ${cores:+taskset -c "$cores"} "$PYTHON" benchmarks/profile_tts_frame.py "$models/qwen3-tts-0.6b" $flags \
