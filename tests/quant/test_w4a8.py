@@ -64,6 +64,14 @@ def test_w4a8_sizes_and_rows_match_the_plan():
     assert torch.equal(kernel.rows(ids), dequantize_rows(q, 64, 200)[ids])
 
 
+def test_a_nan_activation_reaches_the_outputs_instead_of_vanishing():
+    kernel, _ = packed(torch.randn(64, 128), 32, True, torch.bfloat16)
+    x = torch.randn(2, 128).to(torch.bfloat16)
+    x[0, 5] = float("nan")
+    out = kernel(x)
+    assert bool(out[0].isnan().all()) and bool(out[1].isfinite().all())
+
+
 def test_w4a8_refuses_a_weight_that_does_not_fit():
     kernel, _ = packed(torch.randn(64, 128), 32, True, torch.float32)
     with pytest.raises(RuntimeError, match="columns"):
@@ -152,6 +160,14 @@ def test_fused_decode_is_as_accurate_as_the_pytorch_path(w4a8_model):
     err = {k: (v - ref).norm() / ref.norm() for k, v in errors.items()}
     assert err["fused"] < 1.5 * err["pytorch"] + 1e-3, err
     assert err["fused"] < 0.08, err
+
+
+def test_fused_layer_refuses_a_slot_outside_the_cache(w4a8_model):
+    _, path = w4a8_model
+    model = load(path, "cpu_w4a8")
+    cache = cache_for(model)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        decode(model, cache, [5], [0], [[8]], fused=True)  # block 8 of an 8-block cache
 
 
 def test_fused_decode_is_not_used_for_tinygemm_weights(w4a8_model):

@@ -21,9 +21,9 @@ def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True
     g.add_argument("--quantization", default=None, choices=QUANTIZATION_CHOICES,
                    help="int4 weights: cpu_int4 (bf16 activations, PyTorch's kernel) or cpu_w4a8 (int8 activations, "
                         "AVX512-VNNI; faster, built on first use)")
-    g.add_argument("--group-size", type=int, default=None, help="cpu_int4 group size (32, 64, 128 or 256)")
-    g.add_argument("--asym", action="store_true", help="cpu_int4 with zero points (asymmetric)")
-    g.add_argument("--quantize-head", action="store_true", help="cpu_int4: quantize the output head too")
+    g.add_argument("--group-size", type=int, default=None, help="cpu_int4/cpu_w4a8 group size (32, 64, 128 or 256)")
+    g.add_argument("--asym", action="store_true", help="cpu_int4/cpu_w4a8 with zero points (asymmetric)")
+    g.add_argument("--quantize-head", action="store_true", help="cpu_int4/cpu_w4a8: quantize the output head too")
     g.add_argument("--packed-head", action="store_true",
                    help="tied models: keep a second, packed copy of the output head (faster decode, vocab x hidden more bytes)")
     g.add_argument("--num-threads", type=int, default=None, help="compute threads (default: the CPUs this process may use)")

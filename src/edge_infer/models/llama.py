@@ -7,6 +7,7 @@ so a layer runs four matrix products.
 """
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,6 +22,8 @@ from edge_infer.models.weights import WeightSpec, weight_specs
 
 if TYPE_CHECKING:
     from edge_infer.engine.kv_cache import KVCache
+
+log = logging.getLogger(__name__)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -156,11 +159,14 @@ class DecoderLM(nn.Module):
         return x
 
     def _build_fused(self) -> bool:
+        # By name: a model without W4A8 weights must not import the kernel module.
         if not any(lin.kernel is not None and lin.kernel.name == "cpu-w4a8" for _, lin in self.linears()):
-            return False  # no W4A8 weights: do not import the kernel module
+            return False
         from edge_infer.quant.w4a8_decode import FusedDecode, fusable
 
         if not fusable(self):
+            log.info("W4A8 weights, but decode steps run layer by layer in PyTorch: the fused layer needs bf16 "
+                     "activations, every linear in W4A8, a head_dim multiple of 16 and no sliding window")
             return False
         self._fused = FusedDecode(self)
         return True

@@ -48,22 +48,47 @@ def pack_codes(codes: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
 
 
-class Int4Kernel(WeightKernel):
-    """``x @ W.T`` for a weight ``[out_features, in_features]`` held as packed int4."""
+class PackedInt4(WeightKernel):
+    """What both int4 kernels share: ``packed`` codes and ``scales_zeros`` in the kernel's layout, inputs
+    zero-padded to whole groups, and the byte count."""
+
+    packed: torch.Tensor
+    scales_zeros: torch.Tensor
+
+    def __init__(self, out_features: int, in_features: int, group_size: int):
+        self.out_features = out_features
+        self.in_features = in_features
+        self.group_size = group_size
+        self.cols_padded = padded(in_features, group_size)
+        # Only in the measuring-only keep_dense_copy alternative: the row-major weight kept beside.
+        self.dense_copy: torch.Tensor | None = None
+
+    def padded_input(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., in_features]`` as a contiguous ``[rows, cols_padded]`` matrix."""
+        x = x.reshape(-1, self.in_features)
+        if self.cols_padded != self.in_features:
+            x = F.pad(x, (0, self.cols_padded - self.in_features))
+        return x.contiguous()
+
+    @property
+    def nbytes(self) -> int:
+        n = self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
+        if self.dense_copy is not None:
+            n += self.dense_copy.numel() * self.dense_copy.element_size()
+        return n
+
+
+class Int4Kernel(PackedInt4):
+    """``x @ W.T`` for a weight ``[out_features, in_features]`` held as packed int4 (PyTorch's tinygemm)."""
 
     name = "cpu-int4"
 
     def __init__(self, out_features: int, in_features: int, group_size: int, dtype: torch.dtype):
-        self.out_features = out_features
-        self.in_features = in_features
-        self.group_size = group_size
+        super().__init__(out_features, in_features, group_size)
         self.rows_padded = padded(out_features, ROW_MULTIPLE)
-        self.cols_padded = padded(in_features, group_size)
         # Padding rows stay zero (codes 0 with scale 0 and zero 0: weight 0) and are sliced off.
         self.packed = torch.zeros(self.rows_padded, self.cols_padded // 2, dtype=torch.uint8)
         self.scales_zeros = torch.zeros(self.cols_padded // group_size, self.rows_padded, 2, dtype=dtype)
-        # Only in the measuring-only keep_dense_copy alternative: the row-major weight kept beside.
-        self.dense_copy: torch.Tensor | None = None
 
     def write_rows(self, start: int, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> None:
         """Pack rows ``start .. start + len(codes)``; ``start`` must be a multiple of 64.
@@ -84,20 +109,10 @@ class Int4Kernel(WeightKernel):
         if x.dtype != self.scales_zeros.dtype:
             raise TypeError(f"int4 linear holds {self.scales_zeros.dtype} scales; got {x.dtype} activations")
         lead = x.shape[:-1]
-        x = x.reshape(-1, self.in_features)
-        if self.cols_padded != self.in_features:
-            x = F.pad(x, (0, self.cols_padded - self.in_features))
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), self.packed, self.group_size, self.scales_zeros)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(self.padded_input(x), self.packed, self.group_size, self.scales_zeros)
         if self.rows_padded != self.out_features:
             y = y[:, : self.out_features].contiguous()
         return y.view(*lead, self.out_features)
-
-    @property
-    def nbytes(self) -> int:
-        n = self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
-        if self.dense_copy is not None:
-            n += self.dense_copy.numel() * self.dense_copy.element_size()
-        return n
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Dequantized weight rows ``[len(ids), in_features]`` in the activation dtype (an embedding lookup)."""

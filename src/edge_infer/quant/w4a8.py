@@ -9,9 +9,10 @@ compute speed (4-6x faster on this machine class, see docs/quantization.md),
 for a small extra error from the 8-bit activations.
 
 The extension is compiled on first use with PyTorch's C++ extension
-builder (a C++ compiler and ``ninja`` needed, about 25 s on 2 cores, cached
-under ``EDGE_INFER_KERNEL_CACHE`` or ``~/.cache/edge-infer/kernels``).
-Anything missing is refused by name: there is no silent fall back to tinygemm.
+builder, in a child process (a C++ compiler and ``ninja`` needed, 15-25 s
+on 2 cores), and cached under ``EDGE_INFER_KERNEL_CACHE`` or
+``~/.cache/edge-infer/kernels``. Anything missing is refused by name: there
+is no silent fall back to tinygemm.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from edge_infer.models.linear import WeightKernel
+from edge_infer.quant.kernel import PackedInt4
 from edge_infer.quant.quantize import QuantizedRows
 
 TILE_ROWS = 64  # output rows per packed tile (csrc/w4a8.cpp)
@@ -46,7 +47,7 @@ def missing_requirement() -> str | None:
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         return "no C++ compiler (c++ or $CXX) to build the W4A8 kernel; install g++ or use cpu_int4"
     try:
-        import ninja  # noqa: F401 - PyTorch's extension builder runs it
+        import ninja  # noqa: F401 - PyTorch's extension builder runs its executable
     except ImportError:
         return "the W4A8 kernel is built with ninja: pip install ninja, or use cpu_int4"
     return None
@@ -84,31 +85,50 @@ def _library_path() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def _load_extension() -> None:
-    """Load the built library, building it first if these sources, flags and torch have none yet.
-
-    A built library is loaded directly: importing the extension builder (setuptools and
-    friends) would cost every process ~5 MB of RssAnon that no plan counts.
-    """
+    """Load the built library, building it first if these sources, flags and torch have none yet."""
     library = _library_path()
-    build = library.parent
-    if library.exists():
-        torch.ops.load_library(str(library))
-        return
+    if not library.exists():
+        _build(library)
+    torch.ops.load_library(str(library))
+
+
+def _build(library: Path) -> None:
+    """Compile in a child process: the builder's imports (~5 MB of RssAnon) and the compiler stay out of
+    this one, whose memory the plan counts."""
+    import subprocess
+    import sys
+
+    import ninja
+
+    log.info("building the W4A8 kernel into %s (once per source version, 15-25 s)", library.parent)
+    # The builder runs `ninja` from PATH; a venv's python started by its full path may not have it there.
+    env = dict(os.environ, PATH=ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", ""))
+    script = "import sys; from edge_infer.quant.w4a8 import compile_library; compile_library(sys.argv[1])"
+    run = subprocess.run([sys.executable, "-c", script, str(library)], env=env, capture_output=True, text=True)
+    if run.returncode != 0 or not library.exists():
+        raise RuntimeError(f"cpu_w4a8: building the W4A8 kernel failed (use cpu_int4 meanwhile):\n{run.stderr[-3000:]}")
+
+
+def compile_library(library: str) -> None:
+    """(The build child.) Compile into a private directory, then publish with an atomic rename, so that
+    a process starting meanwhile never loads a half-written file and a killed build leaves no lock."""
+    import tempfile
+
     from torch.utils.cpp_extension import load
 
-    log.info("building the W4A8 kernel into %s (once per source version, ~15-25 s)", build)
-    # Each process builds in its own directory and publishes the library with an atomic rename,
-    # so a process starting meanwhile never loads a half-written file.
-    work = build / f"build-{os.getpid()}"
-    work.mkdir(parents=True, exist_ok=True)
-    # -fopenmp: at::parallel_for runs on the OpenMP pool PyTorch already started (same libgomp soname).
-    load(name="edge_infer_w4a8", sources=[str(s) for s in _SOURCES], extra_cflags=_FLAGS,
-         extra_ldflags=["-fopenmp"], build_directory=str(work), is_python_module=False, verbose=False)
-    os.replace(work / library.name, library)
-    shutil.rmtree(work, ignore_errors=True)
+    target = Path(library)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=target.parent, prefix="build-"))
+    try:
+        # -fopenmp: at::parallel_for runs on the OpenMP pool PyTorch already started (same libgomp soname).
+        load(name=target.stem, sources=[str(s) for s in _SOURCES], extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"],
+             build_directory=str(work), is_python_module=False, verbose=False)
+        os.replace(work / target.name, target)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
-class W4A8Kernel(WeightKernel):
+class W4A8Kernel(PackedInt4):
     """``x @ W.T`` for a weight ``[out_features, in_features]`` held as int4 in ``csrc/w4a8.cpp``'s layout.
 
     ``packed`` uint8 ``[Np / 64, Kp / 8, 64, 4]`` and ``scales_zeros`` bf16
@@ -119,16 +139,12 @@ class W4A8Kernel(WeightKernel):
     name = "cpu-w4a8"
 
     def __init__(self, out_features: int, in_features: int, group_size: int, dtype: torch.dtype):
-        _load_extension()
-        self.out_features = out_features
-        self.in_features = in_features
-        self.group_size = group_size
+        require_w4a8_kernel()
+        super().__init__(out_features, in_features, group_size)
         self.dtype = dtype
         tiles = -(-out_features // TILE_ROWS)
-        self.cols_padded = -(-in_features // group_size) * group_size
         self.packed = torch.zeros(tiles, self.cols_padded // 8, TILE_ROWS, 4, dtype=torch.uint8)
         self.scales_zeros = torch.zeros(tiles, self.cols_padded // group_size, 2, TILE_ROWS, dtype=torch.bfloat16)
-        self.dense_copy: torch.Tensor | None = None
 
     def write_rows(self, start: int, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> None:
         """Pack rows ``start .. start + len(codes)`` (``start`` a multiple of 64); arguments as ``Int4Kernel.write_rows``."""
@@ -150,19 +166,9 @@ class W4A8Kernel(WeightKernel):
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        x = x.reshape(-1, self.in_features)
-        if self.cols_padded != self.in_features:
-            x = torch.nn.functional.pad(x, (0, self.cols_padded - self.in_features))
-        y = torch.ops.edge_infer.w4a8_linear(x.contiguous(), self.packed, self.scales_zeros, self.group_size,
+        y = torch.ops.edge_infer.w4a8_linear(self.padded_input(x), self.packed, self.scales_zeros, self.group_size,
                                              self.out_features)
         return y.view(*lead, self.out_features)
-
-    @property
-    def nbytes(self) -> int:
-        n = self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
-        if self.dense_copy is not None:
-            n += self.dense_copy.numel() * self.dense_copy.element_size()
-        return n
 
     def quantized_rows(self, ids: torch.Tensor) -> QuantizedRows:
         """The codes, scales and zeros of weight rows ``ids``."""

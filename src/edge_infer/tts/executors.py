@@ -38,7 +38,7 @@ class TalkerOptions(ExecutorOptions):
     chunk_frames: int = Field(default=4, ge=1)
     first_chunk_frames: int = Field(default=1, ge=1)
     num_threads: int | None = Field(default=None, ge=1)
-    # Threads of steps without prompt tokens; unset: half the cores (at most num_threads).
+    # Threads of steps without prompt tokens; unset: half the cores, at most num_threads.
     decode_threads: int | None = Field(default=None, ge=1)
 
 

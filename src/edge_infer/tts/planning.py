@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edge_infer.engine.config import EngineConfig, QuantConfig
+from edge_infer.engine.config import QUANTIZATION_CHOICES, EngineConfig, QuantConfig
 from edge_infer.engine.kv_cache import DEFAULT_BLOCK_SIZE, KVLayout
 from edge_infer.memory.plan import activation_bytes, activation_calibration, resolve_dtype, runtime_overhead
 from edge_infer.models.checkpoint import read_tensor_index
@@ -69,8 +69,8 @@ def _require_model(stage: "StageConfig") -> Path:
 def _quant(name: str | None) -> QuantConfig | None:
     if name in (None, "none"):
         return None
-    if name not in ("cpu_int4", "cpu_w4a8"):
-        raise ValueError(f"quantization {name!r} is not supported for the Talker; use cpu_int4, cpu_w4a8 or none")
+    if name not in QUANTIZATION_CHOICES:
+        raise ValueError(f"quantization {name!r} is not supported for the Talker; use {', '.join(QUANTIZATION_CHOICES)}")
     try:
         import edge_infer.quant.install  # noqa: F401 - the int4 installer the Talker loads through
     except ImportError:

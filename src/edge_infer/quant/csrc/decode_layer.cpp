@@ -60,7 +60,8 @@ struct Cache {
   }
 };
 
-// One query head over the ``ctx`` keys of its sequence's blocks; fp32 softmax as SDPA computes it.
+// One query head over the ``ctx`` keys of its sequence's blocks, softmax and weighted sum in fp32
+// (PyTorch's flash kernel rounds the probabilities to bf16 first: the two differ in the last bits).
 void attend_head(const bf16* q, const Cache& c, const int64_t* blocks, int64_t ctx, int64_t kv_head, float scale,
                  bf16* out) {
   std::vector<float> p(ctx);
@@ -93,10 +94,23 @@ void matmul(const std::vector<bf16>& in, int64_t m, const Weight& w, int64_t gro
   w4a8_matmul(in.data(), m, w.in_padded(), w.packed.data_ptr<uint8_t>(), w.sz.data_ptr<bf16>(), group, n, out.data());
 }
 
-void check_weight(const char* name, const at::Tensor& packed, const at::Tensor& sz) {
-  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
-                  sz.scalar_type() == at::kBFloat16 && sz.is_contiguous(),
-              "decode_layer: ", name, " must be a W4A8-packed weight (uint8 codes, bf16 scales)");
+inline int64_t padded(int64_t n, int64_t group) { return (n + group - 1) / group * group; }
+
+void check_vector(const char* name, const at::Tensor& t, int64_t n) {
+  TORCH_CHECK(t.scalar_type() == at::kBFloat16 && t.is_contiguous() && t.numel() == n,
+              "decode_layer: ", name, " must be ", n, " contiguous bf16 values");
+}
+
+// Every slot written and every block read lies inside the cache (an index_copy_ would raise; this writes raw).
+void check_cache_indices(const int64_t* slot, const int64_t* table, const int64_t* ctx, int64_t m, int64_t max_blocks,
+                         int64_t num_blocks, int64_t block_size) {
+  for (int64_t i = 0; i < m; ++i) {
+    TORCH_CHECK(slot[i] >= 0 && slot[i] < num_blocks * block_size, "decode_layer: slot ", slot[i], " outside the cache");
+    TORCH_CHECK(ctx[i] >= 1 && ctx[i] <= max_blocks * block_size, "decode_layer: context ", ctx[i], " does not fit its block table");
+    for (int64_t j = 0; j < (ctx[i] + block_size - 1) / block_size; ++j)
+      TORCH_CHECK(table[i * max_blocks + j] >= 0 && table[i * max_blocks + j] < num_blocks,
+                  "decode_layer: block ", table[i * max_blocks + j], " outside the cache");
+  }
 }
 
 at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache,
@@ -113,23 +127,33 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Te
               "decode_layer: caches must be bf16 [blocks, block_size, kv_heads, head_dim], head_dim a multiple of 16");
   TORCH_CHECK(cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16 && cos.is_contiguous() &&
                   sin.is_contiguous(), "decode_layer: RoPE tables must be contiguous bf16 [M, 1, head_dim]");
-  TORCH_CHECK(slots.scalar_type() == at::kLong && block_table.scalar_type() == at::kLong && ctx_lens.scalar_type() == at::kLong &&
-                  block_table.is_contiguous(), "decode_layer: slots, block_table and ctx_lens must be int64");
-  check_weight("qkv", qkv_packed, qkv_sz);
-  check_weight("o_proj", o_packed, o_sz);
-  check_weight("gate_up", gate_up_packed, gate_up_sz);
-  check_weight("down", down_packed, down_sz);
-  const float eps = static_cast<float>(eps_d), scale = static_cast<float>(scale_d);
   const int64_t m = x.size(0), hidden = x.size(1), d = k_cache.size(3);
+  TORCH_CHECK(slots.scalar_type() == at::kLong && block_table.scalar_type() == at::kLong && ctx_lens.scalar_type() == at::kLong &&
+                  slots.is_contiguous() && block_table.is_contiguous() && ctx_lens.is_contiguous() &&
+                  slots.numel() == m && ctx_lens.numel() == m && block_table.dim() == 2 && block_table.size(0) == m,
+              "decode_layer: slots, ctx_lens and block_table must be contiguous int64 with one row per sequence");
+  TORCH_CHECK(heads % kv_heads == 0 && v_cache.sizes() == k_cache.sizes(), "decode_layer: head counts or caches do not match");
+  TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "decode_layer: q_norm and k_norm come together");
   const int64_t q_size = heads * d, kv_size = kv_heads * d, qkv_n = q_size + 2 * kv_size;
+  check_packed("decode_layer qkv", qkv_packed, qkv_sz, padded(hidden, group), group, qkv_n);
+  check_packed("decode_layer o_proj", o_packed, o_sz, padded(q_size, group), group, hidden);
+  check_packed("decode_layer gate_up", gate_up_packed, gate_up_sz, padded(hidden, group), group, 2 * intermediate);
+  check_packed("decode_layer down", down_packed, down_sz, padded(intermediate, group), group, hidden);
+  check_vector("input_norm", input_norm, hidden);
+  check_vector("post_norm", post_norm, hidden);
+  if (q_norm.has_value()) {
+    check_vector("q_norm", *q_norm, d);
+    check_vector("k_norm", *k_norm, d);
+  }
+  if (qkv_bias.has_value()) check_vector("qkv_bias", *qkv_bias, qkv_n);
+  const float eps = static_cast<float>(eps_d), scale = static_cast<float>(scale_d);
   const Weight qkv{qkv_packed, qkv_sz}, o{o_packed, o_sz}, gate_up{gate_up_packed, gate_up_sz}, down{down_packed, down_sz};
-  TORCH_CHECK(qkv.in_padded() >= hidden && o.in_padded() >= q_size && gate_up.in_padded() >= hidden &&
-                  down.in_padded() >= intermediate, "decode_layer: weight widths do not match the layer's shapes");
   const bf16* xp = x.data_ptr<bf16>();
   const int64_t* slot = slots.data_ptr<int64_t>();
   const int64_t* table = block_table.data_ptr<int64_t>();
   const int64_t* ctx = ctx_lens.data_ptr<int64_t>();
   const int64_t max_blocks = block_table.size(1);
+  check_cache_indices(slot, table, ctx, m, max_blocks, k_cache.size(0), k_cache.size(1));
 
   // Attention block: norm, q/k/v, per-head norms, RoPE, cache write, attention, output projection.
   std::vector<bf16> h(m * qkv.in_padded(), bf16(0.f)), proj;

@@ -23,6 +23,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstring>
+#include <limits>
 #include <vector>
 
 namespace edge_infer {
@@ -33,9 +35,15 @@ template <typename T>
 void quantize_row(const T* x, int64_t k, int64_t group, int8_t* q, float* alpha, float* total) {
   for (int64_t g0 = 0; g0 < k; g0 += group) {
     __m512 amax = _mm512_setzero_ps();
-    for (int64_t i = 0; i < group; i += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(load16(x + g0 + i)));
-    const float a = _mm512_reduce_max_ps(amax) / 127.f;
-    const __m512 inv = _mm512_set1_ps(a > 0.f ? 1.f / a : 0.f);
+    __mmask16 nan = 0;
+    for (int64_t i = 0; i < group; i += 16) {
+      const __m512 v = load16(x + g0 + i);
+      amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
+      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    }
+    // A NaN input makes the group's scale NaN, so every output it reaches is NaN (not a silent 0).
+    const float a = nan ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(amax) / 127.f;
+    const __m512 inv = _mm512_set1_ps(a >= std::numeric_limits<float>::min() ? 1.f / a : 0.f);
     __m512i sum = _mm512_setzero_si512();
     for (int64_t i = 0; i < group; i += 16) {
       // Rounds to nearest even (the default MXCSR mode); |values| <= 127 by construction.
@@ -61,8 +69,10 @@ void tile_row(const uint8_t* tile, const at::BFloat16* sz, const int8_t* q, cons
     const uint8_t* w = tile + g * group * (kTileRows / 2);
     const int8_t* a = q + g * group;
     for (int64_t s = 0; s < group; s += 8, w += 4 * kTileRows) {
-      const __m512i a_lo = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(a + s));
-      const __m512i a_hi = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(a + s + 4));
+      int32_t quad[2];  // activations k..k+3 and k+4..k+7, each broadcast to every row
+      std::memcpy(quad, a + s, sizeof quad);
+      const __m512i a_lo = _mm512_set1_epi32(quad[0]);
+      const __m512i a_hi = _mm512_set1_epi32(quad[1]);
       for (int r = 0; r < 4; ++r) {
         const __m512i bytes = _mm512_loadu_si512(w + 64 * r);
         dot[r] = _mm512_dpbusd_epi32(dot[r], _mm512_and_si512(bytes, low), a_lo);
@@ -110,6 +120,20 @@ void w4a8_matmul(const T* xp, int64_t m, int64_t k, const uint8_t* w, const at::
   });
 }
 
+void check_packed(const char* what, const at::Tensor& packed, const at::Tensor& sz, int64_t k, int64_t group, int64_t n) {
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kTileRows && packed.size(3) == 4 &&
+                  packed.scalar_type() == at::kByte && packed.is_contiguous(),
+              what, ": packed codes must be contiguous uint8 [Np/64, Kp/8, 64, 4]");
+  TORCH_CHECK(group > 0 && group % 16 == 0, what, ": group size ", group, " is not a multiple of 16");
+  TORCH_CHECK(packed.size(1) * 8 == k && k % group == 0,
+              what, ": the input has ", k, " columns; the weight packs ", packed.size(1) * 8, " in groups of ", group);
+  const int64_t tiles = packed.size(0);
+  TORCH_CHECK(n > (tiles - 1) * kTileRows && n <= tiles * kTileRows,
+              what, ": ", n, " outputs do not fit ", tiles, " row tiles");
+  TORCH_CHECK(sz.scalar_type() == at::kBFloat16 && sz.is_contiguous() && sz.numel() == tiles * (k / group) * 2 * kTileRows,
+              what, ": scales and zeros must be contiguous bf16 [Np/64, Kp/G, 2, 64]");
+}
+
 template void w4a8_matmul<float>(const float*, int64_t, int64_t, const uint8_t*, const at::BFloat16*, int64_t, int64_t,
                                  float*);
 template void w4a8_matmul<at::BFloat16>(const at::BFloat16*, int64_t, int64_t, const uint8_t*, const at::BFloat16*,
@@ -121,16 +145,8 @@ namespace {
 at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz, int64_t group,
                        int64_t out_features) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "w4a8_linear: x must be a contiguous [M, K] tensor");
-  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kTileRows && packed.size(3) == 4 &&
-                  packed.scalar_type() == at::kByte && packed.is_contiguous(),
-              "w4a8_linear: packed must be uint8 [Np/64, Kp/8, 64, 4]");
-  const int64_t k = x.size(1), tiles = packed.size(0);
-  TORCH_CHECK(packed.size(1) * 8 == k && group % 8 == 0 && k % group == 0,
-              "w4a8_linear: x has ", k, " columns; the weight packs ", packed.size(1) * 8, " in groups of ", group);
-  TORCH_CHECK(sz.scalar_type() == at::kBFloat16 && sz.is_contiguous() && sz.numel() == tiles * (k / group) * 2 * kTileRows,
-              "w4a8_linear: sz must be contiguous bf16 [Np/64, Kp/G, 2, 64]");
-  TORCH_CHECK(out_features > (tiles - 1) * kTileRows && out_features <= tiles * kTileRows,
-              "w4a8_linear: ", out_features, " outputs do not fit ", tiles, " row tiles");
+  const int64_t k = x.size(1);
+  check_packed("w4a8_linear", packed, sz, k, group, out_features);
   at::Tensor y = at::empty({x.size(0), out_features}, x.options());
   const uint8_t* w = packed.data_ptr<uint8_t>();
   const at::BFloat16* s = sz.data_ptr<at::BFloat16>();
