@@ -57,3 +57,16 @@ def live_children():
         except psutil.NoSuchProcess:
             pass
     return out
+
+
+def packed_kernel(kernel_class, weight, group_size: int, symmetric: bool, dtype, block_rows: int = 128):
+    """``weight`` quantized and packed into ``kernel_class`` (Int4Kernel or W4A8Kernel) in blocks of rows,
+    as the loader does; returns the kernel and the quantized rows."""
+    from edge_infer.quant.quantize import quantize_rows
+
+    q = quantize_rows(weight, group_size, symmetric)
+    kernel = kernel_class(weight.shape[0], weight.shape[1], group_size, dtype)
+    for start in range(0, weight.shape[0], block_rows):
+        sl = slice(start, start + block_rows)
+        kernel.write_rows(start, q.codes[sl], q.scales[sl], q.zeros[sl])
+    return kernel, q

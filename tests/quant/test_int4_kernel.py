@@ -4,6 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import testutil
+
 from edge_infer.models.weights import WeightSpec
 from edge_infer.engine.config import QuantConfig
 from edge_infer.quant.kernel import Int4Kernel
@@ -12,12 +14,7 @@ from edge_infer.quant.sizes import GROUP_SIZES, int4_nbytes, linear_nbytes
 
 
 def packed_kernel(weight: torch.Tensor, group_size: int, symmetric: bool, dtype: torch.dtype, block_rows: int = 128):
-    q = quantize_rows(weight, group_size, symmetric)
-    kernel = Int4Kernel(weight.shape[0], weight.shape[1], group_size, dtype)
-    for start in range(0, weight.shape[0], block_rows):
-        sl = slice(start, start + block_rows)
-        kernel.write_rows(start, q.codes[sl], q.scales[sl], q.zeros[sl])
-    return kernel, q
+    return testutil.packed_kernel(Int4Kernel, weight, group_size, symmetric, dtype, block_rows)
 
 
 @pytest.mark.parametrize("group_size", GROUP_SIZES)

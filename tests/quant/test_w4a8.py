@@ -6,10 +6,12 @@ from pathlib import Path
 import pytest
 import torch
 
+import testutil
+
 from edge_infer.engine.attention import AttentionMetadata, build_seq_attention
 from edge_infer.engine.config import QuantConfig
 from edge_infer.engine.kv_cache import KVCache, KVLayout
-from edge_infer.quant.quantize import dequantize_rows, quantize_rows
+from edge_infer.quant.quantize import dequantize_rows
 from edge_infer.quant.sizes import GROUP_SIZES, int4_nbytes
 from edge_infer.quant.w4a8 import missing_requirement
 
@@ -19,12 +21,7 @@ pytestmark = pytest.mark.skipif(missing_requirement() is not None, reason=str(mi
 def packed(weight: torch.Tensor, group_size: int, symmetric: bool, dtype: torch.dtype, block_rows: int = 128):
     from edge_infer.quant.w4a8 import W4A8Kernel
 
-    q = quantize_rows(weight, group_size, symmetric)
-    kernel = W4A8Kernel(weight.shape[0], weight.shape[1], group_size, dtype)
-    for start in range(0, weight.shape[0], block_rows):
-        sl = slice(start, start + block_rows)
-        kernel.write_rows(start, q.codes[sl], q.scales[sl], q.zeros[sl])
-    return kernel, q
+    return testutil.packed_kernel(W4A8Kernel, weight, group_size, symmetric, dtype, block_rows)
 
 
 def int8_bound(x: torch.Tensor, w: torch.Tensor, group_size: int) -> torch.Tensor:
