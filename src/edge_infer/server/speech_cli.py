@@ -38,7 +38,7 @@ def serve_speech(args: argparse.Namespace, serve: Any) -> int:
     from edge_infer.tts.deploy import SpeechPipeline
 
     if args.group_size or args.asym or args.quantize_head:
-        print("error: --group-size, --asym and --quantize-head are text-model options; the Talker uses cpu_int4 defaults",
+        print("error: --group-size, --asym and --quantize-head are text-model options; the Talker uses the defaults of --quantization",
               file=sys.stderr)
         return 2
     try:
