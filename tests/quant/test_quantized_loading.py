@@ -69,8 +69,7 @@ def test_exported_checkpoint_loads_to_the_same_model_as_quantizing_on_load(
     assert tokens != greedy(make_core(src), PROMPT), "int4 should change this wide-init model's output"
 
 
-W4A8_QUANTS = [] if missing_requirement() is not None else [
-    QuantConfig(group_size=64, int8_activations=True), QuantConfig(group_size=32, quantize_head=True, int8_activations=True)]
+needs_w4a8 = pytest.mark.skipif(missing_requirement() is not None, reason=str(missing_requirement()))
 
 
 def kernel_class(quant: QuantConfig) -> type:
@@ -81,8 +80,12 @@ def kernel_class(quant: QuantConfig) -> type:
     return Int4Kernel
 
 
-@pytest.mark.parametrize("quant", [QuantConfig(group_size=32), QuantConfig(group_size=128, symmetric=False, quantize_head=True),
-                                   *W4A8_QUANTS], ids=lambda q: q.name + f"-g{q.group_size}" + ("-head" if q.quantize_head else ""))
+@pytest.mark.parametrize("quant", [
+    pytest.param(QuantConfig(group_size=32), id="int4-g32"),
+    pytest.param(QuantConfig(group_size=128, symmetric=False, quantize_head=True), id="int4-g128-asym-head"),
+    pytest.param(QuantConfig.named("cpu_w4a8", group_size=64), id="w4a8-g64", marks=needs_w4a8),
+    pytest.param(QuantConfig.named("cpu_w4a8", group_size=32, quantize_head=True), id="w4a8-g32-head", marks=needs_w4a8),
+])
 @pytest.mark.parametrize("family", ["tied", "untied"])
 def test_resident_weight_bytes_equal_the_plan_and_no_dense_copy_survives(tied_model, untied_model, make_core, quant, family):
     core = make_core(tied_model if family == "tied" else untied_model, quant)
@@ -113,10 +116,9 @@ def test_resident_weight_bytes_equal_the_plan_and_no_dense_copy_survives(tied_mo
             assert model.embed is None, "a quantized tied head must be the only copy of the embedding table"
 
 
-@pytest.mark.parametrize("quant", [QuantConfig(group_size=32, symmetric=False, quantize_head=True),
-                                   *[QuantConfig(group_size=32, symmetric=False, quantize_head=True, int8_activations=True)
-                                     for _ in W4A8_QUANTS[:1]]], ids=lambda q: q.name)
-def test_quantized_tied_head_serves_embedding_rows(tied_model, make_core, quant):
+@pytest.mark.parametrize("method", [pytest.param("cpu_int4"), pytest.param("cpu_w4a8", marks=needs_w4a8)])
+def test_quantized_tied_head_serves_embedding_rows(tied_model, make_core, method):
+    quant = QuantConfig.named(method, group_size=32, symmetric=False, quantize_head=True)
     core = make_core(tied_model, quant, dtype="float32")
     kernel = core.model.lm_head.kernel
     ids = torch.tensor([0, 7, 300, core.model.cfg.vocab_size - 1])
@@ -162,12 +164,11 @@ def test_sharded_output_loads_like_a_single_file(tmp_path, untied_model, make_co
     assert torch.equal(make_core(sharded).score(PROMPT), make_core(single).score(PROMPT))
 
 
+@needs_w4a8
 def test_a_quantized_checkpoint_loads_with_int8_activations_on_request(tmp_path, tied_model, make_core):
     """cpu_w4a8 is a kernel choice: the stored cpu_int4 weights load into the W4A8 kernel, format settings kept."""
     from edge_infer.memory.plan import plan_text_session
 
-    if missing_requirement() is not None:
-        pytest.skip(missing_requirement())
     out = quantize_checkpoint(tied_model, tmp_path / "q", QuantConfig(group_size=64, symmetric=False)).out_dir
     plan = plan_text_session(out, quantization="cpu_w4a8", dtype="bfloat16", max_model_len=128)
     assert plan.settings["quantization"] == "cpu_w4a8 g64 asym"

@@ -1,7 +1,6 @@
 """cpu_w4a8: the int4 x int8 kernel on bare matrices, and the fused decode layer against the PyTorch layer."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch
@@ -90,15 +89,6 @@ def w4a8_model(request, tmp_path_factory):
     return family, path
 
 
-def load(path: Path, quantization: str | None):
-    from edge_infer.engine.core import EngineCore
-    from edge_infer.memory.plan import plan_text_session
-
-    plan = plan_text_session(path, quantization=quantization, dtype="bfloat16", max_model_len=128, max_num_seqs=2,
-                             max_num_batched_tokens=64, kv_cache_memory_bytes=1 << 20)
-    return EngineCore(plan.engine_config).model
-
-
 def cache_for(model) -> KVCache:
     cfg = model.cfg
     return KVCache(KVLayout(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, 2, 16), 8, torch.bfloat16)
@@ -125,11 +115,11 @@ def prefill(model, cache: KVCache, ids: torch.Tensor, blocks: list[int]) -> None
     model.decode(model.embed_tokens(ids), torch.arange(n), meta, cache)
 
 
-def test_fused_decode_of_first_tokens_is_bit_exact(w4a8_model):
+def test_fused_decode_of_first_tokens_is_bit_exact(w4a8_model, make_core):
     """With one key per sequence attention is exact, so the fused layer must equal the PyTorch layer bit for bit:
     norms, q/k/v (and bias), q/k norms, RoPE, cache writes, products, SiLU and residuals round alike."""
     _, path = w4a8_model
-    model = load(path, "cpu_w4a8")
+    model = make_core(path, "cpu_w4a8").model
     results = []
     for fused in (False, True):
         cache = cache_for(model)
@@ -139,11 +129,11 @@ def test_fused_decode_of_first_tokens_is_bit_exact(w4a8_model):
     assert torch.equal(results[0][1], results[1][1])
 
 
-def test_fused_decode_is_as_accurate_as_the_pytorch_path(w4a8_model):
+def test_fused_decode_is_as_accurate_as_the_pytorch_path(w4a8_model, make_core):
     """Over a longer, paged context the two paths round attention differently (and 8-bit activations amplify
     that); each must stay as close to the same int4 weights with bf16 activations (cpu_int4) as the other."""
     _, path = w4a8_model
-    reference, model = load(path, "cpu_int4"), load(path, "cpu_w4a8")
+    reference, model = make_core(path, "cpu_int4").model, make_core(path, "cpu_w4a8").model
     torch.manual_seed(0)
     prompts = [torch.randint(0, model.cfg.vocab_size, (n,)) for n in (20, 7)]
     blocks = [[0, 1, 2], [5, 3]]
@@ -159,17 +149,17 @@ def test_fused_decode_is_as_accurate_as_the_pytorch_path(w4a8_model):
     assert err["fused"] < 0.08, err
 
 
-def test_fused_layer_refuses_a_slot_outside_the_cache(w4a8_model):
+def test_fused_layer_refuses_a_slot_outside_the_cache(w4a8_model, make_core):
     _, path = w4a8_model
-    model = load(path, "cpu_w4a8")
+    model = make_core(path, "cpu_w4a8").model
     cache = cache_for(model)
     with pytest.raises(RuntimeError, match="outside the cache"):
         decode(model, cache, [5], [0], [[8]], fused=True)  # block 8 of an 8-block cache
 
 
-def test_fused_decode_is_not_used_for_tinygemm_weights(w4a8_model):
+def test_fused_decode_is_not_used_for_tinygemm_weights(w4a8_model, make_core):
     _, path = w4a8_model
-    model = load(path, "cpu_int4")
+    model = make_core(path, "cpu_int4").model
     cache = cache_for(model)
     group = model.cfg.num_attention_heads // model.cfg.num_key_value_heads
     meta = AttentionMetadata(torch.tensor([0]), [build_seq_attention(0, 1, 1, [0], 16, group, None)])

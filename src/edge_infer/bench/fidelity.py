@@ -14,11 +14,13 @@ import json
 import sys
 from pathlib import Path
 
+from edge_infer.engine.config import INT4_METHODS
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reference", required=True, help="reference checkpoint directory (e.g. the bf16 model)")
     parser.add_argument("--candidate", default=None, help="candidate checkpoint directory (default: the reference)")
-    parser.add_argument("--candidate-quantization", default=None, choices=["cpu_int4", "cpu_w4a8"],
+    parser.add_argument("--candidate-quantization", default=None, choices=INT4_METHODS,
                         help="quantize the candidate at load time (cpu_w4a8: int8 activations too)")
     parser.add_argument("--group-size", type=int, default=128, help="cpu_int4 group size of the candidate (default 128)")
     parser.add_argument("--asym", action="store_true", help="cpu_int4 candidate with zero points")
@@ -59,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     quant = None
     if args.candidate_quantization:
-        quant = QuantConfig(group_size=args.group_size, symmetric=not args.asym, quantize_head=args.quantize_head,
-                            int8_activations=args.candidate_quantization == "cpu_w4a8")
+        quant = QuantConfig.named(args.candidate_quantization, group_size=args.group_size, symmetric=not args.asym,
+                                  quantize_head=args.quantize_head)
     try:
         texts = read_prompts(args.prompts)
         tokenizer = Tokenizer(args.reference)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from edge_infer.engine.config import QUANTIZATION_CHOICES
+from edge_infer.engine.config import INT4_METHODS, QUANTIZATION_CHOICES, QuantConfig
 
 
 def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True) -> None:
@@ -40,13 +40,10 @@ def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments for plan_text_session / LLM from parsed flags."""
     quant: Any = args.quantization
     int4_levers = args.int4_keep_dense_copy or args.int4_repack != "blocked"
-    if quant in ("cpu_int4", "cpu_w4a8") and (args.group_size or args.asym or args.quantize_head or int4_levers):
-        from edge_infer.engine.config import QuantConfig
-
-        quant = QuantConfig(
-            group_size=args.group_size or 128, symmetric=not args.asym, quantize_head=args.quantize_head,
+    if quant in INT4_METHODS and (args.group_size or args.asym or args.quantize_head or int4_levers):
+        quant = QuantConfig.named(
+            quant, group_size=args.group_size or 128, symmetric=not args.asym, quantize_head=args.quantize_head,
             repack=args.int4_repack, keep_dense_copy=args.int4_keep_dense_copy,
-            int8_activations=quant == "cpu_w4a8",
         )
     return dict(
         dtype=args.dtype,

@@ -11,7 +11,8 @@ from typing import Any
 
 DTYPES = ("bfloat16", "float32")
 # What --quantization takes: int4 weights with tinygemm (W4A16) or with int8 activations (W4A8).
-QUANTIZATION_CHOICES = ("cpu_int4", "cpu_w4a8", "none")
+INT4_METHODS = ("cpu_int4", "cpu_w4a8")
+QUANTIZATION_CHOICES = (*INT4_METHODS, "none")
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,12 @@ class QuantConfig:
     # of in row blocks; keep_dense_copy keeps the row-major weight beside the packed one.
     repack: str = "blocked"
     keep_dense_copy: bool = False
+
+    @classmethod
+    def named(cls, name: str, **settings: Any) -> "QuantConfig":
+        """The settings a --quantization name (one of INT4_METHODS) stands for."""
+        assert name in INT4_METHODS, name
+        return cls(int8_activations=name == "cpu_w4a8", **settings)
 
     @property
     def name(self) -> str:

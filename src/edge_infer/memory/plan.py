@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from edge_infer.engine.config import DTYPES, EngineConfig, QuantConfig
+from edge_infer.engine.config import DTYPES, INT4_METHODS, EngineConfig, QuantConfig
 from edge_infer.engine.kv_cache import DEFAULT_BLOCK_SIZE, KVLayout
 from edge_infer.errors import InvalidRequestError
 from edge_infer.memory.system import available_memory_bytes, cpu_has_bf16
@@ -378,10 +378,8 @@ def _resolve_quant(quantization: str | QuantConfig | None, cfg: ModelConfig) -> 
         return quantization
     if quantization in (None, "none"):
         return None
-    if quantization == "cpu_int4":
-        return QuantConfig()
-    if quantization == "cpu_w4a8":
-        return QuantConfig(int8_activations=True)
+    if quantization in INT4_METHODS:
+        return QuantConfig.named(quantization)
     raise InvalidRequestError(f"quantization {quantization!r} is not supported; use cpu_int4, cpu_w4a8 or none")
 
 

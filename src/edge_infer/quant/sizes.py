@@ -67,13 +67,15 @@ def padded(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def packed_rows(rows: int, quant: QuantConfig) -> int:
+    """Output rows as the kernel packs them (padded to its row tile)."""
+    return padded(rows, W4A8_ROW_MULTIPLE if quant.int8_activations else ROW_MULTIPLE)
+
+
 def int4_nbytes(rows: int, cols: int, quant: QuantConfig, dtype_bytes: int) -> int:
     """Bytes of one packed int4 linear ``[rows, cols]``: codes plus scales and zeros, as its kernel holds them."""
-    if quant.int8_activations:
-        n, scale_bytes = padded(rows, W4A8_ROW_MULTIPLE), W4A8_SCALE_BYTES
-    else:
-        n, scale_bytes = padded(rows, ROW_MULTIPLE), dtype_bytes
-    k = padded(cols, quant.group_size)
+    n, k = packed_rows(rows, quant), padded(cols, quant.group_size)
+    scale_bytes = W4A8_SCALE_BYTES if quant.int8_activations else dtype_bytes
     return n * k // 2 + (k // quant.group_size) * n * 2 * scale_bytes
 
 
@@ -119,7 +121,7 @@ def repack_transient_bytes(specs: list[WeightSpec], quant: QuantConfig, tied: bo
     if not quantized:
         return 0
     def block_rows(spec: WeightSpec) -> int:
-        rows = padded(spec.shape[0], W4A8_ROW_MULTIPLE if quant.int8_activations else ROW_MULTIPLE)
+        rows = packed_rows(spec.shape[0], quant)
         return rows if quant.repack == "whole" else min(rows, repack_block_rows(spec.shape[1], quant.group_size))
 
     per_element = 2 * source_bytes + REPACK_BYTES_PER_ELEMENT

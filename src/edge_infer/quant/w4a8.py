@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from edge_infer.quant.kernel import PackedInt4
-from edge_infer.quant.quantize import QuantizedRows
+from edge_infer.quant.quantize import QuantizedRows, dequantize_rows
 
 TILE_ROWS = 64  # output rows per packed tile (csrc/w4a8.cpp)
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
@@ -181,7 +181,5 @@ class W4A8Kernel(PackedInt4):
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Dequantized weight rows ``[len(ids), in_features]`` in the activation dtype (an embedding lookup)."""
-        from edge_infer.quant.quantize import dequantize_rows
-
         w = dequantize_rows(self.quantized_rows(ids), self.group_size, self.in_features)
         return w.to(self.dtype)

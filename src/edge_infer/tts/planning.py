@@ -75,7 +75,7 @@ def _quant(name: str | None) -> QuantConfig | None:
         import edge_infer.quant.install  # noqa: F401 - the int4 installer the Talker loads through
     except ImportError:
         raise ValueError(f"quantization {name} needs edge_infer.quant, which this build lacks; drop quantization:") from None
-    return QuantConfig(int8_activations=name == "cpu_w4a8")
+    return QuantConfig.named(name)
 
 
 def talker_engine_config(stage: "StageConfig") -> EngineConfig:
