@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast setup clean
+.PHONY: run test test-fast test-avx2 setup clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,11 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m 'not slow'
+
+# The whole suite as an AVX2-only CPU (no AVX-512, VNNI or bf16) sees it: edge-infer's capability
+# model and PyTorch's and oneDNN's dispatch all masked. For developers on AVX-512 machines.
+test-avx2: $(STAMP)
+	EDGE_INFER_CPU_FEATURES=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(PY) -m pytest
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

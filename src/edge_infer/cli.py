@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # name -> (module, one-line help)
@@ -16,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("edge_infer.engine.cli", "generate text for one prompt"),
     "chat": ("edge_infer.engine.chat_cli", "interactive chat in the terminal"),
     "plan": ("edge_infer.memory.cli", "memory plan before loading (text model or deploy config)"),
+    "doctor": ("edge_infer.hardware.cli", "what this machine can run: CPU features, memory, the kernel of each choice"),
     "synth": ("edge_infer.models.synth", "write a random checkpoint of a supported family"),
     "quantize": ("edge_infer.quant.cli", "write a cpu_int4 (W4A16) checkpoint"),
     "tts": ("edge_infer.tts.cli", "speak text to a WAV file with a Qwen3-TTS checkpoint"),
@@ -42,7 +44,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     module = importlib.import_module(COMMANDS[args.command][0])
-    return int(module.run(args) or 0)
+    from edge_infer.errors import EdgeInferError, PlanRefusedError
+
+    try:
+        return int(module.run(args) or 0)
+    except PlanRefusedError as exc:  # the plan's table, then why in one line; nothing was loaded
+        print(exc, file=sys.stderr)
+        print(f"edge-infer {args.command}: error: {exc.summary} (nothing was loaded)", file=sys.stderr)
+        return 1
+    except EdgeInferError as exc:  # a user error: one line, no traceback
+        print(f"edge-infer {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # the reader went away (| head): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -21,9 +21,23 @@ class PlanRefusedError(EdgeInferError, RuntimeError):
         super().__init__(message)
         self.plan = plan
 
+    @property
+    def summary(self) -> str:
+        """One line: the plan's first reason, or the message's first line."""
+        reasons = getattr(self.plan, "reasons", None)
+        return f"refused: {reasons[0]}" if reasons else str(self).splitlines()[0]
+
 
 class StaleSessionError(EdgeInferError, RuntimeError):
     """A session handle that was closed (or belongs to another engine)."""
+
+
+class KernelUnavailableError(EdgeInferError, RuntimeError):
+    """A weight kernel cannot run on this machine (a CPU feature, a compiler or a library is missing)."""
+
+
+class EngineLoadError(EdgeInferError, RuntimeError):
+    """The engine core failed while loading for a reason with no type of its own (its message says which)."""
 
 
 class EngineDeadError(EdgeInferError, RuntimeError):

@@ -10,6 +10,11 @@ import pytest
 from edge_infer import LLM, plan_text_session
 from edge_infer.cli import main as cli_main
 from edge_infer.engine.kv_cache import KVLayout
+from edge_infer.hardware.cpu import detect, profile
+from edge_infer.hardware.kernels import KERNELS
+
+_onednn_missing = KERNELS["onednn-bf16"].missing(detect())
+needs_onednn_bf16 = pytest.mark.skipif(_onednn_missing is not None, reason=str(_onednn_missing))
 
 ITEMS = {"runtime overhead", "weights", "kv cache", "rope tables", "activations", "load transient", "checkpoint pages"}
 
@@ -53,7 +58,8 @@ def test_context_beyond_the_model_is_refused(tiny_model):
 
 def test_default_kv_budget_is_whole_blocks_and_fits(tiny_model):
     plan = plan_text_session(tiny_model, max_model_len=256, max_num_seqs=2)
-    layout = KVLayout(2, 2, 32, 2)
+    # dtype auto: bf16 where the CPU has it, fp32 elsewhere; the KV cache holds that dtype.
+    layout = KVLayout(2, 2, 32, 2 if plan.settings["dtype"] == "bfloat16" else 4)
     assert plan.item("kv cache") % layout.bytes_per_block == 0
     assert plan.item("kv cache") == 2 * 256 * layout.bytes_per_token  # max_num_seqs full sequences fit
 
@@ -87,6 +93,7 @@ def test_planning_does_not_import_torch(tiny_model):
     assert out.stdout.strip() == "True"
 
 
+@needs_onednn_bf16
 def test_packed_head_costs_one_table_and_the_engine_holds_exactly_that(tiny_model):
     base = plan_text_session(tiny_model, max_model_len=256, dtype="bfloat16")
     packed = plan_text_session(tiny_model, max_model_len=256, dtype="bfloat16", packed_head=True)
@@ -95,5 +102,12 @@ def test_packed_head_costs_one_table_and_the_engine_holds_exactly_that(tiny_mode
     with LLM(tiny_model, max_model_len=256, dtype="bfloat16", packed_head=True, worker="thread") as llm:
         assert llm.ready.weight_bytes == packed.item("weights")
         assert llm.ready.weight_kernels["onednn-bf16"] == 2 * cfg["num_hidden_layers"] * 2 + 1  # 4 per layer + the head
+
+
+def test_packed_head_is_refused_where_its_kernel_cannot_run(tiny_model):
     refused = plan_text_session(tiny_model, max_model_len=256, dtype="float32", packed_head=True)
-    assert not refused.admitted and any("--packed-head" in r for r in refused.reasons)
+    assert not refused.admitted and any("--packed-head" in r and "bfloat16" in r for r in refused.reasons)
+    no_avx512 = plan_text_session(tiny_model, max_model_len=256, dtype="bfloat16", packed_head=True, cpu=profile("avx2"))
+    assert not no_avx512.admitted
+    assert any("--packed-head: onednn-bf16 needs avx512bw, avx512vl, avx512dq" in r and "drop --packed-head" in r
+               for r in no_avx512.reasons)

@@ -1,10 +1,15 @@
 """The int4 kernel and the quantizer, on bare matrices (fast)."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
 import testutil
+from edge_infer.hardware.cpu import detect
 
 from edge_infer.models.weights import WeightSpec
 from edge_infer.engine.config import QuantConfig
@@ -77,6 +82,35 @@ def test_rows_reads_embedding_rows_from_the_packed_form(rows):
     ids = torch.tensor([0, 1, 31, 32, 63, 64, 100, rows - 17, rows - 1, 5, 5])
     expected = dequantize_rows(q, 32)[ids].to(torch.bfloat16)
     assert torch.equal(kernel.rows(ids), expected)
+
+
+# Reads rows back under another of PyTorch's dispatch levels (another packed layout), in a fresh process.
+_ROWS_UNDER_DISPATCH = """
+import torch
+from edge_infer.quant.kernel import Int4Kernel, tile_rows
+from edge_infer.quant.quantize import dequantize_rows, quantize_rows
+for rows in (4096, 4112, 4144, 100):
+    weight = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows))
+    q = quantize_rows(weight, 32, False)
+    kernel = Int4Kernel(rows, 96, 32, torch.bfloat16)
+    for start in range(0, rows, 1024):
+        kernel.write_rows(start, q.codes[start:start + 1024], q.scales[start:start + 1024], q.zeros[start:start + 1024])
+    ids = torch.tensor([0, 1, 15, 16, 31, 32, 63, 64, rows - 17, rows - 1])
+    assert torch.equal(kernel.rows(ids), dequantize_rows(q, 32)[ids].to(torch.bfloat16)), rows
+print(torch.backends.cpu.get_cpu_capability(), tile_rows())
+"""
+
+
+@pytest.mark.parametrize("capability", ["avx2", "default"])
+def test_rows_read_every_layout_pytorch_packs(capability):
+    """AVX2 packs 32-row tiles interleaved across 16 rows, the scalar build pairs rows; AVX-512 (the
+    in-process tests above on such a CPU) packs 64-row tiles. A CPU without AVX2 cannot be asked for it."""
+    if capability == "avx2" and not detect().has("avx2"):
+        pytest.skip("this CPU lacks avx2")
+    done = subprocess.run([sys.executable, "-c", _ROWS_UNDER_DISPATCH], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "ATEN_CPU_CAPABILITY": capability})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [capability.upper(), "32"]
 
 
 def test_nibble_format_round_trips():

@@ -19,6 +19,9 @@ def test_model_list(server, served_model):
     models = server.client().models.list().data
     assert [m.id for m in models] == [served_model.name]
     assert models[0].max_model_len == 512
+    runtime = models[0].runtime  # what it runs on here: the plan's dtype and the kernel of each linear kind
+    assert runtime["cpu_isa"].split()[0] in ("x86_64", "aarch64") and runtime["dtype"] in ("bfloat16", "float32")
+    assert set(runtime["kernels"]) == {"decoder linears", "output head", "embedding lookup"}
 
 
 def test_chat_stream_equals_non_stream_at_temperature_0(server, tokenizer):

@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "llamacpp": ("edge_infer.bench.llamacpp", "the llama.cpp baseline: GGUF export, quantize, pp-tg arm, greedy check"),
     "reliability": ("edge_infer.bench.reliability", "fault behaviours (saturation, cancel, stale handle, oversized plan, worker kill), each a recorded outcome"),
     "tts": ("edge_infer.bench.tts", "speech pipeline: TTFP and RTF p50/p95 at 1/2/4 clients per length band, per-stage times"),
+    "kernels": ("edge_infer.bench.kernels", "every weight kernel this CPU runs, per activation dtype, at 1 and 64 tokens"),
     "fidelity": ("edge_infer.bench.fidelity", "top-1 agreement, KL and greedy divergence of a candidate vs a reference"),
 }
 

@@ -166,6 +166,7 @@ def measure(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any
             "kv_blocks": ready.kv_blocks,
             "weight_bytes": ready.weight_bytes,
             "weight_kernels": ready.weight_kernels,
+            "linear_kernels": ready.linear_kernels,
             "rope_bytes": ready.rope_bytes,
             "num_threads": ready.num_threads,
             "tokenizer_loaded": has_tokenizer,
@@ -189,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = measure(args, engine_settings(args))
     except (ValueError, RuntimeError, ImportError, OSError) as exc:
-        print(f"edge-infer bench init-memory: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"edge-infer bench init-memory: error: {exc}", file=sys.stderr)
         return 1
     result["tag"] = args.tag
     result["model_fingerprint"] = model_fingerprint(result["model"])

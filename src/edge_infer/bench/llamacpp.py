@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             result = {"export": _export, "quantize": _quantize, "prepare": _prepare, "pp-tg": _pp_tg}[action](args)
     except (ValueError, RuntimeError, ImportError, OSError) as exc:
-        print(f"edge-infer bench llamacpp {action}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"edge-infer bench llamacpp {action}: error: {exc}", file=sys.stderr)
         return 1
     if action == "pp-tg":
         result["tag"] = args.tag

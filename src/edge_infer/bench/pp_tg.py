@@ -79,6 +79,7 @@ def measure(model: str | None, settings: dict[str, Any], s: llama_bench.PpTgSett
             "quantization": plan.settings["quantization"],
             "weight_bytes": ready.weight_bytes,
             "weight_kernels": ready.weight_kernels,
+            "linear_kernels": ready.linear_kernels,
             "kv_cache_bytes": ready.kv_cache_bytes,
             "num_threads": ready.num_threads,
             "worker_pid": ready.pid,
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = measure(args.model, settings, s, args.worker)
     except (ValueError, RuntimeError, ImportError, OSError) as exc:
-        print(f"edge-infer bench pp-tg: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"edge-infer bench pp-tg: error: {exc}", file=sys.stderr)
         return 1
     result["tag"] = args.tag
     result["model_fingerprint"] = model_fingerprint(result["model"])

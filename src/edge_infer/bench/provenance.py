@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from edge_infer.memory.system import cpu_model
+from edge_infer.hardware.cpu import detect
 
 # Environment variables that change how many threads a process uses or which
 # code path it takes; any variable starting with one of these is recorded.
@@ -42,6 +42,11 @@ class GitState(BaseModel):
 class Provenance(BaseModel):
     host: str
     cpu_model: str | None
+    # The instruction-set features the project's kernels care about (a model string names machines
+    # with and without AVX-512), and whether EDGE_INFER_CPU_FEATURES masked some.
+    cpu_isa: str | None = None
+    cpu_features: list[str] | None = None
+    cpu_masked: list[str] | None = None
     cpu_count: int | None
     affinity: list[int]
     target_cores: list[int]
@@ -110,9 +115,13 @@ def collect(target_cores: list[int]) -> Provenance:
         state = git_state(directory)
         if state is not None:
             repos.setdefault(state.toplevel, state)
+    cpu = detect()
     return Provenance(
         host=socket.gethostname(),
-        cpu_model=cpu_model(),
+        cpu_model=cpu.model,
+        cpu_isa=cpu.isa_summary,
+        cpu_features=cpu.to_dict()["features"],
+        cpu_masked=list(cpu.masked),
         cpu_count=os.cpu_count(),
         affinity=sorted(os.sched_getaffinity(0)),
         target_cores=list(target_cores),

@@ -18,12 +18,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 async def _chat(args: argparse.Namespace) -> int:
     from edge_infer.engine.local import LocalTextEngine
     from edge_infer.engine.frontend import resolve_model
+    from edge_infer.errors import PlanRefusedError
     from edge_infer.memory.plan import plan_text_session
 
     plan = plan_text_session(resolve_model(args.model), **engine_settings(args))
     if not plan.admitted:
-        print(plan.table(), file=sys.stderr)
-        return 1
+        raise PlanRefusedError("memory plan refused:\n" + plan.table(), plan)
     engine = LocalTextEngine(plan, worker=args.worker)
     await engine.start()
     session = engine.open_session()
@@ -46,6 +46,9 @@ async def _chat(args: argparse.Namespace) -> int:
                 elif event.kind == "error":
                     print(f"\n[error: {event.error}]", end="")
             print()
+            if not engine.healthy:
+                print("error: the engine worker is gone; restart edge-infer chat", file=sys.stderr)
+                return 1
             history.append({"role": "assistant", "content": "".join(reply)})
     except (EOFError, KeyboardInterrupt):
         print()

@@ -23,21 +23,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from edge_infer.engine.llm import LLM
     from edge_infer.engine.sampling_params import SamplingParams
-    from edge_infer.errors import EdgeInferError
 
-    try:
-        with LLM(args.model, worker=args.worker, **engine_settings(args)) as llm:
-            params = SamplingParams(
-                max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos,
-            )
-            if args.chat:
-                out = llm.chat([{"role": "user", "content": args.prompt}], params)[0]
-            else:
-                out = llm.generate(args.prompt, params)[0]
-    except EdgeInferError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    # Errors (a refused plan, a bad checkpoint or prompt) are reported by edge_infer.cli in one line.
+    with LLM(args.model, worker=args.worker, **engine_settings(args)) as llm:
+        params = SamplingParams(
+            max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+            seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos,
+        )
+        if args.chat:
+            out = llm.chat([{"role": "user", "content": args.prompt}], params)[0]
+        else:
+            out = llm.generate(args.prompt, params)[0]
     print(out.outputs[0].text)
     print(f"[{len(out.outputs[0].token_ids)} tokens, finish_reason={out.finish_reason}]", file=sys.stderr)
+    if out.error is not None:
+        print(f"error: {out.error}", file=sys.stderr)
+        return 1
     return 0

@@ -13,7 +13,7 @@ def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True
         help="Hugging Face checkpoint directory (default: the embedded demo model)",
     )
     g = parser.add_argument_group("engine")
-    g.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it), bfloat16 or float32")
+    g.add_argument("--dtype", default="auto", help="auto (what is fast for the chosen kernel on this CPU: edge-infer doctor), bfloat16 or float32")
     g.add_argument("--max-model-len", type=int, default=None, help="context length (prompt + output) per sequence")
     g.add_argument("--max-num-seqs", type=int, default=None, help="sequences decoded together")
     g.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step (prefill chunk size)")

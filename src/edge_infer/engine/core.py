@@ -106,6 +106,7 @@ class EngineCore:
             kv_blocks=self.cache.num_blocks,
             rope_bytes=self.model.rope.nbytes,
             weight_kernels=kernels,
+            linear_kernels=self.model.kernels_by_kind(),
             num_threads=self.num_threads,
             load_s=time.perf_counter() - t0,
             trimmed_bytes=trimmed,

@@ -83,6 +83,16 @@ class Frontend:
     def max_model_len(self) -> int:
         return self.engine_config.max_model_len
 
+    def runtime_summary(self) -> dict[str, Any]:
+        """What the plan runs this model on: dtype, quantization, the CPU's ISA and the kernel of each linear kind."""
+        plan = self.plan
+        return {
+            "dtype": plan.settings["dtype"],
+            "quantization": plan.settings["quantization"],
+            "cpu_isa": plan.cpu.isa_summary if plan.cpu else None,
+            "kernels": {c.kind: c.kernel for c in plan.kernels.choices} if plan.kernels else None,
+        }
+
     def default_params(self, **overrides: Any) -> SamplingParams:
         """SamplingParams from the checkpoint's generation_config.json, then ``overrides``."""
         return SamplingParams(**{**self.defaults.sampling, **overrides})

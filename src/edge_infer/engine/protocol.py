@@ -62,7 +62,8 @@ class ReadyInfo:
     kv_cache_bytes: int
     kv_blocks: int
     rope_bytes: int
-    weight_kernels: dict[str, int]
+    weight_kernels: dict[str, int]  # kernel name -> linears holding it
+    linear_kernels: dict[str, str]  # linear kind (decoder linears, output head, embedding lookup) -> kernel
     num_threads: int
     load_s: float
     trimmed_bytes: int

@@ -45,7 +45,9 @@ def core_loop(config: EngineConfig, commands: Connection, outputs: Connection) -
     try:
         core = EngineCore(config, progress)
     except Exception as exc:
-        outputs.send(("init_error", type(exc).__name__, str(exc)))
+        import traceback
+
+        outputs.send(("init_error", type(exc).__name__, str(exc), traceback.format_exc()))
         return
     outputs.send(("ready", core.ready_info))
     while True:
@@ -97,6 +99,7 @@ _INIT_ERRORS = {
     "CheckpointError": errors.CheckpointError,
     "InvalidRequestError": errors.InvalidRequestError,
     "PlanRefusedError": errors.PlanRefusedError,
+    "KernelUnavailableError": errors.KernelUnavailableError,
 }
 
 
@@ -148,7 +151,11 @@ class CoreClient:
                     progress(msg[1], msg[2])
                 elif msg[0] == "init_error":
                     self.close()
-                    raise _INIT_ERRORS.get(msg[1], RuntimeError)(msg[2])
+                    kind, text, trace = msg[1:]
+                    log.debug("the engine core failed to load:\n%s", trace)
+                    if kind in _INIT_ERRORS:
+                        raise _INIT_ERRORS[kind](text)
+                    raise errors.EngineLoadError(f"loading the model failed: {kind}: {text} (log level debug shows where)")
                 elif msg[0] == "ready":
                     self.ready = msg[1]
                     return self.ready

@@ -14,6 +14,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default=None, help="device profile (a bundled name such as laptop, or a file) for --deploy-config")
     parser.add_argument("--stage-overrides", default=None, help='per-stage overrides as JSON, e.g. \'{"1": {"device": "igpu"}}\'')
     parser.add_argument("--available-bytes", type=int, default=None, help="plan against this much memory instead of MemAvailable")
+    parser.add_argument("--cpu", default=None, metavar="PROFILE",
+                        help="plan for another CPU (edge-infer doctor --help lists the profiles), not this one")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -24,11 +26,14 @@ def run(args: argparse.Namespace) -> int:
         return run_deploy_plan(args)
     from edge_infer.engine.frontend import resolve_model
     from edge_infer.errors import EdgeInferError
+    from edge_infer.hardware.cpu import profile
     from edge_infer.memory.plan import plan_text_session
 
     try:
-        plan = plan_text_session(resolve_model(args.model), available_bytes=args.available_bytes, **engine_settings(args))
-    except EdgeInferError as exc:
+        cpu = profile(args.cpu) if args.cpu else None
+        plan = plan_text_session(resolve_model(args.model), available_bytes=args.available_bytes, cpu=cpu,
+                                 **engine_settings(args))
+    except (EdgeInferError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.table())

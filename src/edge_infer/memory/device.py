@@ -18,11 +18,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError
 
-from edge_infer.memory.system import cgroup_memory, cpu_flags, meminfo
+from edge_infer.hardware.cpu import detect
+from edge_infer.hardware.memory import cgroup_memory, meminfo
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "runtime" / "profiles"
 DEVICE_CLASSES = ("cpu", "igpu", "npu")
-_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "bf16")
 
 
 @dataclass(frozen=True)
@@ -105,9 +105,9 @@ def detect_machine() -> MachineProfile:
     ram = MemoryPool("ram", total, available, source=source)
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    flags = cpu_flags()
-    isa = tuple(f for f in _ISA_FLAGS if f in flags)
-    cpu = DeviceProfile("cpu", True, "ram", ComputeTraits(cores=cpus, isa=isa, bf16=bool({"avx512_bf16", "amx_bf16", "bf16"} & flags)), note=f"{cpus} CPUs in this process's affinity")
+    caps = detect()
+    isa = tuple(caps.to_dict()["features"])
+    cpu = DeviceProfile("cpu", True, "ram", ComputeTraits(cores=cpus, isa=isa, bf16=caps.native_bf16), note=f"{cpus} CPUs in this process's affinity")
     render = _nodes("/dev/dri", "renderD")
     igpu = (
         DeviceProfile("igpu", True, "ram", note=f"render node {render[0]}; assumed integrated (draws on RAM) - describe a discrete GPU in a profile file")

@@ -19,7 +19,9 @@ from typing import Any
 from edge_infer.engine.config import DTYPES, INT4_METHODS, EngineConfig, QuantConfig
 from edge_infer.engine.kv_cache import DEFAULT_BLOCK_SIZE, KVLayout
 from edge_infer.errors import InvalidRequestError
-from edge_infer.memory.system import available_memory_bytes, cpu_has_bf16
+from edge_infer.hardware.cpu import CpuCapabilities, detect
+from edge_infer.hardware.kernels import KernelSelection, auto_dtype, select_kernels
+from edge_infer.hardware.memory import available_memory_bytes
 from edge_infer.models.checkpoint import check_checkpoint
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.weights import weight_specs
@@ -61,6 +63,8 @@ class TextPlan:
     levers: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     engine_config: EngineConfig | None = None
+    cpu: CpuCapabilities | None = None
+    kernels: KernelSelection | None = None
 
     def item(self, name: str) -> int:
         return next(i.bytes for i in self.items if i.name == name)
@@ -93,6 +97,8 @@ class TextPlan:
             "reasons": self.reasons,
             "levers": self.levers,
             "notes": self.notes,
+            "cpu": self.cpu.to_dict() if self.cpu else None,
+            "kernels": self.kernels.to_dict() if self.kernels else None,
         }
 
     def table(self) -> str:
@@ -110,6 +116,11 @@ class TextPlan:
         lines.append(f"  {'steady state':<22} {self.steady_bytes:>14,} {mib(self.steady_bytes)}")
         lines.append(f"  {'load peak':<22} {self.load_peak_bytes:>14,} {mib(self.load_peak_bytes)}")
         lines.append(f"  {'available':<22} {self.available_bytes:>14,} {mib(self.available_bytes)}")
+        if self.cpu is not None and self.kernels is not None:
+            lines.append("")
+            lines.append(f"  cpu {self.cpu.isa_summary} ({self.cpu.source})")
+            for c in self.kernels.choices:
+                lines.append(f"  {c.kind:<22} {c.kernel:<14} {c.dtype:<9} {c.why}")
         lines.append("")
         lines.append("ADMITTED" if self.admitted else "REFUSED")
         lines += [f"  - {r}" for r in self.reasons]
@@ -121,13 +132,13 @@ class TextPlan:
         return "\n".join(lines)
 
 
-def resolve_dtype(requested: str | None, notes: list[str]) -> str:
+def resolve_dtype(requested: str | None, notes: list[str], quantization: str | None = None,
+                  cpu: CpuCapabilities | None = None) -> str:
+    """The engine dtype; ``auto`` picks what is fast for the kernel ``quantization`` runs on, on ``cpu``."""
     if requested in (None, "auto"):
-        if cpu_has_bf16():
-            notes.append("dtype auto -> bfloat16 (this CPU has native bf16)")
-            return "bfloat16"
-        notes.append("dtype auto -> float32: this CPU has no native bf16 (no avx512_bf16/amx); bf16 would be emulated")
-        return "float32"
+        dtype, why = auto_dtype(cpu or detect(), quantization)
+        notes.append(f"dtype auto -> {dtype}: {why}")
+        return dtype
     aliases = {"bf16": "bfloat16", "fp32": "float32", "float": "float32"}
     dtype = aliases.get(requested, requested)
     if dtype not in DTYPES:
@@ -214,17 +225,33 @@ def plan_text_session(
     rope_model_positions: bool = False,
     trim_after_load: bool = True,
     packed_head: bool = False,
+    cpu: CpuCapabilities | None = None,
 ) -> TextPlan:
-    """Plan a text session; see the module docstring. Raises only for unreadable checkpoints."""
+    """Plan a text session; see the module docstring. Raises only for unreadable checkpoints.
+
+    ``cpu`` plans for another CPU (``hardware.cpu.PROFILES``); by default, this one.
+    """
     model_dir = str(model)
     cfg = ModelConfig.from_dir(model_dir)
     tensors = check_checkpoint(cfg, model_dir, weight_specs(cfg))
     notes: list[str] = []
     reasons: list[str] = []
     levers: list[str] = []
-    dtype = resolve_dtype(dtype, notes)
-    dtype_bytes = 2 if dtype == "bfloat16" else 4
+    cpu = cpu or detect()
     quant = _resolve_quant(quantization, cfg)
+    dtype_explicit = dtype not in (None, "auto")
+    dtype = resolve_dtype(dtype, notes, quant.name if quant else None, cpu)
+    dtype_bytes = 2 if dtype == "bfloat16" else 4
+    kernels = select_kernels(cpu, dtype, quant.name if quant else None, quantize_head=bool(quant and quant.quantize_head),
+                             tied=cfg.tie_word_embeddings, packed_head=packed_head, weight_backend=weight_backend,
+                             dtype_explicit=dtype_explicit)
+    reasons += kernels.refusals
+    notes += kernels.notes
+    if quant is not None and quant.int8_activations and not kernels.refusals:
+        from edge_infer.quant.w4a8_build import missing_toolchain
+
+        if (why := missing_toolchain()) is not None:
+            reasons.append(f"--quantization cpu_w4a8: {why}")
 
     model_max = cfg.max_position_embeddings
     if max_model_len is None:
@@ -260,8 +287,6 @@ def plan_text_session(
     weights, largest_linear = weight_bytes(cfg, dtype_bytes, quant)
     packed_head = packed_head and cfg.tie_word_embeddings and not (quant is not None and quant.quantize_head)
     if packed_head:
-        if dtype != "bfloat16":
-            reasons.append("--packed-head packs the output head for the oneDNN bf16 kernel; it needs --dtype bfloat16")
         weights += cfg.vocab_size * cfg.hidden_size * dtype_bytes  # the head's own copy beside the embedding
     # The measuring-only alternative sizes RoPE for every position the model allows.
     rope_positions = model_max if rope_model_positions else max_model_len
@@ -335,6 +360,8 @@ def plan_text_session(
         available_bytes=available,
         admitted=False,
         notes=notes,
+        cpu=cpu,
+        kernels=kernels,
     )
     if plan.peak_bytes > available:
         reasons.append(

@@ -70,7 +70,12 @@ class OneDnnBf16Kernel(WeightKernel):
 
 @functools.lru_cache(maxsize=1)
 def onednn_bf16_available() -> bool:
-    """True when this PyTorch build and CPU can run the oneDNN bf16 linear."""
+    """True when this PyTorch build and CPU (as hardware.cpu reports it, masks included) run the oneDNN bf16 linear."""
+    from edge_infer.hardware.cpu import detect
+    from edge_infer.hardware.kernels import KERNELS
+
+    if KERNELS["onednn-bf16"].missing(detect()) is not None:
+        return False
     try:
         if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
             return False

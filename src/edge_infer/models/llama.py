@@ -128,6 +128,15 @@ class DecoderLM(nn.Module):
     def linears(self) -> list[tuple[str, Linear]]:
         return [(name, m) for name, m in self.named_modules() if isinstance(m, Linear)]
 
+    def kernels_by_kind(self) -> dict[str, str]:
+        """The kernel each kind of linear runs on (names as hardware.kernels lists them)."""
+        decoder = sorted({lin.kernel.name for name, lin in self.linears() if name != "lm_head" and lin.kernel is not None})
+        return {
+            "decoder linears": "+".join(decoder),
+            "output head": self.lm_head.kernel.name if self.lm_head.kernel is not None else "unloaded",
+            "embedding lookup": "table" if self.embed is not None else self.lm_head.kernel.name,
+        }
+
     def resident_bytes(self) -> int:
         """Bytes of every weight as held in memory, shared storage counted once."""
         total = 0 if self.embed is None else self.embed.numel() * self.embed.element_size()

@@ -8,15 +8,17 @@ weight unpacked.
 
 The packed layout depends on the CPU capability PyTorch dispatched to
 (AVX512: 64-row tiles, nibbles interleaved across 32 rows; AVX2: 32-row
-tiles; otherwise pairs of rows), so it is built at load time and never
-written to disk. Row tiles are independent, which makes blocked packing
-exact: blocks start at multiples of 64 rows, a multiple of every tile size.
+tiles, interleaved across 16; otherwise 32-row tiles of row pairs; a partial
+last tile always pairs rows), so it is built at load time and never written
+to disk. Row tiles are independent, which makes blocked packing exact:
+blocks start at multiples of 64 rows, a multiple of every tile size.
 
 ``rows(ids)`` reads whole weight rows back out of the packed form. A tied
 model whose head is quantized uses it as its embedding lookup, so the table
-is resident once, in 4 bits. Where each row's nibbles sit inside a tile is
-not documented; ``_tile_positions`` learns it by packing probe matrices and
-checks itself, so a PyTorch with another layout fails loudly instead of
+is resident once, in 4 bits. Neither the tile size nor where each row's
+nibbles sit inside a tile is documented: ``tile_rows`` and
+``_tile_positions`` learn both by packing probe matrices and check
+themselves, so a PyTorch with another layout fails loudly instead of
 reading wrong rows.
 """
 from __future__ import annotations
@@ -26,10 +28,11 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from edge_infer.errors import KernelUnavailableError
 from edge_infer.models.linear import WeightKernel
 from edge_infer.quant.sizes import ROW_MULTIPLE, padded
 
-TILE_ROWS = 64  # the largest row tile of any layout; blocks of rows are multiples of it
+BLOCK_ALIGN = 64  # the largest row tile of any layout; blocks of rows start at multiples of it
 
 
 def require_int4_kernel() -> None:
@@ -37,7 +40,7 @@ def require_int4_kernel() -> None:
     ops = ("_weight_int4pack_mm_for_cpu", "_convert_weight_to_int4pack_for_cpu")
     missing = [op for op in ops if not hasattr(torch.ops.aten, op)]
     if missing:
-        raise RuntimeError(
+        raise KernelUnavailableError(
             f"PyTorch {torch.__version__} lacks torch.ops.aten.{missing[0]}, the CPU int4 kernel cpu_int4 runs on; "
             f"install a CPU build of torch >= 2.5 or load the model without quantization"
         )
@@ -95,7 +98,7 @@ class Int4Kernel(PackedInt4):
 
         ``codes`` uint8/int32 ``[rows, Kp]``, ``scales`` and ``zeros`` ``[rows, Kp / group_size]``.
         """
-        assert start % TILE_ROWS == 0, "blocks must start on a row tile"
+        assert start % BLOCK_ALIGN == 0, "blocks must start on a row tile"
         n = codes.shape[0]
         end = min(start + n, self.out_features)
         stop = self.rows_padded if end == self.out_features else end
@@ -117,18 +120,19 @@ class Int4Kernel(PackedInt4):
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Dequantized weight rows ``[len(ids), in_features]`` in the activation dtype (an embedding lookup)."""
         ids = ids.reshape(-1).long()
-        tile, r = ids // TILE_ROWS, ids % TILE_ROWS
-        tail = self.rows_padded % TILE_ROWS  # rows of the last tile when it is partial
-        in_full = tile < self.rows_padded // TILE_ROWS
-        tile_rows = torch.where(in_full, TILE_ROWS, tail)
-        pos = _tile_positions(TILE_ROWS)[r]
+        full = tile_rows()
+        tile, r = ids // full, ids % full
+        tail = self.rows_padded % full  # rows of the last tile when it is partial
+        in_full = tile < self.rows_padded // full
+        rows_in_tile = torch.where(in_full, full, tail)
+        pos = _tile_positions(full)[r]
         if tail:
             pos = torch.where(in_full, pos, _tile_positions(tail)[r.clamp_max(tail - 1)])
         half_k = self.cols_padded // 2
         # Within a tile of t rows the bytes are k-major: column k's t nibbles fill t / 2 bytes.
-        base = tile * TILE_ROWS * half_k + pos // 2
+        base = tile * full * half_k + pos // 2
         k = torch.arange(self.cols_padded)
-        byte = self.packed.view(-1)[base[:, None] + k[None, :] * (tile_rows[:, None] // 2)]
+        byte = self.packed.view(-1)[base[:, None] + k[None, :] * (rows_in_tile[:, None] // 2)]
         codes = (byte >> (4 * (pos % 2))[:, None]) & 15
         sz = self.scales_zeros[:, ids].float()  # [groups, T, 2]
         scale = sz[..., 0].T.repeat_interleave(self.group_size, dim=1)
@@ -137,37 +141,52 @@ class Int4Kernel(PackedInt4):
         return w[:, : self.in_features].to(self.scales_zeros.dtype)
 
 
+@functools.lru_cache(maxsize=1)
+def tile_rows() -> int:
+    """Rows per full tile of this PyTorch's packed layout (64 on AVX512, 32 on AVX2 and elsewhere).
+
+    Packing a 128 x 4 matrix whose only nonzero column is column 1: tile 0's
+    bytes are k-major, so its first nonzero byte sits at (tile rows) / 2.
+    """
+    probe = torch.zeros(128, 4, dtype=torch.int32)
+    probe[:, 1] = 1
+    first = int(torch.nonzero(pack_codes(probe).view(-1))[0])
+    if 2 * first not in (16, 32, 64) or BLOCK_ALIGN % (2 * first):
+        raise KernelUnavailableError(_LAYOUT_ERROR)
+    return 2 * first
+
+
 @functools.lru_cache(maxsize=None)
-def _tile_positions(tile_rows: int) -> torch.Tensor:
-    """For a tile of ``tile_rows`` rows: each row's nibble position (2 * byte + high) within one column.
+def _tile_positions(n_rows: int) -> torch.Tensor:
+    """For a tile of ``n_rows`` rows: each row's nibble position (2 * byte + high) within one column.
 
     Learned by packing probes whose code in row r is bit b of r, then checked
     against a random matrix packed whole.
     """
-    rows = torch.arange(tile_rows)
-    owner = torch.zeros(tile_rows, dtype=torch.long)  # nibble position -> row
-    for bit in range(max(1, (tile_rows - 1).bit_length())):
-        probe = ((rows >> bit) & 1)[:, None].expand(tile_rows, 2)
-        column0 = pack_codes(probe).view(-1)[: tile_rows // 2].long()
+    rows = torch.arange(n_rows)
+    owner = torch.zeros(n_rows, dtype=torch.long)  # nibble position -> row
+    for bit in range(max(1, (n_rows - 1).bit_length())):
+        probe = ((rows >> bit) & 1)[:, None].expand(n_rows, 2)
+        column0 = pack_codes(probe).view(-1)[: n_rows // 2].long()
         nibbles = torch.stack((column0 & 15, column0 >> 4), dim=-1).view(-1)
         owner |= nibbles << bit
     if not torch.equal(owner.sort().values, rows):
-        raise RuntimeError(_LAYOUT_ERROR)
+        raise KernelUnavailableError(_LAYOUT_ERROR)
     position = torch.empty_like(owner)
     position[owner] = rows
-    _check_layout(tile_rows, position)
+    _check_layout(n_rows, position)
     return position
 
 
-def _check_layout(tile_rows: int, position: torch.Tensor) -> None:
-    gen = torch.Generator().manual_seed(tile_rows)
+def _check_layout(n_rows: int, position: torch.Tensor) -> None:
+    gen = torch.Generator().manual_seed(n_rows)
     cols = 64
-    codes = torch.randint(0, 16, (tile_rows, cols), generator=gen, dtype=torch.int32)
+    codes = torch.randint(0, 16, (n_rows, cols), generator=gen, dtype=torch.int32)
     packed = pack_codes(codes).view(-1).long()
     k = torch.arange(cols)
-    byte = packed[(position // 2)[:, None] + k[None, :] * (tile_rows // 2)]
+    byte = packed[(position // 2)[:, None] + k[None, :] * (n_rows // 2)]
     if not torch.equal((byte >> (4 * (position % 2))[:, None]) & 15, codes.long()):
-        raise RuntimeError(_LAYOUT_ERROR)
+        raise KernelUnavailableError(_LAYOUT_ERROR)
 
 
 _LAYOUT_ERROR = (

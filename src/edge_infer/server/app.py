@@ -101,7 +101,8 @@ def build_app(state: ServerState, loader: Callable[[], Awaitable[None]] | None =
 
     @app.get("/v1/models", dependencies=auth, response_model=ModelList, responses=ERROR_RESPONSES)
     async def models() -> ModelList:
-        card = ModelCard(id=state.settings.served_model_name, created=state.created, max_model_len=state.frontend.max_model_len)
+        card = ModelCard(id=state.settings.served_model_name, created=state.created,
+                         max_model_len=state.frontend.max_model_len, runtime=state.frontend.runtime_summary())
         return ModelList(data=[card])
 
     @app.post(

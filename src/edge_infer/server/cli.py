@@ -47,7 +47,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from edge_infer.engine.frontend import Frontend
-    from edge_infer.errors import EdgeInferError, PlanRefusedError
     from edge_infer.server.lifecycle import ServeSettings
     from edge_infer.server.state import ServerState
     from edge_infer.server.tool_parsers import detect_parser
@@ -61,15 +60,8 @@ def run(args: argparse.Namespace) -> int:
         from edge_infer.server.speech_cli import serve_speech
 
         return serve_speech(args, _serve)
-    try:
-        frontend = Frontend.create(args.model, frontend="server", **engine_settings(args))
-    except PlanRefusedError as exc:
-        print(exc, file=sys.stderr)
-        print("error: the model does not fit; use one of the levers above (nothing was loaded)", file=sys.stderr)
-        return 1
-    except EdgeInferError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    # A refused plan or a bad checkpoint is reported by edge_infer.cli in one line (nothing loaded).
+    frontend = Frontend.create(args.model, frontend="server", **engine_settings(args))
     plan = frontend.plan
     print(
         f"memory plan: steady {plan.steady_bytes / 2**20:,.1f} MiB, load peak {plan.load_peak_bytes / 2**20:,.1f} MiB, "

@@ -393,6 +393,8 @@ class ModelCard(_Response):
     created: int
     owned_by: str = "edge-infer"
     max_model_len: int
+    # What this server runs it on: dtype, quantization, the CPU's ISA and the kernel of each linear kind.
+    runtime: dict[str, Any] | None = None
 
 
 class ModelList(_Response):

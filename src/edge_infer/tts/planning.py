@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 
 from edge_infer.engine.config import QUANTIZATION_CHOICES, EngineConfig, QuantConfig
 from edge_infer.engine.kv_cache import DEFAULT_BLOCK_SIZE, KVLayout
+from edge_infer.hardware.cpu import detect
+from edge_infer.hardware.kernels import select_kernels
 from edge_infer.memory.plan import activation_bytes, activation_calibration, resolve_dtype, runtime_overhead
 from edge_infer.models.checkpoint import read_tensor_index
 from edge_infer.models.qwen3_tts.code2wav_shapes import NOT_FOR_DECODING, decode_activation_bytes, decode_state_bytes
@@ -66,11 +68,14 @@ def _require_model(stage: "StageConfig") -> Path:
     return Path(stage.model)
 
 
-def _quant(name: str | None) -> QuantConfig | None:
+def _quant(name: str | None, dtype: str) -> QuantConfig | None:
     if name in (None, "none"):
         return None
     if name not in QUANTIZATION_CHOICES:
         raise ValueError(f"quantization {name!r} is not supported for the Talker; use {', '.join(QUANTIZATION_CHOICES)}")
+    refusals = select_kernels(detect(), dtype, name).refusals
+    if refusals:
+        raise ValueError(f"the Talker's {refusals[0]}")
     try:
         import edge_infer.quant.install  # noqa: F401 - the int4 installer the Talker loads through
     except ImportError:
@@ -82,7 +87,8 @@ def talker_engine_config(stage: "StageConfig") -> EngineConfig:
     """The Talker's resolved engine settings (defaults filled in)."""
     model = _require_model(stage)
     engine = stage.engine
-    dtype = resolve_dtype(engine.dtype, [])
+    quantization = None if engine.quantization in (None, "none") else engine.quantization
+    dtype = resolve_dtype(engine.dtype, [], quantization)
     max_model_len = engine.max_model_len or DEFAULT_MAX_MODEL_LEN
     max_num_batched_tokens = engine.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
     if engine.max_num_seqs > max_num_batched_tokens:
@@ -95,7 +101,7 @@ def talker_engine_config(stage: "StageConfig") -> EngineConfig:
     return EngineConfig(
         model=str(model), dtype=dtype, max_model_len=max_model_len, max_num_seqs=engine.max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory_bytes=kv, block_size=layout.block_size,
-        quant=_quant(engine.quantization),
+        quant=_quant(engine.quantization, dtype),
     )
 
 

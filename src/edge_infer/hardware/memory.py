@@ -1,7 +1,6 @@
-"""What this machine offers: memory (cgroup-aware) and CPU traits, read from /proc and /sys."""
+"""What memory this machine offers (cgroup-aware), read from /proc and /sys."""
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 _UNLIMITED = 1 << 62  # cgroup v1 reports "no limit" as a huge number
@@ -57,17 +56,6 @@ def cgroup_memory() -> tuple[int | None, int | None, str]:
     return None, None, "no cgroup memory limit"
 
 
-@functools.lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return frozenset(line.partition(":")[2].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
 def available_memory_bytes() -> int:
     """Memory a new process can still claim: MemAvailable, capped by the cgroup's headroom."""
     info = meminfo()
@@ -76,17 +64,3 @@ def available_memory_bytes() -> int:
     if limit is not None:
         avail = min(avail, max(0, limit - (usage or 0)))
     return avail
-
-
-def cpu_has_bf16() -> bool:
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"

@@ -1,0 +1,134 @@
+"""`edge-infer bench kernels`: every weight kernel this CPU runs, per activation dtype, at one and many tokens.
+
+The facts behind ``hardware.kernels`` (which dtype ``auto`` picks for which
+kernel, which paths are slow where) come from this table. Each case is a
+linear of the Qwen2.5-0.5B MLP (``--rows`` x ``--cols``, default gate/up
+9728 x 896) through the engine's own ``WeightKernel`` classes, for ``--m``
+rows of activations (1 = a decode step, 64 = a prefill chunk). Cases are
+interleaved and rotated over ``--passes`` (MEASURE.md 6); each pass times
+repeated calls for at least ``--min-time`` seconds and keeps the median call.
+Run it once per ISA level (``EDGE_INFER_CPU_FEATURES`` and PyTorch's
+``ATEN_CPU_CAPABILITY`` are in the provenance).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from edge_infer.bench.arm_output import emit, stamp
+from edge_infer.bench.provenance import now_utc
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rows", type=int, default=9728, help="output features of the measured linear (default 9728)")
+    parser.add_argument("--cols", type=int, default=896, help="input features (default 896)")
+    parser.add_argument("--m", type=int, action="append", default=None, help="activation rows (repeatable; default 1 and 64)")
+    parser.add_argument("--passes", type=int, default=3, help="rotated passes over all cases (default 3)")
+    parser.add_argument("--min-time", type=float, default=0.3, help="seconds of calls per case and pass (default 0.3)")
+    parser.add_argument("--num-threads", type=int, default=None, help="compute threads (default: this process's CPUs)")
+    parser.add_argument("--group-size", type=int, default=128)
+    parser.add_argument("--out", type=Path, default=None, help="also write the result JSON here")
+
+
+def _cases(rows: int, cols: int, group: int) -> list[tuple[str, str, Callable[[], Any]]]:
+    """(kernel, dtype, builder) for every kernel and activation dtype this CPU can run."""
+    import torch
+
+    from edge_infer.hardware.cpu import detect
+    from edge_infer.hardware.kernels import KERNELS
+    from edge_infer.models.linear import DenseKernel, OneDnnBf16Kernel, onednn_bf16_available
+    from edge_infer.quant.kernel import Int4Kernel
+    from edge_infer.quant.quantize import quantize_rows
+
+    weight = torch.randn(rows, cols, generator=torch.Generator().manual_seed(0)) / cols**0.5
+    q = quantize_rows(weight, group, True)
+
+    def int4(kernel_class, dtype):
+        def build():
+            kernel = kernel_class(rows, cols, group, dtype)
+            kernel.write_rows(0, q.codes, q.scales, q.zeros)
+            return kernel
+        return build
+
+    cases = [("dense", "float32", lambda: DenseKernel(weight.clone())),
+             ("dense", "bfloat16", lambda: DenseKernel(weight.to(torch.bfloat16)))]
+    if onednn_bf16_available():
+        cases.append(("onednn-bf16", "bfloat16", lambda: OneDnnBf16Kernel(weight.to(torch.bfloat16))))
+    cases += [("cpu-int4", "bfloat16", int4(Int4Kernel, torch.bfloat16)), ("cpu-int4", "float32", int4(Int4Kernel, torch.float32))]
+    if KERNELS["cpu-w4a8"].missing(detect()) is None:
+        from edge_infer.quant.w4a8 import W4A8Kernel, missing_requirement
+
+        if missing_requirement() is None:
+            cases += [("cpu-w4a8", "bfloat16", int4(W4A8Kernel, torch.bfloat16)), ("cpu-w4a8", "float32", int4(W4A8Kernel, torch.float32))]
+    return cases
+
+
+def _time_call(fn: Callable[[], Any], min_time: float) -> float:
+    """Median seconds per call over at least ``min_time`` seconds (after one warm-up call)."""
+    fn()
+    times = []
+    start = time.perf_counter()
+    while time.perf_counter() - start < min_time or len(times) < 3:
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from edge_infer.engine.core import configure_threads
+
+    threads = configure_threads(args.num_threads)
+    ms = args.m or [1, 64]
+    built = [(name, dtype, builder()) for name, dtype, builder in _cases(args.rows, args.cols, args.group_size)]
+    inputs = {(dtype, m): torch.randn(m, args.cols).to(getattr(torch, dtype)) for _, dtype, _ in built for m in ms}
+    cases = [(name, dtype, kernel, m) for name, dtype, kernel in built for m in ms]
+    seconds: dict[tuple[str, str, int], list[float]] = {(n, d, m): [] for n, d, _, m in cases}
+    for p in range(args.passes):
+        for i in range(len(cases)):
+            name, dtype, kernel, m = cases[(i + p) % len(cases)]  # pass p starts at case p (rotation)
+            x = inputs[(dtype, m)]
+            seconds[(name, dtype, m)].append(_time_call(lambda: kernel(x), args.min_time))
+    results = []
+    for (name, dtype, m), ts in seconds.items():
+        med = statistics.median(ts)
+        results.append({
+            "kernel": name, "dtype": dtype, "m": m, "median_us": round(med * 1e6, 2),
+            "spread": round((max(ts) - min(ts)) / med, 3), "passes_us": [round(t * 1e6, 2) for t in ts],
+            "g_weight_mults_per_s": round(args.rows * args.cols * m / med / 1e9, 2),
+        })
+    # Top-level rates are what a grid arm reports (bench/arm_output.py): one per case.
+    rates = {f"{r['kernel'].replace('-', '_')}_{r['dtype']}_m{r['m']}_gmult_per_s": r["g_weight_mults_per_s"] for r in results}
+    return {**rates, "benchmark": "kernels", "shape": [args.rows, args.cols], "group_size": args.group_size,
+            "num_threads": threads, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cases": results, "ratios": _ratios(results)}
+
+
+def _ratios(results: list[dict[str, Any]]) -> dict[str, float]:
+    """The comparisons hardware.kernels relies on, as time ratios (> 1: the second is slower)."""
+    t = {(r["kernel"], r["dtype"], r["m"]): r["median_us"] for r in results}
+    out = {}
+    for m in sorted({r["m"] for r in results}):
+        pairs = {f"cpu-int4 fp32 / bf16 activations, m={m}": (("cpu-int4", "float32", m), ("cpu-int4", "bfloat16", m)),
+                 f"dense bf16 / fp32, m={m}": (("dense", "bfloat16", m), ("dense", "float32", m))}
+        for label, (slow, fast) in pairs.items():
+            if slow in t and fast in t:
+                out[label] = round(t[slow] / t[fast], 2)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    started_at = now_utc()
+    if args.passes < 1 or args.min_time <= 0:
+        print("edge-infer bench kernels: error: --passes must be at least 1 and --min-time positive", file=sys.stderr)
+        return 2
+    result = measure(args)
+    result["provenance"] = stamp(started_at)
+    emit(result, args.out)
+    return 0

@@ -1,0 +1,91 @@
+"""``edge-infer doctor``: what this machine can run, which kernel each choice would use, and why."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from edge_infer.hardware.cpu import PROFILES, CpuCapabilities, detect, profile
+from edge_infer.hardware.kernels import auto_dtype, select_kernels
+
+MiB = 1 << 20
+# The choices a user makes, as (label, quantization, quantize_head); shown for a tied model (the common small one).
+CHOICES = (("unquantized", None, False), ("cpu_int4", "cpu_int4", False), ("cpu_int4 --quantize-head", "cpu_int4", True),
+           ("cpu_w4a8", "cpu_w4a8", False), ("cpu_w4a8 --quantize-head", "cpu_w4a8", True))
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cpu", default=None, metavar="PROFILE", help=f"describe another CPU: {', '.join(PROFILES)}")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def report(cpu: CpuCapabilities, runtime: bool) -> dict[str, Any]:
+    """The CPU, memory and, per choice, the auto dtype, kernels and refusals; ``runtime`` adds PyTorch's view."""
+    from edge_infer.hardware.memory import available_memory_bytes, meminfo
+
+    choices = {}
+    for label, quant, head in CHOICES:
+        dtype, why = auto_dtype(cpu, quant)
+        sel = select_kernels(cpu, dtype, quant, quantize_head=head, tied=True)
+        if quant == "cpu_w4a8" and not sel.refusals and runtime:
+            from edge_infer.quant.w4a8_build import missing_toolchain
+
+            if (reason := missing_toolchain()) is not None:
+                sel.refusals.append(f"--quantization cpu_w4a8: {reason}")
+        choices[label] = {"runs": not sel.refusals, "dtype_auto": dtype, "dtype_why": why, **sel.to_dict()}
+    out: dict[str, Any] = {"cpu": cpu.to_dict(), "choices": choices}
+    if runtime:
+        out["memory"] = {"total_bytes": meminfo().get("MemTotal"), "available_bytes": available_memory_bytes()}
+        out["torch"] = _torch_view()
+    return out
+
+
+def _torch_view() -> dict[str, Any]:
+    """What the installed PyTorch dispatches to here (imports torch: only the doctor does this)."""
+    import torch
+
+    from edge_infer.models.linear import onednn_bf16_available
+    from edge_infer.quant.kernel import tile_rows
+
+    return {"version": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "int4_tile_rows": tile_rows(), "onednn_bf16": onednn_bf16_available(), "threads": torch.get_num_threads()}
+
+
+def render(rep: dict[str, Any]) -> str:
+    cpu = rep["cpu"]
+    lines = [f"cpu      {cpu['model']} ({cpu['source']})", f"isa      {cpu['arch']} {' '.join(cpu['features']) or '-'}"]
+    if cpu["masked"]:
+        lines.append(f"masked   {' '.join(cpu['masked'])}")
+    if cpu["usable_cpus"] is not None:
+        lines.append(f"cores    {cpu['usable_cpus']} usable of {cpu['logical_cpus']} logical, {cpu['physical_cores']} physical")
+    if cpu["caches"]:
+        caches = ", ".join(f"L{c['level']}{c['kind'][0].lower() if c['level'] == 1 else ''} {c['bytes'] // 1024} KiB"
+                           for c in cpu["caches"])
+        lines.append(f"caches   {caches} (per instance)")
+    if "memory" in rep:
+        mem = rep["memory"]
+        lines.append(f"memory   {mem['available_bytes'] / MiB:,.0f} MiB available of {(mem['total_bytes'] or 0) / MiB:,.0f} MiB")
+    if "torch" in rep:
+        t = rep["torch"]
+        lines.append(f"torch    {t['version']}: dispatches to {t['cpu_capability']}, int4 tiles of {t['int4_tile_rows']} rows, "
+                     f"oneDNN bf16 {'yes' if t['onednn_bf16'] else 'no'}")
+    lines.append("")
+    for label, c in rep["choices"].items():
+        lines.append(f"{label:<26} {'runs here' if c['runs'] else 'REFUSED'}  (dtype auto -> {c['dtype_auto']}: {c['dtype_why']})")
+        for kind, k in c["kernels"].items():
+            lines.append(f"    {kind:<18} {k['kernel']:<12} {k['why']}")
+        lines += [f"    refused: {r}" for r in c["refusals"]]
+        lines += [f"    note: {n}" for n in c["notes"]]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cpu = profile(args.cpu) if args.cpu else detect()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    rep = report(cpu, runtime=args.cpu is None)
+    print(json.dumps(rep, indent=2) if args.json else render(rep))
+    return 0

@@ -1,0 +1,172 @@
+"""Which weight kernel each linear runs on, what CPU features it needs, and the dtype that is fast for it.
+
+Every dtype, quantization and head option maps to a kernel here, with its ISA
+needs. ``select_kernels`` resolves ``dtype="auto"`` per kernel and lists the
+refusals (with the nearest choice that does run) and the notes the plan
+shows. The speed facts behind the choices are measured by
+``edge-infer bench kernels`` (committed in benchmarks/results/kernels-*.json):
+
+- PyTorch's int4 kernel (tinygemm) is vectorized for bf16 activations only,
+  and only for AVX2 and AVX-512: fp32 activations, or any CPU without AVX2,
+  run a scalar loop at ~1 G multiply-adds/s, 15-35x below its bf16 path.
+- Without native bf16 (avx512_bf16 / amx_bf16), dense bf16 products are
+  emulated: ~10x slower than fp32 for a 64-token prefill, a little faster at
+  one token (half the bytes to read).
+
+Torch-free: the planner calls it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from edge_infer.hardware.cpu import CpuCapabilities
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str  # as models.linear.WeightKernel.name reports it
+    computes: str
+    # Features needed per architecture; an architecture not listed has no implementation.
+    needs: dict[str, tuple[str, ...]]
+    # Where it is fast (architecture -> features); empty: fast wherever it runs. Elsewhere: ``slow_note``.
+    fast_with: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    slow_note: str = ""
+
+    def missing(self, cpu: CpuCapabilities) -> str | None:
+        """Why this kernel cannot run on ``cpu``, or None."""
+        if cpu.arch not in self.needs:
+            return f"{self.name} has no implementation for {cpu.arch}"
+        absent = cpu.missing(self.needs[cpu.arch])
+        return f"{self.name} needs {', '.join(absent)}, which this CPU lacks" if absent else None
+
+    def slow_path(self, cpu: CpuCapabilities) -> str | None:
+        """Why this kernel runs slowly on ``cpu``, or None."""
+        if not self.fast_with:
+            return None
+        if cpu.arch not in self.fast_with:
+            return f"{self.name} on {cpu.arch}: {self.slow_note}"
+        absent = cpu.missing(self.fast_with[cpu.arch])
+        return f"{self.name} without {', '.join(absent)}: {self.slow_note}" if absent else None
+
+
+# torch 2.13's tinygemm has vectorized code for AVX2 and AVX-512 only (none for aarch64).
+_SCALAR_INT4 = "PyTorch's int4 kernel runs its scalar loop (~1 G multiply-adds/s, 15-35x below its AVX2/AVX-512 path)"
+KERNELS = {
+    "dense": Kernel("dense", "F.linear on a row-major weight (fp32 or bf16)", {"x86_64": (), "aarch64": ()}),
+    "onednn-bf16": Kernel("onednn-bf16", "bf16 weight reordered once into oneDNN's blocked layout",
+                          {"x86_64": ("avx512bw", "avx512vl", "avx512dq"), "aarch64": ("bf16",)}),
+    "cpu-int4": Kernel("cpu-int4", "4-bit weights, bf16 activations: PyTorch's tinygemm (W4A16)",
+                       {"x86_64": (), "aarch64": ()}, {"x86_64": ("avx2",)}, _SCALAR_INT4),
+    "cpu-w4a8": Kernel("cpu-w4a8", "4-bit weights x int8 activations: edge-infer's VNNI kernel (W4A8)",
+                       {"x86_64": ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")}),
+}
+QUANT_KERNELS = {"cpu_int4": "cpu-int4", "cpu_w4a8": "cpu-w4a8"}
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    kind: str  # decoder linears | output head | embedding lookup
+    kernel: str
+    dtype: str
+    why: str
+
+
+@dataclass
+class KernelSelection:
+    dtype: str
+    choices: list[KernelChoice]
+    refusals: list[str] = field(default_factory=list)  # each names the option and the nearest one that runs
+    notes: list[str] = field(default_factory=list)
+
+    def kernel_for(self, kind: str) -> str:
+        return next(c.kernel for c in self.choices if c.kind == kind)
+
+    def to_dict(self) -> dict:
+        return {"dtype": self.dtype, "kernels": {c.kind: {"kernel": c.kernel, "dtype": c.dtype, "why": c.why} for c in self.choices},
+                "refusals": list(self.refusals), "notes": list(self.notes)}
+
+
+def auto_dtype(cpu: CpuCapabilities, quantization: str | None) -> tuple[str, str]:
+    """(dtype, why) for ``dtype="auto"``: what is fast for the kernel that will run, on this CPU."""
+    if quantization == "cpu_int4" and KERNELS["cpu-int4"].slow_path(cpu) is None:
+        return "bfloat16", "PyTorch's int4 kernel is vectorized for bf16 activations only (fp32 runs its scalar loop)"
+    if quantization == "cpu_w4a8":
+        return "bfloat16", "the fused W4A8 decode layer takes bf16 activations (it converts them itself)"
+    if quantization == "cpu_int4":
+        return "float32", "PyTorch's int4 kernel has no vectorized path on this CPU; float32 keeps the rest native"
+    if cpu.arch == "x86_64" and cpu.native_bf16:
+        return "bfloat16", "this CPU has native bf16 (avx512_bf16/amx_bf16)"
+    if cpu.arch == "x86_64":
+        return "float32", "no native bf16 on this CPU (no avx512_bf16/amx_bf16): bf16 would be emulated"
+    return "float32", f"bf16 on {cpu.arch} is not measured by edge-infer yet; float32 is the known path"
+
+
+def select_kernels(
+    cpu: CpuCapabilities,
+    dtype: str,
+    quantization: str | None,
+    quantize_head: bool = False,
+    tied: bool = False,
+    packed_head: bool = False,
+    weight_backend: str = "auto",
+    dtype_explicit: bool = False,
+) -> KernelSelection:
+    """The kernel of each linear kind for these options on ``cpu``; ``dtype`` is resolved (not "auto"),
+    ``dtype_explicit`` when the user chose it."""
+    refusals: list[str] = []
+    notes: list[str] = []
+    onednn = KERNELS["onednn-bf16"]
+    if weight_backend == "onednn" and onednn.missing(cpu):
+        refusals.append(f"--weight-backend onednn: {onednn.missing(cpu)}; use --weight-backend dense")
+    use_onednn = dtype == "bfloat16" and weight_backend != "dense" and onednn.missing(cpu) is None
+    dense_kernel = "onednn-bf16" if use_onednn else "dense"
+    dense_why = "bf16 in oneDNN's blocked layout (faster matrix-vector products)" if use_onednn else f"{dtype} F.linear"
+
+    if dtype == "bfloat16" and not cpu.native_bf16:
+        if quantization is None:
+            notes.append("bfloat16 is emulated on this CPU (no avx512_bf16/amx_bf16/bf16): dense products run ~10x "
+                         "slower at prefill than float32 (benchmarks/results/kernels-*.json)"
+                         + ("; drop --dtype to let auto choose" if dtype_explicit else ""))
+        else:
+            notes.append("bfloat16 is emulated on this CPU (no avx512_bf16/amx_bf16/bf16) for attention and norms; "
+                         f"the {QUANT_KERNELS[quantization]} linears take bf16 activations on their fast path")
+    choices: list[KernelChoice] = []
+    if quantization is None:
+        choices.append(KernelChoice("decoder linears", dense_kernel, dtype, dense_why))
+    else:
+        kernel = KERNELS[QUANT_KERNELS[quantization]]
+        reason = kernel.missing(cpu)
+        if reason is not None:
+            refusals.append(f"--quantization {quantization}: {reason}; {_nearest_quant(cpu, quantization)}")
+        slow = kernel.slow_path(cpu)
+        if slow:
+            notes.append(f"--quantization {quantization}: {slow}")
+        if quantization == "cpu_int4" and dtype == "float32" and slow is None:
+            notes.append(f"cpu_int4 with float32 activations: {_SCALAR_INT4}; drop --dtype to let auto choose bfloat16")
+        choices.append(KernelChoice("decoder linears", kernel.name, dtype, kernel.computes))
+
+    if quantize_head and quantization is not None:
+        head = KernelChoice("output head", choices[0].kernel, dtype, "quantized like the decoder linears")
+        lookup = ("rows read back from the quantized head (one copy)" if tied else "the embedding table")
+        choices += [head, KernelChoice("embedding lookup", choices[0].kernel if tied else "table", dtype, lookup)]
+    elif packed_head and tied:
+        reason = onednn.missing(cpu) if dtype == "bfloat16" else "--packed-head packs for the oneDNN bf16 kernel; it needs --dtype bfloat16"
+        if reason is not None:
+            refusals.append(f"--packed-head: {reason}; drop --packed-head (the head then reads the embedding table)")
+        choices += [KernelChoice("output head", "onednn-bf16", dtype, "a second, packed copy of the embedding table"),
+                    KernelChoice("embedding lookup", "table", dtype, "the embedding table")]
+    else:
+        head_why = "reads the embedding table (tied, one copy)" if tied else dense_why
+        choices += [KernelChoice("output head", "dense" if tied else dense_kernel, dtype, head_why),
+                    KernelChoice("embedding lookup", "table", dtype, "the embedding table")]
+    return KernelSelection(dtype, choices, refusals, notes)
+
+
+def _nearest_quant(cpu: CpuCapabilities, refused: str) -> str:
+    """The nearest quantization that runs on ``cpu``, as advice."""
+    for name in ("cpu_w4a8", "cpu_int4"):
+        kernel = KERNELS[QUANT_KERNELS[name]]
+        if name != refused and kernel.missing(cpu) is None:
+            slow = kernel.slow_path(cpu)
+            return f"use --quantization {name} (same checkpoint, runs here{', slowly: ' + slow if slow else ''})"
+    return "load without --quantization"
