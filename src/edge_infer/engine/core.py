@@ -63,6 +63,7 @@ def load_model(config: EngineConfig, progress: Callable[[int, int], None] | None
     load_weights(
         model, config.model, TORCH_DTYPES[config.dtype], linear_installer(config), progress,
         head_from_embedding=quantized_head and cfg.tie_word_embeddings,
+        release=malloc_trim if config.trim_after_load else None,
     )
     if config.packed_head and cfg.tie_word_embeddings and not quantized_head:
         if weight_backend(config) != "onednn":

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from edge_infer.engine.detokenizer import RequestText
 from edge_infer.engine.frontend import Frontend, PreparedPrompt, PromptInput
@@ -50,8 +50,10 @@ class LLM:
         num_threads: int | None = None,
         weight_backend: str = "auto",
         skip_tokenizer_init: bool = False,
+        load_progress: Callable[[int, int], None] | None = None,
         **plan_options: Any,
     ):
+        """``load_progress(done, total)`` is called as the worker loads tensors (done == total: weights loaded)."""
         self.frontend = Frontend.create(
             model,
             skip_tokenizer_init=skip_tokenizer_init,
@@ -68,7 +70,7 @@ class LLM:
         )
         self.plan = self.frontend.plan
         self._client = CoreClient(self.frontend.engine_config, mode=worker)
-        self.ready = self._client.start()
+        self.ready = self._client.start(load_progress)
         self._counter = 0
 
     # -- public API -------------------------------------------------------------

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edge_infer.memory.measure import malloc_trim
 from edge_infer.engine.config import EngineConfig
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.linear import Linear
@@ -144,7 +145,7 @@ def load_paged_talker(model_dir: str | Path, config: Qwen3TTSConfig, engine: Eng
     predictor = PredictorDecoder(predictor_decoder_config(config, engine.dtype), talker.shape.hidden_size,
                                  talker.num_code_groups)
     for model in (decoder, predictor):
-        load_weights(model, model_dir, dtype, install_linear)
+        load_weights(model, model_dir, dtype, install_linear, release=malloc_trim)
     # Everything else in model.safetensors belongs to the decoders (or to voice cloning's speaker encoder).
     others = tuple(name for name in read_tensor_index(model_dir) if not name.startswith(TEXT_SIDE))
     text = build_and_load(lambda: TextSide(config), model_dir, ignore=others, dtype=dtype)
