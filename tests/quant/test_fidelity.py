@@ -70,7 +70,7 @@ def test_fidelity_ranks_w4a16_g128_above_a_deliberately_bad_quantizer(tmp_path, 
 
     demo = demo_model_dir()
     tok = Tokenizer(demo)
-    prompts = [tok.encode_chat([{"role": "user", "content": t}]) for t in DEFAULT_PROMPTS]
+    prompts = [tok.encode_chat([{"role": "user", "content": t}])[1] for t in DEFAULT_PROMPTS]
     bad = quantize_checkpoint(demo, tmp_path / "bad", QuantConfig(group_size=TENSOR_GROUP), simulate=True).out_dir
     # As `edge-infer bench fidelity` runs: the reference's continuations end at its end-of-turn token.
     eos = GenerationDefaults.from_dir(demo, tok.eos_token_id).eos_token_ids

@@ -37,7 +37,7 @@ def test_chat_stream_equals_non_stream_at_temperature_0(server, tokenizer):
     finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finish == [full.choices[0].finish_reason]
     # usage: the prompt as the chat template renders it, every generated token counted
-    prompt_tokens = len(tokenizer.encode_chat(HELLO))
+    prompt_tokens = len(tokenizer.encode_chat(HELLO)[1])
     assert full.usage.prompt_tokens == prompt_tokens
     assert chunks[-1].usage.model_dump() == full.usage.model_dump()
     assert full.usage.total_tokens == prompt_tokens + full.usage.completion_tokens

@@ -38,7 +38,7 @@ class ScriptedEngine:
     def __init__(self, text: str):
         self.text = text
         self.healthy = True
-        self.dead_reason = None
+        self.dead_reason = self.hung_reason = self.down_reason = None
         self.core_stats = CoreStats()
 
     def add_request(self, prompt, params, request_id=None, max_chunks=None) -> RequestStream:

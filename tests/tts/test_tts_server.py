@@ -94,7 +94,6 @@ def test_voices_and_models(server) -> None:
     ({"input": "hi", "speed": 1.25}, "speed", "speed 1.25 is not supported"),
     ({"input": "hi", "response_format": "mp3"}, "response_format", "wav, pcm, flac"),
     ({"input": "hi", "language": "klingon"}, "language", "english"),
-    ({"input": "hi", "model": "other"}, "model", "is not served here"),
     ({"input": "hi", "response_format": "flac", "stream_format": "sse"}, "stream_format", "flac"),
 ])
 def test_bad_requests_are_400_with_the_reason(server, body, param, fragment) -> None:
@@ -102,6 +101,12 @@ def test_bad_requests_are_400_with_the_reason(server, body, param, fragment) -> 
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["param"] == param and fragment in error["message"]
+
+
+def test_an_unknown_model_is_404_model_not_found(server) -> None:
+    response = httpx.post(server.base_url + "/v1/audio/speech", json={"voice": "ryan", "input": "hi", "model": "other"}, timeout=30)
+    error = response.json()["error"]
+    assert response.status_code == 404 and error["code"] == "model_not_found" and "is not served here" in error["message"]
 
 
 def test_text_routes_say_this_is_a_speech_model(server) -> None:

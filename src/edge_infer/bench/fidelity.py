@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         tokenizer = Tokenizer(args.reference)
         chat = args.chat == "yes" or (args.chat == "auto" and tokenizer.chat_template is not None)
         prompts = [
-            tokenizer.encode_chat([{"role": "user", "content": t}], add_generation_prompt=True) if chat else tokenizer.encode(t)
+            tokenizer.encode_chat([{"role": "user", "content": t}], add_generation_prompt=True)[1] if chat else tokenizer.encode(t)
             for t in texts
         ]
         max_len = max(map(len, prompts)) + args.max_new_tokens

@@ -7,7 +7,10 @@ a ``RequestRecord`` (what happened, kept after the end for inspection).
 
 If the worker dies, every unfinished stream ends with an ``error`` event at
 once, the engine reports itself unhealthy, and ``restart()`` starts a new
-worker.
+worker. If it stops responding (no message, heartbeats included, for
+``heartbeat_timeout_s``; or one step running past ``step_timeout_s``), the
+same happens to its streams and the engine is unhealthy until it speaks
+again (a stopped process that is continued) or is restarted.
 """
 from __future__ import annotations
 
@@ -32,6 +35,12 @@ log = logging.getLogger(__name__)
 
 # How long cancel() waits for the core to confirm that a request's blocks are free.
 ABORT_ACK_TIMEOUT_S = 5.0
+# A worker that says nothing for this long is unresponsive (it sends a heartbeat every 0.5 s).
+HEARTBEAT_TIMEOUT_S = 3.0
+# One step running longer than this is treated as wedged (a 512-token prefill of a 3B model on a slow CPU
+# takes well under a minute).
+STEP_TIMEOUT_S = 300.0
+_WATCH_INTERVAL_S = 0.25
 
 
 @dataclass
@@ -75,10 +84,15 @@ class _Active:
 
 
 class AsyncEngine:
-    def __init__(self, frontend: Frontend, worker: str = "process", max_records: int = 10000):
+    def __init__(self, frontend: Frontend, worker: str = "process", max_records: int = 10000,
+                 heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S, step_timeout_s: float = STEP_TIMEOUT_S):
         self.frontend = frontend
         self.worker_mode = worker
         self.max_records = max_records
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.step_timeout_s = step_timeout_s
+        self.hung_reason: str | None = None
+        self._watchdog: asyncio.Task | None = None
         self.records: OrderedDict[str, RequestRecord] = OrderedDict()
         self.core_stats = CoreStats()
         self.ready_info: ReadyInfo | None = None
@@ -99,14 +113,20 @@ class AsyncEngine:
         client = CoreClient(self.frontend.engine_config, mode=self.worker_mode)
         self.ready_info = await self._loop.run_in_executor(None, client.start, progress)
         self._client = client
-        self.dead_reason = None
+        self.dead_reason = self.hung_reason = None
         self._reader = threading.Thread(target=self._read_loop, args=(client,), name="edge-infer-reader", daemon=True)
         self._reader.start()
+        self._watchdog = asyncio.ensure_future(self._watch(client))
         return self.ready_info
 
     @property
     def healthy(self) -> bool:
-        return self._client is not None and self.dead_reason is None and self._client.alive
+        return self._client is not None and self.down_reason is None and self._client.alive
+
+    @property
+    def down_reason(self) -> str | None:
+        """Why the engine cannot serve: its worker died or stopped responding; None when it can."""
+        return self.dead_reason or self.hung_reason
 
     @property
     def worker_pid(self) -> int | None:
@@ -116,6 +136,8 @@ class AsyncEngine:
         for rid in list(self._active):
             self.cancel_nowait(rid)
         self._closing = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         client, self._client = self._client, None
         if client is not None:
             await asyncio.get_running_loop().run_in_executor(None, client.close)
@@ -124,11 +146,22 @@ class AsyncEngine:
 
     async def restart(self, progress: Callable[[int, int], None] | None = None) -> ReadyInfo:
         """Replace the worker (dead or alive); unfinished requests end with an error."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         if self._client is not None:
             self._fail_all("the engine is restarting")
             client, self._client = self._client, None
             await asyncio.get_running_loop().run_in_executor(None, client.close, 1.0)
         return await self.start(progress)
+
+    def silent_s(self) -> float:
+        """Seconds since the worker last said anything (0 without a worker)."""
+        return self._client.silent_s() if self._client is not None else 0.0
+
+    def kill_worker(self) -> None:
+        """SIGKILL the worker (a wedged one); the reader then reports it dead."""
+        if self._client is not None:
+            self._client.kill()
 
     # -- requests ------------------------------------------------------------
 
@@ -144,7 +177,7 @@ class AsyncEngine:
         session_id: str | None = None,
     ) -> RequestStream:
         if not self.healthy:
-            raise EngineDeadError(f"{self.dead_reason or 'the engine is not running'}; call restart()")
+            raise EngineDeadError(f"{self.down_reason or 'the engine is not running'}; call restart()")
         if max_chunks is not None and max_chunks < 1:
             raise InvalidRequestError(f"max_chunks must be at least 1, got {max_chunks}")
         rid = request_id or self.new_request_id()
@@ -300,6 +333,31 @@ class AsyncEngine:
             self._client.send(("grant", request_id, n))
         except EngineDeadError:
             pass
+
+    async def _watch(self, client: CoreClient) -> None:
+        """Mark the engine unresponsive while its worker is silent or wedged in a step, and responsive again
+        when it speaks; the requests in flight when it went silent end with an error."""
+        while client is self._client and self.dead_reason is None:
+            await asyncio.sleep(_WATCH_INTERVAL_S)
+            silent, busy = client.silent_s(), client.step_busy_s
+            if silent > self.heartbeat_timeout_s:
+                reason = f"the engine worker (pid {client.pid}) stopped responding: no heartbeat for {silent:.1f} s"
+            elif busy > self.step_timeout_s:
+                reason = f"the engine worker (pid {client.pid}) has been in one step for {busy:.0f} s"
+            else:
+                reason = None
+            if reason is not None and self.hung_reason is None:
+                self.hung_reason = reason
+                log.error("%s", reason)
+                stuck = list(self._active)
+                self._fail_all(f"{reason}; the request was ended")
+                try:
+                    client.send(("abort", stuck))  # frees their KV blocks if the worker comes back
+                except EngineDeadError:
+                    pass
+            elif reason is None and self.hung_reason is not None:
+                log.warning("the engine worker (pid %s) responds again", client.pid)
+                self.hung_reason = None
 
     def _on_dead(self, client: CoreClient, reason: str) -> None:
         if client is not self._client:

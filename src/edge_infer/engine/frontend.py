@@ -20,6 +20,9 @@ from edge_infer.models.config import ModelConfig
 from edge_infer.models.generation_config import GenerationDefaults
 from edge_infer.models.tokenizer import Tokenizer
 
+# Normalization (NFC, NFKC) can compose up to this many input characters into one (Hangul jamo: 3).
+_CHARS_PER_NORMALIZED_CHAR = 4
+
 # A prompt: text, token ids, or {"prompt": ...} / {"prompt_token_ids": [...]}.
 PromptInput = Union[str, list[int], dict[str, Any]]
 
@@ -50,6 +53,17 @@ class PreparedPrompt:
     token_ids: list[int]
 
 
+def _text_chars(value: Any) -> int:
+    """Characters of all the strings in ``value`` (messages or tools)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_text_chars(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_text_chars(v) for v in value)
+    return 0
+
+
 class Frontend:
     def __init__(self, plan: TextPlan, tokenizer: Tokenizer | None, defaults: GenerationDefaults):
         if not plan.admitted:
@@ -57,6 +71,7 @@ class Frontend:
         self.plan = plan
         self.tokenizer = tokenizer
         self.defaults = defaults
+        self.specials_in_content = False  # the server's --parse-special-tokens-in-content
         self.engine_config: EngineConfig = plan.engine_config
 
     @classmethod
@@ -109,12 +124,27 @@ class Frontend:
             return PreparedPrompt(None, [int(t) for t in prompt])
         if not isinstance(prompt, str):
             raise InvalidRequestError(f"a prompt must be a string, a list of token ids or a dict, not {type(prompt).__name__}")
+        self.check_text_fits(len(prompt), "the prompt")
         return PreparedPrompt(prompt, self.require_tokenizer().encode(prompt))
 
     def prepare_chat(self, messages: list[dict[str, Any]], **template_kwargs: Any) -> PreparedPrompt:
-        tok = self.require_tokenizer()
-        text = tok.apply_chat_template(messages, **template_kwargs)
-        return PreparedPrompt(text, tok.encode(text, add_special_tokens=False))
+        """A conversation rendered by the chat template; special-token text in messages and tools stays text
+        unless ``specials_in_content`` is set on this frontend (models.tokenizer says why)."""
+        self.check_text_fits(_text_chars(messages) + _text_chars(template_kwargs.get("tools")), "the messages (with tools)")
+        text, ids = self.require_tokenizer().encode_chat(messages, specials_in_content=self.specials_in_content,
+                                                         **template_kwargs)
+        return PreparedPrompt(text, ids)
+
+    def check_text_fits(self, chars: int, what: str) -> None:
+        """Refuse text that cannot fit max_model_len tokens whatever it says, before tokenizing it (a large
+        body would otherwise cost seconds of tokenizer time to be refused)."""
+        longest = self.require_tokenizer().max_token_chars
+        limit = self.max_model_len * longest * _CHARS_PER_NORMALIZED_CHAR
+        if chars > limit:
+            raise InvalidRequestError(
+                f"{what} has {chars:,} characters, more than max_model_len={self.max_model_len} tokens can hold with "
+                f"this tokenizer (at most {limit:,} characters: its longest token covers {longest}); shorten it"
+            )
 
     def require_tokenizer(self) -> Tokenizer:
         if self.tokenizer is None:

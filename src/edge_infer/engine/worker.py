@@ -28,12 +28,37 @@ log = logging.getLogger(__name__)
 
 # Progress messages during loading are rate-limited to this interval.
 PROGRESS_INTERVAL_S = 0.1
+# A running worker says it is alive this often, whatever its steps take (the frontend's liveness check).
+HEARTBEAT_INTERVAL_S = 0.5
 
 
-def core_loop(config: EngineConfig, commands: Connection, outputs: Connection) -> None:
+class _Outputs:
+    """The output pipe, shared by the engine loop and the heartbeat thread (a Connection is not thread-safe)."""
+
+    def __init__(self, conn: Connection):
+        self._conn = conn
+        self._lock = threading.Lock()
+        self.step_started: float | None = None  # monotonic time the running step began, None between steps
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._conn.send(msg)
+
+    def beat(self, stop: threading.Event) -> None:
+        """Until ``stop``: ("heartbeat", seconds the current step has been running, 0 between steps)."""
+        while not stop.wait(HEARTBEAT_INTERVAL_S):
+            started = self.step_started
+            try:
+                self.send(("heartbeat", 0.0 if started is None else time.monotonic() - started))
+            except (OSError, ValueError):
+                return
+
+
+def core_loop(config: EngineConfig, commands: Connection, output_conn: Connection) -> None:
     """Load the model, then serve commands until told to stop or the pipe closes."""
     from edge_infer.engine.core import EngineCore
 
+    outputs = _Outputs(output_conn)
     last = [0.0]
 
     def progress(done: int, total: int) -> None:
@@ -50,6 +75,15 @@ def core_loop(config: EngineConfig, commands: Connection, outputs: Connection) -
         outputs.send(("init_error", type(exc).__name__, str(exc), traceback.format_exc()))
         return
     outputs.send(("ready", core.ready_info))
+    stop = threading.Event()
+    threading.Thread(target=outputs.beat, args=(stop,), name="edge-infer-heartbeat", daemon=True).start()
+    try:
+        _serve_commands(core, commands, outputs)
+    finally:
+        stop.set()
+
+
+def _serve_commands(core: Any, commands: Connection, outputs: _Outputs) -> None:
     while True:
         try:
             if not core.has_work():
@@ -72,7 +106,9 @@ def core_loop(config: EngineConfig, commands: Connection, outputs: Connection) -
         except (EOFError, OSError):
             return  # the frontend is gone
         if core.has_work():
+            outputs.step_started = time.monotonic()
             deltas = core.step()
+            outputs.step_started = None
             if deltas:
                 outputs.send(("deltas", deltas, core.current_stats()))
 
@@ -112,6 +148,9 @@ class CoreClient:
         self.config = config
         self.mode = mode
         self.ready: ReadyInfo | None = None
+        # Liveness: when the core last said anything (heartbeats included), and how long its current step runs.
+        self.last_heard: float = time.monotonic()
+        self.step_busy_s: float = 0.0
         self._proc: subprocess.Popen | None = None
         self._pidfd: int | None = None
         self._thread: threading.Thread | None = None
@@ -222,20 +261,33 @@ class CoreClient:
             raise errors.EngineDeadError(f"{self.exit_description()}; restart the engine") from exc
 
     def receive(self, timeout_s: float | None) -> list[tuple[Any, ...]]:
-        """Messages available within ``timeout_s``; raises EngineDeadError when the core is gone."""
+        """Messages available within ``timeout_s`` (heartbeats are absorbed into ``last_heard``);
+        raises EngineDeadError when the core is gone."""
         waitables: list[Any] = [self._out_recv]
         if self._pidfd is not None:
             waitables.append(self._pidfd)
         ready = wait(waitables, timeout=timeout_s if self._proc is not None else min(timeout_s or 0.5, 0.5))
         out = []
+        heard = False
         try:
             while self._out_recv.poll(0):
-                out.append(self._out_recv.recv())
+                msg = self._out_recv.recv()
+                heard = True
+                if msg[0] == "heartbeat":
+                    self.step_busy_s = msg[1]
+                else:
+                    out.append(msg)
         except (EOFError, OSError):
             pass
-        if not out and not self.alive and (ready or self._proc is None):
+        if heard:
+            self.last_heard = time.monotonic()
+        if not heard and not self.alive and (ready or self._proc is None):
             raise errors.EngineDeadError(f"{self.exit_description()}; restart the engine")
         return out
+
+    def silent_s(self) -> float:
+        """Seconds since the core last said anything."""
+        return time.monotonic() - self.last_heard
 
     @property
     def output_fileno(self) -> int:

@@ -4,22 +4,56 @@
 ``tokenizer_config.json`` or ``chat_template.jinja``) is rendered with a
 sandboxed jinja2 environment configured the way Hugging Face renders it, then
 tokenized without adding special tokens (the template writes them).
+
+Text in chat messages and tools is the user's, so special-token strings in it
+(``<|im_end|>`` typed by a user) are tokenized as the characters they are,
+never as control tokens: otherwise a user could close their turn and open a
+system or assistant turn. Only the template's own markers stay special
+(``encode_chat``; ``specials_in_content=True`` restores the usual behaviour).
 """
 from __future__ import annotations
 
 import json
+import re
+import secrets
+import threading
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from edge_infer.errors import CheckpointError, InvalidRequestError
+
+
+# Texts this long are encoded through encode_batch, which releases the GIL (encode holds it throughout):
+# a large prompt tokenized off the event loop then does not stall it.
+_RELEASE_GIL_CHARS = 4096
 
 
 def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
         return value.get("content")
     return value
+
+
+def _map_strings(value: Any, fn: Callable[[str], str]) -> Any:
+    """``value`` (messages or tools: dicts, lists, strings) with ``fn`` applied to every string in it."""
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, dict):
+        return {k: _map_strings(v, fn) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_map_strings(v, fn) for v in value]
+    return value
+
+
+def _invalid_text(text: str) -> InvalidRequestError:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return InvalidRequestError(f"the text is not valid Unicode (a lone surrogate U+{ord(text[exc.start]):04X} "
+                                   f"at character {exc.start}); send UTF-8 text")
+    return InvalidRequestError("the text cannot be tokenized")
 
 
 class Tokenizer:
@@ -41,6 +75,8 @@ class Tokenizer:
         self.eos_token = _token_text(self.config.get("eos_token"))
         self.pad_token = _token_text(self.config.get("pad_token"))
         self.unk_token = _token_text(self.config.get("unk_token"))
+        # encode_special_tokens is tokenizer state: set and used under one lock.
+        self._lock = threading.Lock()
 
     def _find_chat_template(self, model_dir: Path) -> str | None:
         jinja_file = model_dir / "chat_template.jinja"
@@ -67,8 +103,35 @@ class Tokenizer:
     def bos_token_id(self) -> int | None:
         return self.token_to_id(self.bos_token)
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+    def encode(self, text: str, add_special_tokens: bool = True, specials_as_text: bool = False) -> list[int]:
+        """Token ids of ``text``; ``specials_as_text``: special-token strings in it are plain characters."""
+        with self._lock:
+            self._tok.encode_special_tokens = specials_as_text
+            try:
+                if len(text) >= _RELEASE_GIL_CHARS:
+                    return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+                return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+            except TypeError:  # tokenizers refuses str it cannot convert (lone surrogates)
+                raise _invalid_text(text) from None
+            finally:
+                self._tok.encode_special_tokens = False
+
+    @cached_property
+    def max_token_chars(self) -> int:
+        """An upper bound on the characters one token covers: its longest vocabulary entry (byte-level BPE
+        spells each byte as one character, so this counts bytes, at least as many as characters)."""
+        return max(map(len, self._tok.get_vocab(with_added_tokens=True)), default=1)
+
+    @cached_property
+    def special_tokens(self) -> dict[str, int]:
+        """Special-token strings and their ids (the control tokens a chat template writes)."""
+        return {t.content: i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+
+    @cached_property
+    def _stripping(self) -> tuple[set[str], set[str]]:
+        """Special tokens that absorb the whitespace before them (lstrip) and after them (rstrip)."""
+        added = [t for t in self._tok.get_added_tokens_decoder().values() if t.special]
+        return {t.content for t in added if t.lstrip}, {t.content for t in added if t.rstrip}
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -128,8 +191,49 @@ class Tokenizer:
         except TemplateError as exc:
             raise InvalidRequestError(f"chat template failed on these messages: {exc}") from exc
 
-    def encode_chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
-        return self.encode(self.apply_chat_template(messages, **kwargs), add_special_tokens=False)
+    def encode_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+        specials_in_content: bool = False, **kwargs: Any,
+    ) -> tuple[str, list[int]]:
+        """(rendered text, token ids) of a conversation.
+
+        Special-token strings inside ``messages`` and ``tools`` are masked with
+        markers no user can guess before rendering; the rendered text is split
+        at the template's own special tokens (tokenizers splits there too, so
+        each piece is tokenized as it would be in the whole), and each piece is
+        encoded with the masked strings restored as plain text.
+        """
+        if specials_in_content or not self.special_tokens:
+            text = self.apply_chat_template(messages, tools=tools, **kwargs)
+            return text, self.encode(text, add_special_tokens=False)
+        nonce = secrets.token_hex(8)
+        masks = {s: f"\ue000{nonce}{i}\ue001" for i, s in enumerate(self.special_tokens)}
+        pattern = re.compile("|".join(re.escape(s) for s in sorted(masks, key=len, reverse=True)))
+        mask = lambda s: pattern.sub(lambda m: masks[m.group(0)], s)  # noqa: E731
+        unmasked = {m: s for s, m in masks.items()}
+        unmask = lambda s: re.sub(f"\ue000{nonce}\\d+\ue001", lambda m: unmasked[m.group(0)], s)  # noqa: E731
+        rendered = self.apply_chat_template(_map_strings(messages, mask), tools=_map_strings(tools, mask), **kwargs)
+        text = unmask(rendered)
+        if nonce in text:
+            raise InvalidRequestError(
+                "this chat template rewrites message text in a way that keeps special-token strings from being "
+                "read as text; remove them from the messages (or serve with --parse-special-tokens-in-content)"
+            )
+        # re.split with a group alternates text and special tokens: [text, special, text, ..., text].
+        pieces = re.split(f"({pattern.pattern})", rendered)
+        lstrip, rstrip = self._stripping
+        ids: list[int] = []
+        for k in range(0, len(pieces), 2):
+            piece = pieces[k]
+            if k > 0 and pieces[k - 1] in rstrip:
+                piece = piece.lstrip()
+            if k + 1 < len(pieces) and pieces[k + 1] in lstrip:
+                piece = piece.rstrip()
+            if piece:
+                ids += self.encode(unmask(piece), add_special_tokens=False, specials_as_text=True)
+            if k + 1 < len(pieces):
+                ids.append(self.special_tokens[pieces[k + 1]])
+        return text, ids
 
 
 class IncrementalDecoder:

@@ -37,8 +37,10 @@ log = logging.getLogger(__name__)
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": text}
     for code, text in {
-        400: "invalid parameters, unknown model, or a prompt that does not fit max_model_len",
+        400: "invalid parameters, or a prompt that does not fit max_model_len",
         401: "missing or wrong API key (when the server has one)",
+        404: "the model is not served here (model_not_found)",
+        413: "the request body is larger than --max-body-bytes",
         429: "admission queue full; see the Retry-After header",
         503: "loading, shutting down, or the engine worker is down",
     }.items()
@@ -86,24 +88,34 @@ def build_app(state: ServerState, loader: Callable[[], Awaitable[None]] | None =
             gen.close()
             ticket.release()
 
-    @app.get("/health", responses={503: {"description": "loading, shutting down, or the engine worker is down"}})
+    @app.get("/health", responses={503: {"description": "loading, shutting down, or the engine worker is dead, "
+                                                       "unresponsive or restarting (see status and detail)"}})
     async def health() -> JSONResponse:
-        if state.phase == "ready" and state.engine.healthy:
+        if state.phase == "ready" and state.health_status == "ok":
             return JSONResponse({"status": "ok"})
-        detail = state.load_error or state.engine.dead_reason
-        status = state.phase if state.phase != "ready" else "engine_dead"
+        status = state.phase if state.phase != "ready" else state.health_status
+        detail = state.load_error if state.phase != "ready" else state.down_reason()
         return JSONResponse({"status": status, "detail": detail}, status_code=503)
 
     @app.get("/metrics", response_class=Response)
     async def metrics() -> Response:
-        stats = await state.engine.refresh_stats()
+        stats = await state.engine.refresh_stats() if state.engine.healthy else None
         return Response(state.metrics.render(stats, state.in_flight), media_type=CONTENT_TYPE_LATEST)
+
+    def model_card() -> ModelCard:
+        if state.phase == "ready" and (down := state.down_reason()) is not None:
+            raise APIError(503, down, code=state.health_status)
+        return ModelCard(id=state.settings.served_model_name, created=state.created,
+                         max_model_len=state.frontend.max_model_len, runtime=state.frontend.runtime_summary())
 
     @app.get("/v1/models", dependencies=auth, response_model=ModelList, responses=ERROR_RESPONSES)
     async def models() -> ModelList:
-        card = ModelCard(id=state.settings.served_model_name, created=state.created,
-                         max_model_len=state.frontend.max_model_len, runtime=state.frontend.runtime_summary())
-        return ModelList(data=[card])
+        return ModelList(data=[model_card()])
+
+    @app.get("/v1/models/{model_id:path}", dependencies=auth, response_model=ModelCard, responses=ERROR_RESPONSES)
+    async def model(model_id: str) -> ModelCard:
+        state.check_model(model_id)
+        return model_card()
 
     @app.post(
         "/v1/chat/completions", dependencies=auth, response_model=ChatCompletionResponse,
@@ -112,7 +124,7 @@ def build_app(state: ServerState, loader: Callable[[], Awaitable[None]] | None =
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         state.check_ready()
         state.check_model(body.model)
-        return await respond(request, body, serving_chat.prepare(state, body), serving_chat)
+        return await respond(request, body, await state.off_loop(serving_chat.prepare, state, body), serving_chat)
 
     @app.post(
         "/v1/completions", dependencies=auth, response_model=CompletionResponse,
@@ -121,6 +133,7 @@ def build_app(state: ServerState, loader: Callable[[], Awaitable[None]] | None =
     async def completions(body: CompletionRequest, request: Request) -> Response:
         state.check_ready()
         state.check_model(body.model)
-        return await respond(request, body, serving_completions.prepare(state, body), serving_completions)
+        return await respond(request, body, await state.off_loop(serving_completions.prepare, state, body),
+                             serving_completions)
 
     return app

@@ -17,8 +17,10 @@ import sys
 from pathlib import Path
 
 from edge_infer.engine.cli_args import add_engine_args, engine_settings
+from edge_infer.server.exit_codes import EXIT_ENGINE_DEAD, EXIT_LOAD_FAILED
 
 API_KEY_ENV = "EDGE_INFER_API_KEY"
+DEFAULT_MAX_BODY_BYTES = 16 << 20
 # uvicorn's own deadline for responses after SIGTERM, beyond our grace period (which cancels them first).
 UVICORN_GRACE_MARGIN_S = 5.0
 
@@ -38,6 +40,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="on SIGTERM, seconds in-flight requests get to finish before they are cancelled (default 10)")
     g.add_argument("--tool-call-parser", default="auto", choices=["auto", *PARSERS],
                    help="tool-call format in model output (default: from the chat template)")
+    g.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                   help=f"largest request body accepted; bigger ones get 413 before they are read (default {DEFAULT_MAX_BODY_BYTES >> 20} MiB)")
+    g.add_argument("--parse-special-tokens-in-content", action="store_true",
+                   help="tokenize special-token text (e.g. <|im_end|>) in chat messages and tools as control tokens; by "
+                        "default it is plain text, so a user cannot close their turn or open another role's")
+    g.add_argument("--no-restart", action="store_true",
+                   help=f"do not restart a dead engine worker: exit {EXIT_ENGINE_DEAD} at once (for a supervisor to act)")
+    g.add_argument("--max-restarts", type=int, default=3,
+                   help=f"engine worker restarts within 10 minutes before the server exits {EXIT_ENGINE_DEAD} (default 3)")
+    g.add_argument("--heartbeat-timeout-s", type=float, default=None,
+                   help="seconds of silence from the engine worker before it is unresponsive: /health 503, requests end "
+                        "(default 3)")
     g.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     s = parser.add_argument_group("speech (a Qwen3-TTS checkpoint, or a speech deploy config)")
     s.add_argument("--deploy-config", default=None, help="serve this speech pipeline (YAML; its stages name their model)")
@@ -48,11 +62,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from edge_infer.engine.frontend import Frontend
     from edge_infer.server.lifecycle import ServeSettings
-    from edge_infer.server.state import ServerState
+    from edge_infer.server.state import RestartPolicy, ServerState
     from edge_infer.server.tool_parsers import detect_parser
 
-    if args.max_queue < 0 or args.shutdown_grace_s < 0:
-        print("error: --max-queue and --shutdown-grace-s must not be negative", file=sys.stderr)
+    if args.max_queue < 0 or args.shutdown_grace_s < 0 or args.max_restarts < 0:
+        print("error: --max-queue, --shutdown-grace-s and --max-restarts must not be negative", file=sys.stderr)
+        return 2
+    if args.max_body_bytes < 1024 or (args.heartbeat_timeout_s is not None and args.heartbeat_timeout_s <= 0):
+        print("error: --max-body-bytes must be at least 1024 and --heartbeat-timeout-s positive", file=sys.stderr)
         return 2
     from edge_infer.tts.deploy import is_qwen3_tts_checkpoint
 
@@ -75,8 +92,12 @@ def run(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         shutdown_grace_s=args.shutdown_grace_s,
         tool_call_parser=detect_parser(template) if args.tool_call_parser == "auto" else args.tool_call_parser,
+        max_body_bytes=args.max_body_bytes,
+        special_tokens_in_content=args.parse_special_tokens_in_content,
     )
-    return _serve(ServerState(frontend, settings, worker=args.worker), args)
+    restart = RestartPolicy(enabled=not args.no_restart, max_restarts=args.max_restarts)
+    state = ServerState(frontend, settings, worker=args.worker, restart=restart, heartbeat_timeout_s=args.heartbeat_timeout_s)
+    return _serve(state, args)
 
 
 def _serve(state, args: argparse.Namespace, build=None, banner=None) -> int:
@@ -106,13 +127,17 @@ def _serve(state, args: argparse.Namespace, build=None, banner=None) -> int:
             bar.n = done
             bar.refresh()
 
+        def fatal(code: int, reason: str) -> None:
+            print(f"error: {reason}; exiting with status {code}", file=sys.stderr)
+            server.exit_code = code
+            server.should_exit = True
+
+        state.on_fatal = fatal
         try:
             await state.load(progress)
         except Exception as exc:
             bar.close()
-            print(f"error: the model failed to load: {exc}", file=sys.stderr)
-            server.exit_code = 1
-            server.should_exit = True
+            fatal(EXIT_LOAD_FAILED, f"the model failed to load: {exc}")
             return
         bar.close()
         if state.phase == "ready":

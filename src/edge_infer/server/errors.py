@@ -67,7 +67,7 @@ def from_exception(exc: Exception) -> APIError:
     if isinstance(exc, EngineDeadError):
         return APIError(503, f"the engine worker is down ({exc}); restart the server", code="engine_dead")
     log.exception("unexpected error while serving a request", exc_info=exc)
-    return APIError(500, f"internal error: {type(exc).__name__}: {exc}")
+    return APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error")
 
 
 def _loc(loc: Sequence[Any]) -> str:
@@ -76,6 +76,12 @@ def _loc(loc: Sequence[Any]) -> str:
 
 
 def validation_error(errors: Sequence[dict[str, Any]]) -> APIError:
+    if errors and errors[0].get("type") == "json_invalid":
+        # FastAPI puts the character offset where a field name belongs.
+        ctx = errors[0].get("ctx") or {}
+        offset = errors[0].get("loc", ("body", "?"))[-1]
+        return APIError(400, f"the request body is not valid JSON ({ctx.get('error', 'decode error')} at character {offset})",
+                        code="invalid_json")
     lines = []
     for err in errors[:MAX_LISTED_ERRORS]:
         msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
@@ -98,11 +104,12 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return APIError(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None)).response()
+        code = "body_too_large" if exc.status_code == 413 else None
+        return APIError(exc.status_code, str(exc.detail), code=code, headers=getattr(exc, "headers", None)).response()
 
     async def _engine_error(_: Request, exc: Exception) -> JSONResponse:
         return from_exception(exc).response()
 
-    # Exception itself last: Starlette answers it from its outermost middleware (and logs it).
-    for cls in (InvalidRequestError, EngineDeadError, Exception):
+    # Any other exception reaches http.CatchAll, which answers 500 without dropping the connection.
+    for cls in (InvalidRequestError, EngineDeadError):
         app.add_exception_handler(cls, _engine_error)

@@ -1,13 +1,15 @@
 """The HTTP pieces both servers (text and speech) share.
 
 ``base_app`` builds a FastAPI app that loads the model in the background
-and closes it at exit, with OpenAI-shaped error handlers, request counting
-and the API-key check; ``EventStream`` is a streamed response that releases
-its requests however the response ends.
+and closes it at exit, with OpenAI-shaped error handlers, request counting,
+a body-size limit (413), a catch-all that turns any unexpected error into a
+well-formed 500, and the API-key check; ``EventStream`` is a streamed
+response that releases its requests however the response ends.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from contextlib import asynccontextmanager, suppress
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -15,6 +17,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edge_infer.server.errors import APIError, install_handlers
 from edge_infer.server.lifecycle import ServingState
@@ -22,6 +25,90 @@ from edge_infer.server.streaming import HEADERS, MEDIA_TYPE
 
 # The status nginx logs for a client that closed the connection first; nobody reads the body.
 CLIENT_CLOSED = 499
+log = logging.getLogger(__name__)
+
+
+async def _send_error(send: Callable, error: APIError) -> None:
+    response = error.response()
+    await response({"type": "http"}, None, send)
+
+
+class CatchAll:
+    """ASGI middleware: an exception nothing else handled becomes a 500 in the OpenAI shape, sent as a
+    normal response, so the connection stays usable (keep-alive) and the status is counted as 500.
+
+    (Starlette's own last-resort handler answers, then re-raises, and the server drops the connection.)
+    """
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = [False]
+
+        async def send_and_note(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                started[0] = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        except Exception as exc:
+            log.exception("unexpected error serving %s %s", scope.get("method"), scope.get("path"), exc_info=exc)
+            if started[0]:  # mid-body: nothing valid can follow; end the body so the response is complete
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            await _send_error(send, APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error"))
+
+
+class _BodyTooLarge(StarletteHTTPException):
+    """Raised from ``receive`` mid-body; an HTTPException so that FastAPI's body parsing passes it on
+    (it turns other exceptions into a 400) and the handlers answer it as 413."""
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``max_bytes`` gets 413 — at once when Content-Length says so,
+    otherwise as soon as the bytes received pass the limit — and is never read further."""
+
+    def __init__(self, app: Any, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _message(self, size: str) -> str:
+        return f"the request body is {size}; this server accepts at most {self.max_bytes:,} bytes (--max-body-bytes)"
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            await _send_error(send, APIError(413, self._message(f"{int(length):,} bytes"), code="body_too_large"))
+            return
+        received = [0]
+        started = [False]
+
+        async def limited_receive() -> dict:
+            message = await receive()
+            if message["type"] == "http.request":
+                received[0] += len(message.get("body", b""))
+                if received[0] > self.max_bytes:
+                    raise _BodyTooLarge(413, self._message(f"over {self.max_bytes:,} bytes"))
+            return message
+
+        async def send_and_note(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                started[0] = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, send_and_note)
+        except _BodyTooLarge as exc:  # raised where no handler saw it
+            if not started[0]:
+                await _send_error(send, APIError(413, exc.detail, code="body_too_large"))
 
 
 class RequestCounter:
@@ -73,10 +160,12 @@ def api_key_check(api_key: str | None) -> Callable[..., None]:
     def check(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
         if api_key is None:
             return
+        challenge = {"WWW-Authenticate": "Bearer"}
         if credentials is None:
-            raise APIError(401, "this server needs an API key: send 'Authorization: Bearer KEY'", code="missing_api_key")
+            raise APIError(401, "this server needs an API key: send 'Authorization: Bearer KEY'", code="missing_api_key",
+                           headers=challenge)
         if not secrets.compare_digest(credentials.credentials.encode(), api_key.encode()):
-            raise APIError(401, "the API key is wrong", code="invalid_api_key")
+            raise APIError(401, "the API key is wrong", code="invalid_api_key", headers=challenge)
 
     return check
 
@@ -106,5 +195,8 @@ def base_app(title: str, state: ServingState, loader: Callable[[], Awaitable[Non
 
     app = FastAPI(title=title, version=__version__, lifespan=lifespan)
     install_handlers(app)
+    # Outermost last: the counter sees every status, the 413s and the catch-all's 500s included.
+    app.add_middleware(CatchAll)
+    app.add_middleware(BodyLimit, max_bytes=state.settings.max_body_bytes)
     app.add_middleware(RequestCounter, metrics=state.metrics)
     return app, [Depends(api_key_check(state.settings.api_key))]

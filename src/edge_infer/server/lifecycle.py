@@ -23,6 +23,7 @@ RETRY_AFTER_S = 1
 _POLL_S = 0.05
 
 
+
 @dataclass(frozen=True)
 class ServeSettings:
     served_model_name: str
@@ -30,6 +31,9 @@ class ServeSettings:
     max_queue: int = 32
     shutdown_grace_s: float = 10.0
     tool_call_parser: str = "hermes"
+    max_body_bytes: int = 16 << 20
+    # Special-token text in chat messages and tools tokenized as control tokens (off: as plain text).
+    special_tokens_in_content: bool = False
 
 
 class LiveRequest(Protocol):
@@ -64,6 +68,8 @@ class ServingState:
         self.load_error: str | None = None
         self.in_flight = 0
         self.live: set[LiveRequest] = set()
+        # Set by the CLI: stop the server with an exit code (the model cannot serve any more).
+        self.on_fatal: Callable[[int, str], None] | None = None
 
     @property
     def capacity(self) -> int:
@@ -78,6 +84,11 @@ class ServingState:
     def down_reason(self) -> str | None:
         """Why the model cannot serve right now (a dead worker or stage), or None."""
         raise NotImplementedError
+
+    @property
+    def health_status(self) -> str:
+        """``ok``, or the engine's trouble as /health and error codes name it."""
+        return "ok" if self.down_reason() is None else "engine_dead"
 
     async def close(self) -> None:
         raise NotImplementedError
@@ -94,12 +105,12 @@ class ServingState:
             raise APIError(503, f"the model failed to load: {self.load_error}", code="engine_dead")
         down = self.down_reason()
         if down is not None:
-            raise APIError(503, f"{down}; restart the server", code="engine_dead")
+            raise APIError(503, down, code=self.health_status, headers={"Retry-After": str(RETRY_AFTER_S)})
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.settings.served_model_name:
             raise APIError(
-                400, f"model {name!r} is not served here; this server serves {self.settings.served_model_name!r} (GET /v1/models)",
+                404, f"model {name!r} is not served here; this server serves {self.settings.served_model_name!r} (GET /v1/models)",
                 param="model", code="model_not_found",
             )
 
@@ -120,6 +131,15 @@ class ServingState:
         return Admission(self, n)
 
     # -- life cycle ------------------------------------------------------------------
+
+    def stop(self, exit_code: int, reason: str) -> None:
+        """Stop serving for good: requests in flight end, the server exits with ``exit_code``."""
+        self.phase = "failed"
+        self.load_error = reason
+        for run in list(self.live):
+            run.cancel(reason)
+        if self.on_fatal is not None:
+            self.on_fatal(exit_code, reason)
 
     async def load(self, progress: Callable[[int, int], None] | None = None) -> None:
         try:

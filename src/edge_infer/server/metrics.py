@@ -41,6 +41,9 @@ class ServerMetrics:
         self.format_checks = Counter(
             "edge_infer_response_format_checks", "response_format json_object outputs checked", ["valid"], registry=r
         )
+        self.engine_restarts = Counter("edge_infer_engine_restarts", "engine workers restarted after dying", registry=r)
+        self.engine_up = Gauge("edge_infer_engine_up", "1 while the engine worker serves, 0 while it is dead, "
+                               "unresponsive or restarting", registry=r)
         self.rejected = Counter("edge_infer_admission_rejections", "requests refused with 429: admission queue full", registry=r)
         self.in_flight = Gauge("edge_infer_sequences_in_flight", "sequences admitted by the server and not yet ended", registry=r)
         self.queue_depth = Gauge("edge_infer_queue_depth", "sequences waiting in the engine for a slot", registry=r)
@@ -58,8 +61,11 @@ class ServerMetrics:
     def count_request(self, path: str, status: int) -> None:
         self.requests.labels(path if path in KNOWN_PATHS else "other", str(status)).inc()
 
-    def render(self, stats: CoreStats, in_flight: int) -> bytes:
+    def render(self, stats: CoreStats | None, in_flight: int) -> bytes:
+        """The registry as text; ``stats`` None: the engine is down (its gauges read 0, not stale values)."""
         self.in_flight.set(in_flight)
+        self.engine_up.set(0 if stats is None else 1)
+        stats = stats or CoreStats()
         self.queue_depth.set(stats.num_waiting)
         self.running.set(stats.num_running)
         self.kv_used.set(stats.kv_blocks_used)

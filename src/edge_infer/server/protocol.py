@@ -22,8 +22,49 @@ SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 
 class _Request(BaseModel):
-    # Unknown fields are tolerated (clients send newer ones) and logged by the server.
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    # Unknown fields are tolerated (clients send newer ones) and logged by the server. Types are strict, as
+    # OpenAI's are: "max_tokens": "4" or "stream": "yes" is a 400, not a guess.
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
+
+
+def unencodable_text(value: Any, path: str = "") -> str | None:
+    """Where ``value`` (parsed JSON) holds text that is not valid Unicode — a lone UTF-16 surrogate, which
+    JSON's \\u escapes can spell but UTF-8 cannot — as a message naming the field; None when all is valid."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            where = path or "the request"
+            return (f"{where}: text is not valid Unicode (a lone surrogate U+{ord(value[exc.start]):04X} at character "
+                    f"{exc.start}); send UTF-8 text")
+        return None
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        # Lists of numbers (token ids) are left to the field types: only text can be invalid here.
+        if not value or not isinstance(value[0], (str, dict, list)):
+            return None
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        if isinstance(key, str) and (problem := unencodable_text(key, path)) is not None:
+            return problem
+        if (problem := unencodable_text(item, f"{path}.{key}" if path else str(key))) is not None:
+            return problem
+    return None
+
+
+class _TopRequest(_Request):
+    """A whole request body: its text is checked to be valid Unicode before any field is read."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        problem = unencodable_text(data)
+        if problem is not None:
+            raise ValueError(problem)
+        return data
 
 
 class _Response(BaseModel):
@@ -66,7 +107,7 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
-class SamplingFields(_Request):
+class SamplingFields(_TopRequest):
     """The sampling knobs that chat and completions share (OpenAI names, plus vLLM's extras)."""
 
     model: str | None = Field(None, description="the served model name; defaults to it")

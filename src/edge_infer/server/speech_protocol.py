@@ -15,10 +15,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from edge_infer.server.protocol import SEED_MAX, SEED_MIN, _Request, _Response
+from edge_infer.server.protocol import SEED_MAX, SEED_MIN, _Response, _TopRequest
 
 
-class SpeechRequest(_Request):
+class SpeechRequest(_TopRequest):
     model: str | None = None
     input: str
     voice: str

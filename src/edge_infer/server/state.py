@@ -1,27 +1,126 @@
-"""What a text server knows: its engine and frontend, on top of the shared serving state."""
+"""What a text server knows: its engine and frontend, on top of the shared serving state.
+
+The engine worker is supervised: a worker that dies is restarted (with a
+growing back-off, at most ``RestartPolicy.max_restarts`` times within
+``window_s``), one that stops responding for ``kill_unresponsive_s`` is
+killed first. When the policy is spent, or restarts are off, the server
+stops with ``EXIT_ENGINE_DEAD`` so that its own supervisor (systemd, Docker,
+Kubernetes) notices.
+"""
 from __future__ import annotations
 
-from typing import Callable
+import asyncio
+import logging
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
 
 from edge_infer.engine.async_engine import AsyncEngine
 from edge_infer.engine.frontend import Frontend
 from edge_infer.models.config import ModelConfig
+from edge_infer.server.exit_codes import EXIT_ENGINE_DEAD
 from edge_infer.server.lifecycle import ServeSettings, ServingState
 from edge_infer.server.metrics import ServerMetrics
 
+log = logging.getLogger(__name__)
+_SUPERVISE_INTERVAL_S = 0.2
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    enabled: bool = True
+    max_restarts: int = 3  # within window_s; one more death stops the server
+    window_s: float = 600.0
+    backoff_s: float = 0.5  # before the first restart of a window; doubled for each further one
+    kill_unresponsive_s: float = 60.0  # an unresponsive worker is killed (then restarted) after this long
+
 
 class ServerState(ServingState):
-    def __init__(self, frontend: Frontend, settings: ServeSettings, worker: str = "process"):
+    def __init__(self, frontend: Frontend, settings: ServeSettings, worker: str = "process",
+                 restart: RestartPolicy = RestartPolicy(), heartbeat_timeout_s: float | None = None):
         super().__init__(settings, ServerMetrics(frontend.plan), frontend.engine_config.max_num_seqs)
         self.frontend = frontend
-        self.engine = AsyncEngine(frontend, worker=worker)
+        extra = {} if heartbeat_timeout_s is None else {"heartbeat_timeout_s": heartbeat_timeout_s}
+        self.engine = AsyncEngine(frontend, worker=worker, **extra)
         self.vocab_size = ModelConfig.from_dir(frontend.plan.model).vocab_size
+        frontend.specials_in_content = settings.special_tokens_in_content
+        if frontend.tokenizer is not None:
+            frontend.tokenizer.max_token_chars  # noqa: B018 - computed now, not in the first request
+        # Tokenizing and rendering run here, off the event loop: one large prompt must not stall the others.
+        self._prep = ThreadPoolExecutor(1, thread_name_prefix="edge-infer-prep")
+        self.restart_policy = restart
+        self.restarting = False
+        self._restarts: deque[float] = deque()  # monotonic times of restarts in the current window
+        self._supervisor: asyncio.Task | None = None
 
     async def _start(self, progress: Callable[[int, int], None] | None) -> None:
         await self.engine.start(progress)
+        self._supervisor = asyncio.ensure_future(self._supervise())
 
     def down_reason(self) -> str | None:
-        return None if self.engine.healthy else f"the engine worker is down ({self.engine.dead_reason})"
+        if self.restarting:
+            return "the engine worker died and is restarting"
+        reason = self.engine.down_reason
+        return None if reason is None and self.engine.healthy else f"the engine worker is down ({reason or 'not running'})"
+
+    @property
+    def health_status(self) -> str:
+        """``ok``, or what is wrong with the engine: engine_restarting, engine_unresponsive or engine_dead."""
+        if self.restarting:
+            return "engine_restarting"
+        if self.engine.healthy:
+            return "ok"
+        return "engine_unresponsive" if self.engine.hung_reason and not self.engine.dead_reason else "engine_dead"
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the preparation thread (tokenizing, template rendering)."""
+        return await asyncio.get_running_loop().run_in_executor(self._prep, fn, *args)
 
     async def close(self) -> None:
+        if self._supervisor is not None:
+            self._supervisor.cancel()
         await self.engine.close()
+        self._prep.shutdown(wait=False)
+
+    async def _supervise(self) -> None:
+        while True:
+            await asyncio.sleep(_SUPERVISE_INTERVAL_S)
+            if self.phase != "ready":
+                continue
+            engine = self.engine
+            if engine.hung_reason and not engine.dead_reason and engine.silent_s() > self.restart_policy.kill_unresponsive_s:
+                log.error("killing the engine worker: %s", engine.hung_reason)
+                engine.kill_worker()
+                continue
+            if engine.dead_reason is not None:
+                await self._restart_or_stop(engine.dead_reason)
+
+    async def _restart_or_stop(self, reason: str) -> None:
+        policy = self.restart_policy
+        now = time.monotonic()
+        while self._restarts and now - self._restarts[0] > policy.window_s:
+            self._restarts.popleft()
+        if not policy.enabled or len(self._restarts) >= policy.max_restarts:
+            why = "restarts are off (--no-restart)" if not policy.enabled else (
+                f"it died {len(self._restarts) + 1} times within {policy.window_s:g} s (--max-restarts {policy.max_restarts})")
+            self.stop(EXIT_ENGINE_DEAD, f"{reason}; not restarting: {why}")
+            await asyncio.sleep(3600)  # the server is shutting down around this task
+            return
+        delay = policy.backoff_s * 2 ** len(self._restarts)
+        self._restarts.append(now)
+        self.restarting = True
+        log.error("%s; restarting it in %.1f s (restart %d of at most %d within %g s)",
+                  reason, delay, len(self._restarts), policy.max_restarts, policy.window_s)
+        try:
+            await asyncio.sleep(delay)
+            await self.engine.restart()
+            self.metrics.engine_restarts.inc()
+            log.warning("the engine worker is back (pid %s)", self.engine.worker_pid)
+        except Exception as exc:  # counted against the policy; the next tick tries again or stops
+            log.error("restarting the engine worker failed: %s", exc)
+            self.engine.dead_reason = f"restarting the engine worker failed: {exc}"
+        finally:
+            self.restarting = False
