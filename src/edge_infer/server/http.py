@@ -28,6 +28,19 @@ CLIENT_CLOSED = 499
 log = logging.getLogger(__name__)
 
 
+class _NotedSend:
+    """An ASGI ``send`` that notes the response's status once it has started."""
+
+    def __init__(self, send: Callable):
+        self.send = send
+        self.status: int | None = None
+
+    async def __call__(self, message: dict) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        await self.send(message)
+
+
 async def _send_error(send: Callable, error: APIError) -> None:
     response = error.response()
     await response({"type": "http"}, None, send)
@@ -47,18 +60,12 @@ class CatchAll:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = [False]
-
-        async def send_and_note(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                started[0] = True
-            await send(message)
-
+        noted = _NotedSend(send)
         try:
-            await self.app(scope, receive, send_and_note)
+            await self.app(scope, receive, noted)
         except Exception as exc:
             log.exception("unexpected error serving %s %s", scope.get("method"), scope.get("path"), exc_info=exc)
-            if started[0]:  # mid-body: nothing valid can follow; end the body so the response is complete
+            if noted.status is not None:  # mid-body: nothing valid can follow; end the body so the response is complete
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return
             await _send_error(send, APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error"))
@@ -89,7 +96,7 @@ class BodyLimit:
             await _send_error(send, APIError(413, self._message(f"{int(length):,} bytes"), code="body_too_large"))
             return
         received = [0]
-        started = [False]
+        noted = _NotedSend(send)
 
         async def limited_receive() -> dict:
             message = await receive()
@@ -99,15 +106,10 @@ class BodyLimit:
                     raise _BodyTooLarge(413, self._message(f"over {self.max_bytes:,} bytes"))
             return message
 
-        async def send_and_note(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                started[0] = True
-            await send(message)
-
         try:
-            await self.app(scope, limited_receive, send_and_note)
+            await self.app(scope, limited_receive, noted)
         except _BodyTooLarge as exc:  # raised where no handler saw it
-            if not started[0]:
+            if noted.status is None:
                 await _send_error(send, APIError(413, exc.detail, code="body_too_large"))
 
 
@@ -122,17 +124,11 @@ class RequestCounter:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        status = [CLIENT_CLOSED]
-
-        async def send_and_note(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
+        noted = _NotedSend(send)
         try:
-            await self.app(scope, receive, send_and_note)
+            await self.app(scope, receive, noted)
         finally:
-            self.metrics.count_request(scope["path"], status[0])
+            self.metrics.count_request(scope["path"], CLIENT_CLOSED if noted.status is None else noted.status)
 
 
 class EventStream(StreamingResponse):
