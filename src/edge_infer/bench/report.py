@@ -28,8 +28,11 @@ def provenance_line(result: GridResult) -> str:
     p = result.provenance
     commits = ", ".join(f"{g.commit[:10]}{' (dirty)' if g.dirty else ''}" for g in p.git) or "not in a git repository"
     cores = ",".join(map(str, result.settings.cores))
+    isa = f"ISA {p.cpu_isa}" if p.cpu_isa else "ISA not recorded (measured before provenance named it)"
+    if p.cpu_masked:
+        isa += f", masked by EDGE_INFER_CPU_FEATURES (hides {' '.join(p.cpu_masked)})"
     return (
-        f"Host `{p.host}`, CPU {p.cpu_model or 'unknown'} ({p.cpu_count} cores), target cores {cores}; "
+        f"Host `{p.host}`, CPU {p.cpu_model or 'unknown'} ({p.cpu_count} cores; {isa}), target cores {cores}; "
         f"commit {commits}; python {p.python}, torch {p.packages.get('torch') or 'absent'}; "
         f"started {p.started_at}; {result.settings.passes} rotated passes."
     )
