@@ -210,18 +210,19 @@ def test_an_unexpected_error_is_a_counted_500_that_keeps_the_connection(served_m
 
     from edge_infer.engine.frontend import Frontend
     from edge_infer.server.app import build_app
-    from edge_infer.server.state import ServerState, ServeSettings
+    from edge_infer.server.service import ServeSettings
+    from edge_infer.server.text_service import TextService
 
-    state = ServerState(Frontend.create(served_model), ServeSettings(served_model_name="m"))
-    state.engine = BrokenEngine()
+    service = TextService(Frontend.create(served_model), ServeSettings(served_model_name="m"))
+    service.engine = BrokenEngine()
 
     async def ready() -> None:
-        state.phase = "ready"
+        service.phase = "ready"
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(build_app(state, ready), port=port, log_level="critical"))
+    server = uvicorn.Server(uvicorn.Config(build_app([service], ready), port=port, log_level="critical"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:

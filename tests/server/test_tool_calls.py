@@ -18,7 +18,8 @@ from edge_infer.engine.frontend import Frontend, demo_model_dir
 from edge_infer.engine.protocol import CoreStats
 from edge_infer.engine.streams import RequestStream, StreamEvent
 from edge_infer.server.app import build_app
-from edge_infer.server.state import ServerState, ServeSettings
+from edge_infer.server.service import ServeSettings
+from edge_infer.server.text_service import TextService
 
 WEATHER_TOOL = {
     "type": "function",
@@ -65,13 +66,13 @@ def frontend(served_model) -> Frontend:
 
 
 def client_for(frontend: Frontend, text: str, parser: str = "hermes") -> TestClient:
-    state = ServerState(frontend, ServeSettings(served_model_name="m", tool_call_parser=parser))
-    state.engine = ScriptedEngine(text)
+    service = TextService(frontend, ServeSettings(served_model_name="m", tool_call_parser=parser))
+    service.engine = ScriptedEngine(text)
 
     async def ready() -> None:
-        state.phase = "ready"
+        service.phase = "ready"
 
-    return TestClient(build_app(state, ready))
+    return TestClient(build_app([service], ready))
 
 
 def stream_chunks(client: TestClient, body: dict) -> list[dict]:

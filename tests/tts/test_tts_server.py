@@ -134,3 +134,4 @@ def test_a_dead_code2wav_worker_makes_the_server_unhealthy_503(server) -> None:
     assert "stage 1" in httpx.get(server.base_url + "/health").json()["detail"]
     response = speech(server, input="Anyone there?")
     assert response.status_code == 503 and response.json()["error"]["code"] == "engine_dead"
+

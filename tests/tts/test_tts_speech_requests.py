@@ -5,19 +5,19 @@ import pytest
 
 from edge_infer.server.errors import APIError
 from edge_infer.server.speech_protocol import SpeechRequest
-from edge_infer.server.speech_state import SpeechServerState
-from edge_infer.server.state import ServeSettings
+from edge_infer.server.speech_service import SpeechService
+from edge_infer.server.service import ServeSettings
 from edge_infer.tts.deploy import EngineFlags, SpeechPipeline
 from tts_helpers import TINY
 
 
 @pytest.fixture(scope="module")
-def state() -> SpeechServerState:
+def state() -> SpeechService:
     pipeline = SpeechPipeline.for_checkpoint(TINY, engine=EngineFlags(dtype="float32", max_model_len=64))
-    return SpeechServerState(pipeline, ServeSettings(served_model_name="tiny"), max_input_chars=500)
+    return SpeechService(pipeline, ServeSettings(served_model_name="tiny"), max_input_chars=500)
 
 
-def refused(state: SpeechServerState, **body) -> APIError:
+def refused(state: SpeechService, **body) -> APIError:
     with pytest.raises(APIError) as info:
         state.prepare(SpeechRequest(**{"input": "Hello.", "voice": "ryan", **body}))
     assert info.value.status == 400

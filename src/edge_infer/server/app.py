@@ -1,139 +1,90 @@
-"""The text server's FastAPI application: models, completions, chat, health, metrics.
+"""The server's FastAPI application: the shared routes, and each served model's route set.
 
-Serving a request: readiness (503), model name and parameters (400),
-admission (429), then the engine requests start (a prompt that does not fit
-is a 400 here) and the response is streamed or collected. A client that
-disconnects, streaming or not, cancels its engine requests.
+``/health``, ``/metrics``, ``/v1/models`` and ``/v1/models/{id}`` are
+written once, over every served model (a text model, a speech model, or
+both in one process); each model's own routes come from its kind's router.
+A route of a kind nobody serves answers 404 saying what this server does
+serve.
 """
 from __future__ import annotations
 
 import asyncio
-import logging
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from edge_infer.server import serving_chat, serving_completions
 from edge_infer.server.errors import APIError
-from edge_infer.server.generation import Generation
-from edge_infer.server.http import CLIENT_CLOSED, EventStream, base_app, wait_disconnected
-from edge_infer.server.protocol import (
-    ChatCompletionRequest,
-    ChatCompletionResponse,
-    CompletionRequest,
-    CompletionResponse,
-    ErrorResponse,
-    ModelCard,
-    ModelList,
-    SamplingFields,
-)
-from edge_infer.server.state import ServerState
-from edge_infer.server.streaming import MEDIA_TYPE
+from edge_infer.server.http import base_app
+from edge_infer.server.protocol import ModelCard, ModelList
+from edge_infer.server.responses import ERROR_RESPONSES
+from edge_infer.server.service import Service
+from edge_infer.server.speech_routes import speech_router
+from edge_infer.server.text_routes import text_router
 
-log = logging.getLogger(__name__)
-
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse, "description": text}
-    for code, text in {
-        400: "invalid parameters, or a prompt that does not fit max_model_len",
-        401: "missing or wrong API key (when the server has one)",
-        404: "the model is not served here (model_not_found)",
-        413: "the request body is larger than --max-body-bytes",
-        429: "admission queue full; see the Retry-After header",
-        503: "loading, shutting down, or the engine worker is down",
-    }.items()
-}
-STREAM_RESPONSE = {"content": {MEDIA_TYPE: {"schema": {"type": "string"}}}, "description": "with stream=true: server-sent events"}
+ROUTERS = {"text": text_router, "speech": speech_router}
+# The routes of each kind, answered with a pointer to what is served when no model of that kind is.
+KIND_PATHS = {"text": ("/v1/chat/completions", "/v1/completions"), "speech": ("/v1/audio/speech", "/v1/audio/voices")}
 
 
-def build_app(state: ServerState, loader: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
-    """The app; ``loader`` loads the engine in the background (default: ``state.load``)."""
-    app, auth = base_app("edge-infer", state, loader)
-    unknown_fields: set[str] = set()
+def build_app(services: Sequence[Service], loader: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
+    """The app over ``services`` (one shared metrics registry); ``loader`` loads them (default: each one's load)."""
+    services = list(services)
+    shared = services[0].metrics.shared
+    app, auth = base_app(services, shared, loader)
 
-    def admit_and_start(body: SamplingFields, job: Any) -> tuple[Generation, Any]:
-        extra = set(body.model_extra or ()) - unknown_fields
-        if extra:
-            unknown_fields.update(extra)
-            log.warning("ignoring request fields edge-infer does not know: %s", ", ".join(sorted(extra)))
-        ticket = state.admit(body.n * len(job.prompts))
-        try:
-            return Generation(state, job.prompts, job.params, stream=body.stream), ticket
-        except BaseException:
-            ticket.release()
-            raise
-
-    async def respond(request: Request, body: SamplingFields, job: Any, module: Any) -> Response:
-        gen, ticket = admit_and_start(body, job)
-        if body.stream:
-
-            def close() -> None:
-                gen.close()
-                ticket.release()
-
-            return EventStream(module.stream(state, job, gen), close)
-        work = asyncio.ensure_future(module.complete(state, job, gen))
-        watch = asyncio.ensure_future(wait_disconnected(request))
-        try:
-            done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-            if work not in done:
-                gen.cancel("the client disconnected")
-                work.cancel()
-                return Response(status_code=CLIENT_CLOSED)
-            return JSONResponse(work.result().model_dump(exclude_none=True))
-        finally:
-            watch.cancel()
-            gen.close()
-            ticket.release()
-
-    @app.get("/health", responses={503: {"description": "loading, shutting down, or the engine worker is dead, "
+    @app.get("/health", responses={503: {"description": "loading, shutting down, or a model's engine is dead, "
                                                        "unresponsive or restarting (see status and detail)"}})
     async def health() -> JSONResponse:
-        if state.phase == "ready" and state.health_status == "ok":
-            return JSONResponse({"status": "ok"})
-        status = state.phase if state.phase != "ready" else state.health_status
-        detail = state.load_error if state.phase != "ready" else state.down_reason()
-        return JSONResponse({"status": status, "detail": detail}, status_code=503)
+        reports = {s.settings.served_model_name: s.health() for s in services}
+        body: dict[str, Any] = {}
+        for status, detail, extra in reports.values():  # the first model in trouble speaks for the server
+            if status != "ok":
+                body = {"status": status, "detail": detail, **extra}
+                break
+        else:
+            body = {"status": "ok", **next(iter(reports.values()))[2]}
+        if len(services) > 1:
+            body["models"] = {name: {"status": st, "detail": d} for name, (st, d, _) in reports.items()}
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
     @app.get("/metrics", response_class=Response)
     async def metrics() -> Response:
-        stats = await state.engine.refresh_stats() if state.engine.healthy else None
-        return Response(state.metrics.render(stats, state.in_flight), media_type=CONTENT_TYPE_LATEST)
+        await asyncio.gather(*(s.refresh_metrics() for s in services))
+        return Response(shared.render(), media_type=CONTENT_TYPE_LATEST)
 
-    def model_card() -> ModelCard:
-        if state.phase == "ready" and (down := state.down_reason()) is not None:
-            raise APIError(503, down, code=state.health_status)
-        return ModelCard(id=state.settings.served_model_name, created=state.created,
-                         max_model_len=state.frontend.max_model_len, runtime=state.frontend.runtime_summary())
+    def card(service: Service) -> ModelCard:
+        if service.phase == "ready" and (down := service.down_reason()) is not None:
+            raise APIError(503, down, code=service.health_status)
+        return service.model_card()
 
     @app.get("/v1/models", dependencies=auth, response_model=ModelList, responses=ERROR_RESPONSES)
     async def models() -> ModelList:
-        return ModelList(data=[model_card()])
+        return ModelList(data=[card(s) for s in services])
 
     @app.get("/v1/models/{model_id:path}", dependencies=auth, response_model=ModelCard, responses=ERROR_RESPONSES)
     async def model(model_id: str) -> ModelCard:
-        state.check_model(model_id)
-        return model_card()
+        for service in services:
+            if service.settings.served_model_name == model_id:
+                return card(service)
+        services[0].check_model(model_id)  # raises the 404 naming what is served
 
-    @app.post(
-        "/v1/chat/completions", dependencies=auth, response_model=ChatCompletionResponse,
-        responses={**ERROR_RESPONSES, 200: STREAM_RESPONSE},
-    )
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        state.check_ready()
-        state.check_model(body.model)
-        return await respond(request, body, await state.off_loop(serving_chat.prepare, state, body), serving_chat)
-
-    @app.post(
-        "/v1/completions", dependencies=auth, response_model=CompletionResponse,
-        responses={**ERROR_RESPONSES, 200: STREAM_RESPONSE},
-    )
-    async def completions(body: CompletionRequest, request: Request) -> Response:
-        state.check_ready()
-        state.check_model(body.model)
-        return await respond(request, body, await state.off_loop(serving_completions.prepare, state, body),
-                             serving_completions)
-
+    for service in services:
+        app.include_router(ROUTERS[service.kind](service, auth))
+    served = {s.kind for s in services}
+    for kind, paths in KIND_PATHS.items():
+        if kind not in served:
+            _point_elsewhere(app, kind, paths, services)
     return app
+
+
+def _point_elsewhere(app: FastAPI, kind: str, paths: tuple[str, ...], services: list[Service]) -> None:
+    names = ", ".join(f"{s.settings.served_model_name!r} ({s.kind})" for s in services)
+    endpoints = ", ".join(p for s in services for p in KIND_PATHS[s.kind])
+
+    async def not_served() -> None:
+        raise APIError(404, f"this server serves no {kind} model: it serves {names} at {endpoints}", code=f"not_a_{kind}_model")
+
+    for path in paths:
+        app.add_api_route(path, not_served, methods=["GET", "POST"], include_in_schema=False)

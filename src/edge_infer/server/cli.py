@@ -1,11 +1,20 @@
-"""``edge-infer serve``: plan, then serve the model over an OpenAI-compatible HTTP API.
+"""``edge-infer serve``: plan, then serve a text model, a speech model, or both, over an OpenAI-compatible API.
 
-The memory plan runs first; a plan that does not fit is printed and the
-command exits 1 before anything is loaded. HTTP comes up at once (``/health``
-answers 503 while the weights load, with a progress bar on a terminal); the
-URL and a ``curl`` line are printed when the model is ready. SIGTERM or
-Ctrl-C: no new requests, in-flight ones get ``--shutdown-grace-s`` seconds to
-finish and are then cancelled, the worker is stopped, and the exit status is 0.
+``MODEL`` is a text checkpoint or a Qwen3-TTS one; ``--deploy-config`` names
+a speech pipeline; ``--speech DIR`` adds a speech model beside a text one, in
+the same process and on the same port. Every memory plan runs first; a plan
+that does not fit is printed and the command exits 1 before anything is
+loaded. HTTP comes up at once (``/health`` answers 503 while the weights
+load, with a progress bar on a terminal); the URL and a ``curl`` line per
+model are printed when they are ready. SIGTERM or Ctrl-C: no new requests,
+in-flight ones get ``--shutdown-grace-s`` seconds to finish and are then
+cancelled, the workers are stopped, and the exit status is 0 (exit codes:
+``server.exit_codes``).
+
+For a speech model the engine flags map onto its two stages: ``--dtype``,
+``--max-num-seqs`` and ``--num-threads`` onto both, ``--max-model-len``,
+``--max-num-batched-tokens``, ``--kv-cache-memory-bytes`` and
+``--quantization`` onto the Talker; ``--stage-overrides`` comes last.
 """
 from __future__ import annotations
 
@@ -15,9 +24,13 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from edge_infer.engine.cli_args import add_engine_args, engine_settings
 from edge_infer.server.exit_codes import EXIT_ENGINE_DEAD, EXIT_LOAD_FAILED
+
+if TYPE_CHECKING:  # pragma: no cover
+    from edge_infer.server.service import ServeSettings
 
 API_KEY_ENV = "EDGE_INFER_API_KEY"
 DEFAULT_MAX_BODY_BYTES = 16 << 20
@@ -54,54 +67,98 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "(default 3)")
     g.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     s = parser.add_argument_group("speech (a Qwen3-TTS checkpoint, or a speech deploy config)")
+    s.add_argument("--speech", default=None, metavar="DIR", help="also serve this Qwen3-TTS checkpoint (beside the text MODEL)")
     s.add_argument("--deploy-config", default=None, help="serve this speech pipeline (YAML; its stages name their model)")
     s.add_argument("--stage-overrides", default=None, help='JSON per stage id, e.g. \'{"1": {"engine": {"dtype": "float32"}}}\'')
     s.add_argument("--max-input-chars", type=int, default=4096, help="longest /v1/audio/speech input accepted (default 4096)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from edge_infer.engine.frontend import Frontend
-    from edge_infer.server.lifecycle import ServeSettings
-    from edge_infer.server.state import RestartPolicy, ServerState
-    from edge_infer.server.tool_parsers import detect_parser
-
     if args.max_queue < 0 or args.shutdown_grace_s < 0 or args.max_restarts < 0:
         print("error: --max-queue, --shutdown-grace-s and --max-restarts must not be negative", file=sys.stderr)
         return 2
     if args.max_body_bytes < 1024 or (args.heartbeat_timeout_s is not None and args.heartbeat_timeout_s <= 0):
         print("error: --max-body-bytes must be at least 1024 and --heartbeat-timeout-s positive", file=sys.stderr)
         return 2
+    from edge_infer.runtime.config import DeployConfigError
+    from edge_infer.runtime.omni import DeployRefused
+    from edge_infer.server.metrics import SharedMetrics
     from edge_infer.tts.deploy import is_qwen3_tts_checkpoint
 
-    if args.deploy_config or (args.model and is_qwen3_tts_checkpoint(args.model)):
-        from edge_infer.server.speech_cli import serve_speech
+    shared = SharedMetrics()
+    speech_only = bool(args.deploy_config) or bool(args.model and is_qwen3_tts_checkpoint(args.model))
+    try:
+        services = [] if speech_only else [_text_service(args, shared)]
+        if speech_only or args.speech:
+            services.append(_speech_service(args, shared, args.model if speech_only else args.speech))
+    except DeployRefused as exc:
+        print(exc.plan.render(), file=sys.stderr)
+        print("error: the pipeline does not fit; lower a stage's reservation (nothing was started)", file=sys.stderr)
+        return 1
+    except (DeployConfigError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return _serve(services, args)
 
-        return serve_speech(args, _serve)
+
+def _settings(args: argparse.Namespace, name: str, **kind_settings: Any) -> "ServeSettings":
+    from edge_infer.server.service import ServeSettings
+
+    return ServeSettings(
+        served_model_name=name, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None, max_queue=args.max_queue,
+        shutdown_grace_s=args.shutdown_grace_s, max_body_bytes=args.max_body_bytes, **kind_settings,
+    )
+
+
+def _text_service(args: argparse.Namespace, shared: Any) -> Any:
+    from edge_infer.engine.frontend import Frontend
+    from edge_infer.server.text_service import RestartPolicy, TextService
+    from edge_infer.server.tool_parsers import detect_parser
+
     # A refused plan or a bad checkpoint is reported by edge_infer.cli in one line (nothing loaded).
     frontend = Frontend.create(args.model, frontend="server", **engine_settings(args))
     plan = frontend.plan
-    print(
-        f"memory plan: steady {plan.steady_bytes / 2**20:,.1f} MiB, load peak {plan.load_peak_bytes / 2**20:,.1f} MiB, "
-        f"{plan.available_bytes / 2**20:,.1f} MiB available: admitted",
-        file=sys.stderr,
-    )
+    print(f"memory plan: steady {plan.steady_bytes / 2**20:,.1f} MiB, load peak {plan.load_peak_bytes / 2**20:,.1f} MiB, "
+          f"{plan.available_bytes / 2**20:,.1f} MiB available: admitted", file=sys.stderr)
     template = frontend.tokenizer.chat_template if frontend.tokenizer else None
-    settings = ServeSettings(
-        served_model_name=args.served_model_name or Path(plan.model).name,
-        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-        max_queue=args.max_queue,
-        shutdown_grace_s=args.shutdown_grace_s,
+    settings = _settings(
+        args, args.served_model_name or Path(plan.model).name,
         tool_call_parser=detect_parser(template) if args.tool_call_parser == "auto" else args.tool_call_parser,
-        max_body_bytes=args.max_body_bytes,
         special_tokens_in_content=args.parse_special_tokens_in_content,
     )
     restart = RestartPolicy(enabled=not args.no_restart, max_restarts=args.max_restarts)
-    state = ServerState(frontend, settings, worker=args.worker, restart=restart, heartbeat_timeout_s=args.heartbeat_timeout_s)
-    return _serve(state, args)
+    return TextService(frontend, settings, worker=args.worker, restart=restart,
+                       heartbeat_timeout_s=args.heartbeat_timeout_s, shared=shared)
 
 
-def _serve(state, args: argparse.Namespace, build=None, banner=None) -> int:
-    """Run uvicorn over ``build(state, load)`` (the text app by default); SIGTERM drains ``state``."""
+def _speech_service(args: argparse.Namespace, shared: Any, model: str | None) -> Any:
+    from edge_infer.runtime.config import load_deploy_config
+    from edge_infer.server.speech_service import SpeechService
+    from edge_infer.tts.deploy import EngineFlags, SpeechPipeline
+
+    speech_only = model == args.model
+    if speech_only and (args.group_size or args.asym or args.quantize_head):
+        raise ValueError("--group-size, --asym and --quantize-head are text-model options; the Talker uses the defaults "
+                         "of --quantization")
+    if args.deploy_config:
+        if args.model:
+            raise ValueError("give a checkpoint directory or --deploy-config (whose stages name their model), not both")
+        pipeline = SpeechPipeline.from_config(load_deploy_config(args.deploy_config, args.stage_overrides))
+    else:
+        # Beside a text model, the engine flags are the text model's: the speech stages keep their defaults.
+        flags = EngineFlags(dtype=args.dtype, max_num_seqs=args.max_num_seqs, num_threads=args.num_threads,
+                            max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens,
+                            kv_cache_memory_bytes=args.kv_cache_memory_bytes, quantization=args.quantization) \
+            if speech_only else None
+        pipeline = SpeechPipeline.for_checkpoint(model, args.stage_overrides, flags)
+    name = args.served_model_name if speech_only and args.served_model_name else Path(pipeline.model or "speech").name
+    service = SpeechService(pipeline, _settings(args, name), args.max_input_chars, shared=shared)
+    print(service.omni.plan.render(), file=sys.stderr)
+    return service
+
+
+def _serve(services: list[Any], args: argparse.Namespace) -> int:
+    """Run uvicorn over the app of ``services``; SIGTERM drains them."""
     import asyncio
 
     import uvicorn
@@ -114,38 +171,43 @@ def _serve(state, args: argparse.Namespace, build=None, banner=None) -> int:
 
         def handle_exit(self, sig: int, frame) -> None:
             if not self.should_exit and loop is not None:
-                loop.call_soon_threadsafe(lambda: asyncio.ensure_future(state.drain()))
+                for service in services:
+                    loop.call_soon_threadsafe(lambda s=service: asyncio.ensure_future(s.drain()))
             super().handle_exit(sig, frame)
 
-    async def load() -> None:
-        nonlocal loop
-        loop = asyncio.get_running_loop()
-        bar = tqdm(desc="loading weights", unit="tensor", file=sys.stderr, disable=None, leave=False)
+    def fatal(code: int, reason: str) -> None:
+        print(f"error: {reason}; exiting with status {code}", file=sys.stderr)
+        server.exit_code = code
+        server.should_exit = True
+
+    async def load_one(service: Any) -> None:
+        bar = tqdm(desc=f"loading {service.settings.served_model_name}", unit="tensor", file=sys.stderr, disable=None,
+                   leave=False)
 
         def progress(done: int, total: int) -> None:
             bar.total = total
             bar.n = done
             bar.refresh()
 
-        def fatal(code: int, reason: str) -> None:
-            print(f"error: {reason}; exiting with status {code}", file=sys.stderr)
-            server.exit_code = code
-            server.should_exit = True
-
-        state.on_fatal = fatal
+        service.on_fatal = fatal
         try:
-            await state.load(progress)
+            await service.load(progress)
         except Exception as exc:
-            bar.close()
-            fatal(EXIT_LOAD_FAILED, f"the model failed to load: {exc}")
+            fatal(EXIT_LOAD_FAILED, f"{service.settings.served_model_name} failed to load: {exc}")
             return
-        bar.close()
-        if state.phase == "ready":
-            print((banner or _banner)(state, args), flush=True)
+        finally:
+            bar.close()
+        if service.phase == "ready":
+            print(_banner(service, args), flush=True)
+
+    async def load() -> None:
+        nonlocal loop
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(load_one(s) for s in services))
 
     loop = None
     config = uvicorn.Config(
-        (build or build_app)(state, load), host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+        build_app(services, load), host=args.host, port=args.port, log_level=args.log_level, access_log=False,
         timeout_graceful_shutdown=args.shutdown_grace_s + UVICORN_GRACE_MARGIN_S,
     )
     server = Server(config)
@@ -159,17 +221,24 @@ def _serve(state, args: argparse.Namespace, build=None, banner=None) -> int:
     return server.exit_code
 
 
-def _banner(state, args: argparse.Namespace) -> str:
-    info = state.engine.ready_info
+def _banner(service: Any, args: argparse.Namespace) -> str:
+    """What is served where, and a curl line to try it."""
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
     base = f"http://{host}:{args.port}"
-    name = state.settings.served_model_name
-    body = json.dumps({"model": name, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 64})
-    auth = f' -H "Authorization: Bearer ${API_KEY_ENV}"' if state.settings.api_key else ""
+    name = service.settings.served_model_name
+    auth = f' -H "Authorization: Bearer ${API_KEY_ENV}"' if service.settings.api_key else ""
+    if service.kind == "speech":
+        stages = " -> ".join(s.name or s.executor for s in service.pipeline.config.stages)
+        what, path, extra = f"speech: {stages}; voices: {', '.join(service.voices)}", "/v1/audio/speech", " -o hello.wav"
+        body = {"model": name, "input": "Hello from the edge!", "voice": service.voices[0]}
+    else:
+        info = service.engine.ready_info
+        what = (f"loaded in {info.load_s:.1f} s: {info.dtype}, {info.weight_bytes / 2**20:,.1f} MiB weights, KV cache "
+                f"{info.kv_cache_bytes / 2**20:,.1f} MiB = {info.kv_blocks} blocks, {info.num_threads} threads")
+        path, extra = "/v1/chat/completions", ""
+        body = {"model": name, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 64}
     return "\n".join([
-        f"loaded {name} in {info.load_s:.1f} s ({info.dtype}, {info.weight_bytes / 2**20:,.1f} MiB weights, "
-        f"KV cache {info.kv_cache_bytes / 2**20:,.1f} MiB = {info.kv_blocks} blocks, {info.num_threads} threads)",
-        f"edge-infer is serving {name!r} at {base}/v1  (health: {base}/health, metrics: {base}/metrics)",
+        f"edge-infer is serving {name!r} ({what}) at {base}/v1  (health: {base}/health, metrics: {base}/metrics)",
         "try:",
-        f"  curl {base}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'",
+        f"  curl {base}{path} -H 'Content-Type: application/json'{auth} -d '{json.dumps(body)}'{extra}",
     ])

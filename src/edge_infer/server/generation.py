@@ -22,7 +22,7 @@ from edge_infer.server.errors import APIError
 from edge_infer.server.protocol import SamplingFields, Usage
 
 if TYPE_CHECKING:
-    from edge_infer.server.state import ServerState
+    from edge_infer.server.text_service import TextService
 
 # Undelivered events buffered per streamed sample; beyond that its decoding waits for the client.
 STREAM_BUFFER_CHUNKS = 64
@@ -75,13 +75,13 @@ class Sample:
 
 
 class Generation:
-    def __init__(self, state: "ServerState", prompts: list[PreparedPrompt], params: SamplingParams, stream: bool):
-        self.state = state
+    def __init__(self, service: "TextService", prompts: list[PreparedPrompt], params: SamplingParams, stream: bool):
+        self.service = service
         self.id = f"{next(_ids)}-{int(time.time() * 1000) % 10**10}"
         self.prompts = prompts
         self.samples: list[Sample] = []
         self.cancel_reason: str | None = None
-        engine = state.engine
+        engine = service.engine
         try:
             for p, prompt in enumerate(prompts):
                 for k in range(params.n):
@@ -93,8 +93,8 @@ class Generation:
         except Exception:
             self.cancel(None)
             raise
-        state.metrics.prompt_tokens.inc(self.prompt_tokens)
-        state.live.add(self)
+        service.metrics.prompt_tokens.inc(self.prompt_tokens)
+        service.live.add(self)
 
     @property
     def prompt_tokens(self) -> int:
@@ -114,12 +114,12 @@ class Generation:
             self.cancel_reason = reason
         for s in self.samples:
             if not s.stream.ended:
-                self.state.engine.cancel_nowait(s.stream.request_id)
+                self.service.engine.cancel_nowait(s.stream.request_id)
             self._end(s, "abort")  # counted now: nobody may read the stream's cancelled event
 
     def close(self) -> None:
         self.cancel(None)
-        self.state.live.discard(self)
+        self.service.live.discard(self)
 
     async def events(self) -> AsyncIterator[tuple[Sample, StreamEvent]]:
         """Every sample's events, as they come; ends when all samples have ended."""
@@ -156,12 +156,12 @@ class Generation:
         errors = [s.error for s in self.samples if s.error]
         if not errors:
             return None
-        if not self.state.engine.healthy:
+        if not self.service.engine.healthy:
             return APIError(503, f"the engine worker is down: {errors[0]}", code="engine_dead")
         return APIError(500, f"generation failed: {errors[0]}")
 
     def _apply(self, s: Sample, event: StreamEvent) -> None:
-        metrics = self.state.metrics
+        metrics = self.service.metrics
         if event.kind == "token":
             s.text += event.text
             if event.token_ids:
@@ -182,5 +182,5 @@ class Generation:
         if s.ended:
             return
         s.finish_reason, s.error = reason, error
-        self.state.metrics.finished.labels(reason).inc()
-        self.state.metrics.e2e.observe(max(0.0, time.time() - s.submitted_at))
+        self.service.metrics.finished.labels(reason).inc()
+        self.service.metrics.e2e.observe(max(0.0, time.time() - s.submitted_at))

@@ -1,10 +1,12 @@
-"""The HTTP pieces both servers (text and speech) share.
+"""The HTTP pieces under every route: middlewares, the API-key check, streamed responses, disconnects.
 
-``base_app`` builds a FastAPI app that loads the model in the background
-and closes it at exit, with OpenAI-shaped error handlers, request counting,
-a body-size limit (413), a catch-all that turns any unexpected error into a
-well-formed 500, and the API-key check; ``EventStream`` is a streamed
-response that releases its requests however the response ends.
+``base_app`` builds a FastAPI app that loads the served models in the
+background and closes them at exit, with OpenAI-shaped error handlers,
+request counting, a body-size limit (413), a catch-all that turns any
+unexpected error into a well-formed 500, and the API-key check;
+``EventStream`` is a streamed response that releases its requests however
+the response ends; ``unless_disconnected`` races work against the client
+going away.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import asyncio
 import logging
 import secrets
 from contextlib import asynccontextmanager, suppress
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import StreamingResponse
@@ -20,7 +22,6 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edge_infer.server.errors import APIError, install_handlers
-from edge_infer.server.lifecycle import ServingState
 from edge_infer.server.streaming import HEADERS, MEDIA_TYPE
 
 # The status nginx logs for a client that closed the connection first; nobody reads the body.
@@ -166,33 +167,57 @@ def api_key_check(api_key: str | None) -> Callable[..., None]:
     return check
 
 
-async def wait_disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+class ClientGone(Exception):
+    """The client disconnected before the work was done (the work was cancelled)."""
 
 
-def base_app(title: str, state: ServingState, loader: Callable[[], Awaitable[None]] | None = None):
-    """A FastAPI app that loads the model in the background and closes it at exit.
+async def unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
+    """``work``'s result, or ClientGone (with ``work`` cancelled) if the client leaves first."""
+    task = asyncio.ensure_future(work)
 
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if task not in done:
+            task.cancel()
+            raise ClientGone
+        return task.result()
+    finally:
+        watch.cancel()
+
+
+def base_app(services: Sequence[Any], metrics: Any, loader: Callable[[], Awaitable[None]] | None = None):
+    """A FastAPI app that loads ``services`` in the background and closes them at exit.
+
+    The API key, body limit and grace period are server-wide: the first service's settings hold them.
     Returns the app and the route dependencies that check the API key.
     """
     from edge_infer import __version__
 
+    async def load_all() -> None:
+        await asyncio.gather(*(s.load() for s in services))
+
     @asynccontextmanager
     async def lifespan(_: FastAPI):
-        loading = asyncio.create_task((loader or state.load)())
+        loading = asyncio.create_task((loader or load_all)())
         try:
             yield
         finally:
             # A worker still loading is closed once it is up: stopping it mid-load would orphan it.
             with suppress(Exception):
                 await loading
-            await state.close()
+            for service in services:
+                await service.close()
 
-    app = FastAPI(title=title, version=__version__, lifespan=lifespan)
+    settings = services[0].settings
+    app = FastAPI(title="edge-infer", version=__version__, lifespan=lifespan)
     install_handlers(app)
     # Outermost last: the counter sees every status, the 413s and the catch-all's 500s included.
     app.add_middleware(CatchAll)
-    app.add_middleware(BodyLimit, max_bytes=state.settings.max_body_bytes)
-    app.add_middleware(RequestCounter, metrics=state.metrics)
-    return app, [Depends(api_key_check(state.settings.api_key))]
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestCounter, metrics=metrics)
+    return app, [Depends(api_key_check(settings.api_key))]

@@ -44,7 +44,7 @@ from edge_infer.server.protocol import (
     Usage,
 )
 from edge_infer.server.protocol import TokenLogprob as TokenLogprobOut
-from edge_infer.server.state import ServerState
+from edge_infer.server.text_service import TextService
 from edge_infer.server.streaming import sse, sse_done, sse_error
 from edge_infer.server.tool_parsers import PARSERS, ParsedCall, Recovery, ToolCallExtractor, ToolCallParser, extract
 
@@ -109,8 +109,8 @@ def template_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
     return out
 
 
-def prepare(state: ServerState, req: ChatCompletionRequest) -> ChatJob:
-    frontend = state.frontend
+def prepare(service: TextService, req: ChatCompletionRequest) -> ChatJob:
+    frontend = service.frontend
     tools: list[dict[str, Any]] = []
     if req.tools and req.tool_choice != "none":
         template = frontend.require_tokenizer().chat_template or ""
@@ -131,11 +131,11 @@ def prepare(state: ServerState, req: ChatCompletionRequest) -> ChatJob:
 class ChoiceBuilder:
     """One choice's content, tool calls and report, fed as text arrives (or all at once)."""
 
-    def __init__(self, state: ServerState, job: ChatJob, sample: Sample):
-        self.state = state
+    def __init__(self, service: TextService, job: ChatJob, sample: Sample):
+        self.service = service
         self.job = job
         self.sample = sample
-        self.parser: ToolCallParser | None = PARSERS[state.settings.tool_call_parser](job.tools) if job.parses_tools else None
+        self.parser: ToolCallParser | None = PARSERS[service.settings.tool_call_parser](job.tools) if job.parses_tools else None
         self.extractor = ToolCallExtractor(self.parser) if self.parser else None
         self.calls: list[ToolCall] = []
         self.recoveries: list[Recovery] = []
@@ -160,7 +160,7 @@ class ChoiceBuilder:
             self.calls.append(tc)
             new.append((index, tc))
         for rec in recoveries:
-            self.state.metrics.tool_call_recoveries.labels(self.parser.name, "recovered" if rec.recovered else "unrecoverable").inc()
+            self.service.metrics.tool_call_recoveries.labels(self.parser.name, "recovered" if rec.recovered else "unrecoverable").inc()
         self.recoveries += recoveries
         return new
 
@@ -177,7 +177,7 @@ class ChoiceBuilder:
         fmt = self.job.request.response_format
         if fmt is not None and fmt.type == "json_object":
             rep.response_format = check_json_object(content)
-            self.state.metrics.format_checks.labels(str(rep.response_format.valid).lower()).inc()
+            self.service.metrics.format_checks.labels(str(rep.response_format.valid).lower()).inc()
         label = self.job.tool_choice_label
         if label is not None:
             name = label.partition(":")[2]
@@ -196,9 +196,9 @@ def check_json_object(text: str) -> FormatCheck:
     return FormatCheck(type="json_object", valid=True)
 
 
-def chat_logprobs(state: ServerState, items: list[TokenLogprob]) -> ChatLogprobs:
+def chat_logprobs(service: TextService, items: list[TokenLogprob]) -> ChatLogprobs:
     def entry(tid: int, lp: float) -> TopLogprob:
-        text = token_text(state.frontend, tid)
+        text = token_text(service.frontend, tid)
         return TopLogprob(token=text, logprob=lp, bytes=list(text.encode("utf-8")))
 
     out = []
@@ -209,14 +209,14 @@ def chat_logprobs(state: ServerState, items: list[TokenLogprob]) -> ChatLogprobs
 
 
 
-async def complete(state: ServerState, job: ChatJob, gen: Generation) -> ChatCompletionResponse:
+async def complete(service: TextService, job: ChatJob, gen: Generation) -> ChatCompletionResponse:
     samples = await gen.collect()
     failure = gen.failure()
     if failure is not None:
         raise failure
     choices = []
     for s in samples:
-        builder = ChoiceBuilder(state, job, s)
+        builder = ChoiceBuilder(service, job, s)
         content, _ = builder.feed(s.text)
         rest, _ = builder.finish()
         content += rest
@@ -226,11 +226,11 @@ async def complete(state: ServerState, job: ChatJob, gen: Generation) -> ChatCom
         choices.append(
             ChatChoice(
                 index=s.index, message=message, finish_reason=builder.finish_reason(),
-                logprobs=chat_logprobs(state, s.logprobs) if job.request.logprobs else None,
+                logprobs=chat_logprobs(service, s.logprobs) if job.request.logprobs else None,
                 edge_infer=builder.report(content or ""),
             )
         )
-    return ChatCompletionResponse(id=f"chatcmpl-{gen.id}", model=state.settings.served_model_name, choices=choices, usage=gen.usage())
+    return ChatCompletionResponse(id=f"chatcmpl-{gen.id}", model=service.settings.served_model_name, choices=choices, usage=gen.usage())
 
 
 def _tool_deltas(calls: list[tuple[int, ToolCall]]) -> list[ToolCallDelta] | None:
@@ -242,16 +242,16 @@ def _tool_deltas(calls: list[tuple[int, ToolCall]]) -> list[ToolCallDelta] | Non
     ]
 
 
-async def stream(state: ServerState, job: ChatJob, gen: Generation) -> AsyncIterator[str]:
+async def stream(service: TextService, job: ChatJob, gen: Generation) -> AsyncIterator[str]:
     req = job.request
     ident = f"chatcmpl-{gen.id}"
-    model = state.settings.served_model_name
+    model = service.settings.served_model_name
     created = int(time.time())
 
     def chunk(*choices: ChatChunkChoice, usage_: Usage | None = None) -> str:
         return sse(ChatCompletionChunk(id=ident, created=created, model=model, choices=list(choices), usage=usage_))
 
-    builders = {s.index: ChoiceBuilder(state, job, s) for s in gen.samples}
+    builders = {s.index: ChoiceBuilder(service, job, s) for s in gen.samples}
     contents = {i: "" for i in builders}
     for i in builders:
         yield chunk(ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content="")))
@@ -264,7 +264,7 @@ async def stream(state: ServerState, job: ChatJob, gen: Generation) -> AsyncIter
             if text or calls or new_logprobs:
                 yield chunk(ChatChunkChoice(
                     index=s.index, delta=ChatDelta(content=text or None, tool_calls=_tool_deltas(calls)),
-                    logprobs=chat_logprobs(state, new_logprobs) if new_logprobs else None,
+                    logprobs=chat_logprobs(service, new_logprobs) if new_logprobs else None,
                 ))
             continue
         text, calls = b.finish()

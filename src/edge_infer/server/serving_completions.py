@@ -13,7 +13,7 @@ from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.server.errors import APIError
 from edge_infer.server.generation import Generation, Sample, build_params, token_text
 from edge_infer.server.protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Usage
-from edge_infer.server.state import ServerState
+from edge_infer.server.text_service import TextService
 from edge_infer.server.streaming import sse, sse_done, sse_error
 
 
@@ -24,53 +24,53 @@ class CompletionJob:
     params: SamplingParams
 
 
-def prepare(state: ServerState, req: CompletionRequest) -> CompletionJob:
+def prepare(service: TextService, req: CompletionRequest) -> CompletionJob:
     prompts = []
     for i, prompt in enumerate(req.prompts):
-        if isinstance(prompt, list) and max(prompt) >= state.vocab_size:
-            raise APIError(400, f"prompt {i} has token id {max(prompt)}, beyond the vocabulary ({state.vocab_size} ids)", param="prompt")
-        prompts.append(state.frontend.prepare(prompt))
-    return CompletionJob(req, prompts, build_params(state.frontend, req, req.max_tokens, req.logprobs))
+        if isinstance(prompt, list) and max(prompt) >= service.vocab_size:
+            raise APIError(400, f"prompt {i} has token id {max(prompt)}, beyond the vocabulary ({service.vocab_size} ids)", param="prompt")
+        prompts.append(service.frontend.prepare(prompt))
+    return CompletionJob(req, prompts, build_params(service.frontend, req, req.max_tokens, req.logprobs))
 
 
-def _echo(state: ServerState, job: CompletionJob, s: Sample) -> str:
+def _echo(service: TextService, job: CompletionJob, s: Sample) -> str:
     if not job.request.echo:
         return ""
     prompt = job.prompts[s.prompt_index]
-    return prompt.prompt if prompt.prompt is not None else state.frontend.require_tokenizer().decode(prompt.token_ids)
+    return prompt.prompt if prompt.prompt is not None else service.frontend.require_tokenizer().decode(prompt.token_ids)
 
 
-def completion_logprobs(state: ServerState, s: Sample, start: int, offset: int) -> CompletionLogprobs:
+def completion_logprobs(service: TextService, s: Sample, start: int, offset: int) -> CompletionLogprobs:
     """Logprobs of tokens ``start:`` of a sample; ``offset`` is the text length before them."""
     out = CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
     for item in s.logprobs[start:]:
-        text = token_text(state.frontend, item.token_id)
+        text = token_text(service.frontend, item.token_id)
         out.tokens.append(text)
         out.token_logprobs.append(item.logprob)
-        out.top_logprobs.append({token_text(state.frontend, t): lp for t, lp in item.top})
+        out.top_logprobs.append({token_text(service.frontend, t): lp for t, lp in item.top})
         out.text_offset.append(offset)
         offset += len(text)
     return out
 
 
 
-async def complete(state: ServerState, job: CompletionJob, gen: Generation) -> CompletionResponse:
+async def complete(service: TextService, job: CompletionJob, gen: Generation) -> CompletionResponse:
     samples = await gen.collect()
     failure = gen.failure()
     if failure is not None:
         raise failure
     choices = []
     for s in samples:
-        echo = _echo(state, job, s)
-        logprobs = completion_logprobs(state, s, 0, len(echo)) if job.request.logprobs is not None else None
+        echo = _echo(service, job, s)
+        logprobs = completion_logprobs(service, s, 0, len(echo)) if job.request.logprobs is not None else None
         choices.append(CompletionChoice(index=s.index, text=echo + s.text, logprobs=logprobs, finish_reason=s.finish_reason))
-    return CompletionResponse(id=f"cmpl-{gen.id}", model=state.settings.served_model_name, choices=choices, usage=gen.usage())
+    return CompletionResponse(id=f"cmpl-{gen.id}", model=service.settings.served_model_name, choices=choices, usage=gen.usage())
 
 
-async def stream(state: ServerState, job: CompletionJob, gen: Generation) -> AsyncIterator[str]:
+async def stream(service: TextService, job: CompletionJob, gen: Generation) -> AsyncIterator[str]:
     req = job.request
     ident = f"cmpl-{gen.id}"
-    model = state.settings.served_model_name
+    model = service.settings.served_model_name
     created = int(time.time())
 
     def chunk(*choices: CompletionChoice, usage_: Usage | None = None) -> str:
@@ -78,7 +78,7 @@ async def stream(state: ServerState, job: CompletionJob, gen: Generation) -> Asy
 
     offsets = {}
     for s in gen.samples:
-        echo = _echo(state, job, s)
+        echo = _echo(service, job, s)
         offsets[s.index] = len(echo)
         if echo:
             yield chunk(CompletionChoice(index=s.index, text=echo, finish_reason=None))
@@ -86,7 +86,7 @@ async def stream(state: ServerState, job: CompletionJob, gen: Generation) -> Asy
         if event.kind == "token":
             logprobs = None
             if req.logprobs is not None and event.token_ids:
-                logprobs = completion_logprobs(state, s, len(s.logprobs) - len(event.token_ids), offsets[s.index])
+                logprobs = completion_logprobs(service, s, len(s.logprobs) - len(event.token_ids), offsets[s.index])
             offsets[s.index] += len(event.text)
             if event.text or logprobs is not None:
                 yield chunk(CompletionChoice(index=s.index, text=event.text, logprobs=logprobs, finish_reason=None))

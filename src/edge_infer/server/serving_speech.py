@@ -24,7 +24,7 @@ from edge_infer.tts.audio import encode, pcm16, wav_stream_header
 from edge_infer.tts.timing import SpeechTiming
 
 if TYPE_CHECKING:
-    from edge_infer.server.speech_state import SpeechJob, SpeechServerState
+    from edge_infer.server.speech_service import SpeechJob, SpeechService
 
 _ids = itertools.count()
 _prefix = secrets.token_hex(3)
@@ -33,21 +33,21 @@ _prefix = secrets.token_hex(3)
 class SpeechRun:
     """One request in the pipeline: its audio chunks, timing and outcome (recorded in the metrics once)."""
 
-    def __init__(self, state: SpeechServerState, job: SpeechJob):
-        self.state = state
+    def __init__(self, service: SpeechService, job: SpeechJob):
+        self.service = service
         self.job = job
         self.request_id = f"speech-{_prefix}-{next(_ids)}"
         self.timing = SpeechTiming()
-        self.events = state.omni.generate(job.text, request_id=self.request_id,
-                                          sampling_params_list=state.pipeline.params_list(job.params))
+        self.events = service.omni.generate(job.text, request_id=self.request_id,
+                                          sampling_params_list=service.pipeline.params_list(job.params))
         self.stages: dict = {}
         self.sample_rate = 24000
         self.outcome: str | None = None
-        state.live.add(self)
+        service.live.add(self)
 
     @property
     def frames(self) -> int:
-        talker = self.stages.get(self.state.pipeline.talker_stage)
+        talker = self.stages.get(self.service.pipeline.talker_stage)
         return talker.tokens_out if talker is not None else 0
 
     def usage(self) -> SpeechUsage:
@@ -77,19 +77,19 @@ class SpeechRun:
                                code="shutting_down")
             else:
                 self._end("error")
-                if not self.state.healthy():
+                if not self.service.healthy():
                     raise APIError(503, f"a pipeline stage died: {event.error}; restart the server", code="engine_dead")
                 raise APIError(500, f"the speech pipeline failed the request: {event.error}")
 
     def _end(self, outcome: str) -> None:
         if self.outcome is None:
             self.outcome = outcome
-            self.state.metrics.observe(self.timing, outcome, self.stages, self.frames)
-        self.state.live.discard(self)
+            self.service.metrics.observe(self.timing, outcome, self.stages, self.frames)
+        self.service.live.discard(self)
 
     def cancel(self, reason: str) -> None:
         """Abort in every stage (server shutdown); the stream then ends with the aborted event."""
-        asyncio.ensure_future(self.state.omni.abort(self.request_id))
+        asyncio.ensure_future(self.service.omni.abort(self.request_id))
 
     def close(self) -> None:
         """The response ended (or never started): abort whatever is still running."""

@@ -1,9 +1,9 @@
-"""What a speech server knows: its pipeline, the checkpoint's voices, settings, phase and live requests.
+"""A served speech model: its pipeline, the checkpoint's voices, on top of the shared ``Service``.
 
 Requests are checked here before they reach the pipeline (voice, language,
 format, speed, input length in characters and in Talker positions), so a
 request the pipeline would refuse is a 400 naming the field. Phases,
-admission and draining are the shared ``lifecycle.ServingState``.
+admission and draining are the shared ``service.Service``.
 """
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ from edge_infer.models.qwen3_tts.prompt import VoiceRequest, prompt_length, reso
 from edge_infer.models.qwen3_tts.tokenizer import TextTokenizer
 from edge_infer.runtime.omni import AsyncOmni
 from edge_infer.server.errors import APIError
+from edge_infer.server.metrics import SharedMetrics
+from edge_infer.server.protocol import ModelCard
+from edge_infer.server.service import ServeSettings, Service
 from edge_infer.server.speech_metrics import SpeechMetrics
 from edge_infer.server.speech_protocol import SpeechRequest, VoiceCard, VoiceList
-from edge_infer.server.lifecycle import ServeSettings, ServingState
 from edge_infer.tts.audio import FORMATS, STREAMABLE
 from edge_infer.tts.deploy import SpeechPipeline
 from edge_infer.tts.params import SpeechParams
@@ -37,14 +39,16 @@ class SpeechJob:
     input_tokens: int
 
 
-class SpeechServerState(ServingState):
+class SpeechService(Service):
+    kind = "speech"
     unit = "requests"
 
-    def __init__(self, pipeline: SpeechPipeline, settings: ServeSettings, max_input_chars: int = DEFAULT_MAX_INPUT_CHARS):
+    def __init__(self, pipeline: SpeechPipeline, settings: ServeSettings, max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
+                 shared: SharedMetrics | None = None):
         omni = AsyncOmni(pipeline.config)  # plans the deploy: raises DeployRefused before anything starts
         talker = pipeline.config.stage(pipeline.talker_stage)
         names = {s.stage_id: s.name or f"stage{s.stage_id}" for s in pipeline.config.stages}
-        super().__init__(settings, SpeechMetrics(omni.plan, names), talker.engine.max_num_seqs)
+        super().__init__(settings, SpeechMetrics(shared or SharedMetrics(), omni.plan, names), talker.engine.max_num_seqs)
         self.pipeline = pipeline
         self.omni = omni
         self.max_input_chars = max_input_chars
@@ -69,6 +73,18 @@ class SpeechServerState(ServingState):
     def down_reason(self) -> str | None:
         down = [f"{s.label} is {s.state} ({s.detail})" for s in self.omni.health().stages if s.state != "running"]
         return f"a pipeline stage is down: {'; '.join(down)}" if down else None
+
+    def health(self) -> tuple[str, str | None, dict[str, Any]]:
+        status, detail, _ = super().health()
+        stages = [st.to_dict() for st in self.omni.health().stages] if self.phase not in ("loading", "failed") else []
+        return status, detail, {"stages": stages} if stages else {}
+
+    def model_card(self) -> ModelCard:
+        return ModelCard(id=self.settings.served_model_name, created=self.created, max_model_len=self.max_model_len)
+
+    async def refresh_metrics(self) -> None:
+        health = self.omni.health() if self.phase not in ("loading", "failed") else None
+        self.metrics.refresh(health, self.in_flight)
 
     # -- checks made before a request touches the pipeline ----------------------------
 

@@ -1,4 +1,4 @@
-"""What a text server knows: its engine and frontend, on top of the shared serving state.
+"""A served text model: its engine and frontend, on top of the shared ``Service``.
 
 The engine worker is supervised: a worker that dies is restarted (with a
 growing back-off, at most ``RestartPolicy.max_restarts`` times within
@@ -21,8 +21,9 @@ from edge_infer.engine.async_engine import AsyncEngine
 from edge_infer.engine.frontend import Frontend
 from edge_infer.models.config import ModelConfig
 from edge_infer.server.exit_codes import EXIT_ENGINE_DEAD
-from edge_infer.server.lifecycle import ServeSettings, ServingState
-from edge_infer.server.metrics import ServerMetrics
+from edge_infer.server.metrics import SharedMetrics, TextMetrics
+from edge_infer.server.protocol import ModelCard
+from edge_infer.server.service import ServeSettings, Service
 
 log = logging.getLogger(__name__)
 _SUPERVISE_INTERVAL_S = 0.2
@@ -38,10 +39,14 @@ class RestartPolicy:
     kill_unresponsive_s: float = 60.0  # an unresponsive worker is killed (then restarted) after this long
 
 
-class ServerState(ServingState):
+class TextService(Service):
+    kind = "text"
+
     def __init__(self, frontend: Frontend, settings: ServeSettings, worker: str = "process",
-                 restart: RestartPolicy = RestartPolicy(), heartbeat_timeout_s: float | None = None):
-        super().__init__(settings, ServerMetrics(frontend.plan), frontend.engine_config.max_num_seqs)
+                 restart: RestartPolicy = RestartPolicy(), heartbeat_timeout_s: float | None = None,
+                 shared: SharedMetrics | None = None):
+        metrics = TextMetrics(shared or SharedMetrics(), frontend.plan)
+        super().__init__(settings, metrics, frontend.engine_config.max_num_seqs)
         self.frontend = frontend
         extra = {} if heartbeat_timeout_s is None else {"heartbeat_timeout_s": heartbeat_timeout_s}
         self.engine = AsyncEngine(frontend, worker=worker, **extra)
@@ -74,6 +79,14 @@ class ServerState(ServingState):
         if self.engine.healthy:
             return "ok"
         return "engine_unresponsive" if self.engine.hung_reason and not self.engine.dead_reason else "engine_dead"
+
+    def model_card(self) -> ModelCard:
+        return ModelCard(id=self.settings.served_model_name, created=self.created,
+                         max_model_len=self.frontend.max_model_len, runtime=self.frontend.runtime_summary())
+
+    async def refresh_metrics(self) -> None:
+        stats = await self.engine.refresh_stats() if self.engine.healthy else None
+        self.metrics.refresh(stats, self.in_flight)
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the preparation thread (tokenizing, template rendering)."""

@@ -1,13 +1,13 @@
-"""What every edge-infer server shares: phases, admission, draining, the app skeleton.
+"""A served model: its phase, admission, draining and health, whatever kind it is.
 
 Phases: ``loading`` (HTTP is up, the model is not: 503), ``ready``,
-``failed`` (the model did not come up: 503, and the CLI exits), and
-``draining`` (SIGTERM: in-flight requests may finish within the grace
-period, new ones get 503, the rest are cancelled at its end).
+``failed`` (the model did not come up, or its engine is gone for good: 503,
+and the CLI exits), and ``draining`` (SIGTERM: in-flight requests may finish
+within the grace period, new ones get 503, the rest are cancelled at its end).
 
-The text server (``state.ServerState``) and the speech server
-(``speech_state.SpeechServerState``) subclass ``ServingState``; both apps are
-built on ``http.base_app``.
+``text_service.TextService`` and ``speech_service.SpeechService`` subclass
+``Service``; ``app.build_app`` serves one or several of them behind one set
+of shared routes (health, metrics, models).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from edge_infer.server.errors import APIError
+from edge_infer.server.protocol import ModelCard
 
 # Seconds a client is told to wait after a 429 (a hint: one short request's time on an edge box).
 RETRY_AFTER_S = 1
@@ -43,7 +44,7 @@ class LiveRequest(Protocol):
 class Admission:
     """Sequences held by one request until its response ends; release is idempotent."""
 
-    def __init__(self, state: "ServingState", n: int):
+    def __init__(self, state: "Service", n: int):
         self.state = state
         self.n = n
         state.in_flight += n
@@ -54,9 +55,10 @@ class Admission:
             self.n = 0
 
 
-class ServingState:
-    """Phase, admission and live requests of one server; subclasses own the model."""
+class Service:
+    """Phase, admission and live requests of one served model; subclasses own the model."""
 
+    kind = "abstract"  # which route set serves it: "text" or "speech"
     unit = "sequences"  # what admission counts, in messages
 
     def __init__(self, settings: ServeSettings, metrics: Any, max_num_seqs: int):
@@ -84,6 +86,19 @@ class ServingState:
     def down_reason(self) -> str | None:
         """Why the model cannot serve right now (a dead worker or stage), or None."""
         raise NotImplementedError
+
+    def model_card(self) -> ModelCard:
+        raise NotImplementedError
+
+    async def refresh_metrics(self) -> None:
+        """Set the gauges read at scrape time."""
+        raise NotImplementedError
+
+    def health(self) -> tuple[str, str | None, dict[str, Any]]:
+        """(status, detail, extra fields) for /health: ``ok``, or a phase or the engine's trouble and why."""
+        if self.phase != "ready":
+            return self.phase, self.load_error, {}
+        return self.health_status, self.down_reason(), {}
 
     @property
     def health_status(self) -> str:
