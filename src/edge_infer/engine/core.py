@@ -49,9 +49,9 @@ def weight_backend(config: EngineConfig) -> str:
 
 def linear_installer(config: EngineConfig) -> LinearInstaller:
     if config.quant is not None:
-        from edge_infer.quant.install import int4_installer
+        from edge_infer.quant.install import quantized_installer
 
-        return int4_installer(config.quant, fallback=install_dense(weight_backend(config)))
+        return quantized_installer(config.quant, fallback=install_dense(weight_backend(config)))
     return install_dense(weight_backend(config))
 
 

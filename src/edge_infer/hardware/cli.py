@@ -12,7 +12,7 @@ from edge_infer.hardware.kernels import auto_dtype, select_kernels
 MiB = 1 << 20
 # The choices a user makes, as (label, quantization, quantize_head); shown for a tied model (the common small one).
 CHOICES = (("unquantized", None, False), ("cpu_int4", "cpu_int4", False), ("cpu_int4 --quantize-head", "cpu_int4", True),
-           ("cpu_w4a8", "cpu_w4a8", False), ("cpu_w4a8 --quantize-head", "cpu_w4a8", True))
+           ("cpu_w4a8", "cpu_w4a8", False), ("cpu_w4a8 --quantize-head", "cpu_w4a8", True), ("cpu_w8a8", "cpu_w8a8", False))
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -27,12 +27,13 @@ def report(cpu: CpuCapabilities, runtime: bool) -> dict[str, Any]:
     choices = {}
     for label, quant, head in CHOICES:
         dtype, why = auto_dtype(cpu, quant)
-        sel = select_kernels(cpu, dtype, quant, quantize_head=head, tied=True)
-        if quant == "cpu_w4a8" and not sel.refusals and runtime:
-            from edge_infer.quant.w4a8_build import missing_toolchain
-
-            if (reason := missing_toolchain()) is not None:
-                sel.refusals.append(f"--quantization cpu_w4a8: {reason}")
+        int8_kernels = quant in ("cpu_w4a8", "cpu_w8a8") and runtime
+        if int8_kernels:
+            from edge_infer.quant import native_build
+        sel = select_kernels(cpu, dtype, quant, quantize_head=head, tied=True,
+                             built_variants=native_build.built_variants() if int8_kernels else None)
+        if int8_kernels and not sel.refusals and (reason := native_build.missing_toolchain()) is not None:
+            sel.refusals.append(f"--quantization {quant}: {reason}")
         choices[label] = {"runs": not sel.refusals, "dtype_auto": dtype, "dtype_why": why, **sel.to_dict()}
     out: dict[str, Any] = {"cpu": cpu.to_dict(), "choices": choices}
     if runtime:
@@ -74,7 +75,8 @@ def render(rep: dict[str, Any]) -> str:
     for label, c in rep["choices"].items():
         lines.append(f"{label:<26} {'runs here' if c['runs'] else 'REFUSED'}  (dtype auto -> {c['dtype_auto']}: {c['dtype_why']})")
         for kind, k in c["kernels"].items():
-            lines.append(f"    {kind:<18} {k['kernel']:<12} {k['why']}")
+            kernel = f"{k['kernel']} [{k['variant']}]" if k["variant"] else k["kernel"]
+            lines.append(f"    {kind:<18} {kernel:<24} {k['why']}")
         lines += [f"    refused: {r}" for r in c["refusals"]]
         lines += [f"    note: {n}" for n in c["notes"]]
     return "\n".join(lines)

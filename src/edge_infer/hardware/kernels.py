@@ -17,9 +17,18 @@ Torch-free: the planner calls it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from edge_infer.hardware.cpu import CpuCapabilities
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One instruction-set implementation of a kernel (quant/csrc/isa_*.cpp)."""
+
+    name: str  # as csrc/isa.h names it
+    arch: str
+    needs: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -27,13 +36,29 @@ class Kernel:
     name: str  # as models.linear.WeightKernel.name reports it
     computes: str
     # Features needed per architecture; an architecture not listed has no implementation.
-    needs: dict[str, tuple[str, ...]]
+    needs: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Where it is fast (architecture -> features); empty: fast wherever it runs. Elsewhere: ``slow_note``.
     fast_with: dict[str, tuple[str, ...]] = field(default_factory=dict)
     slow_note: str = ""
+    # Instead of ``needs``: implementations per instruction set, fastest first; the kernel runs where one does.
+    variants: tuple[Variant, ...] = ()
+
+    def variant(self, cpu: CpuCapabilities, built: tuple[str, ...] | None = None) -> Variant | None:
+        """The fastest variant ``cpu`` runs (of those ``built`` into the library, when it is known)."""
+        return next((v for v in self.variants if v.arch == cpu.arch and cpu.has(*v.needs)
+                     and (built is None or v.name in built)), None)
 
     def missing(self, cpu: CpuCapabilities) -> str | None:
         """Why this kernel cannot run on ``cpu``, or None."""
+        if self.variants:
+            here = [v for v in self.variants if v.arch == cpu.arch]
+            if not here:
+                return f"{self.name} has no implementation for {cpu.arch}"
+            if self.variant(cpu) is None:
+                least = here[-1]
+                return (f"{self.name} needs {', '.join(cpu.missing(least.needs))} (its {least.name} variant), "
+                        f"which this CPU lacks")
+            return None
         if cpu.arch not in self.needs:
             return f"{self.name} has no implementation for {cpu.arch}"
         absent = cpu.missing(self.needs[cpu.arch])
@@ -51,16 +76,25 @@ class Kernel:
 
 # torch 2.13's tinygemm has vectorized code for AVX2 and AVX-512 only (none for aarch64).
 _SCALAR_INT4 = "PyTorch's int4 kernel runs its scalar loop (~1 G multiply-adds/s, 15-35x below its AVX2/AVX-512 path)"
+# edge-infer's int8-activation kernels (quant/csrc), fastest first; the scalar reference is not a serving path.
+INT8_VARIANTS = (
+    Variant("avx512-vnni", "x86_64", ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")),
+    Variant("avx-vnni", "x86_64", ("avx2", "fma", "avx_vnni")),
+    Variant("avx2", "x86_64", ("avx2", "fma")),
+    Variant("neon-dotprod", "aarch64", ("asimd", "dotprod")),
+)
 KERNELS = {
     "dense": Kernel("dense", "F.linear on a row-major weight (fp32 or bf16)", {"x86_64": (), "aarch64": ()}),
     "onednn-bf16": Kernel("onednn-bf16", "bf16 weight reordered once into oneDNN's blocked layout",
                           {"x86_64": ("avx512bw", "avx512vl", "avx512dq"), "aarch64": ("bf16",)}),
     "cpu-int4": Kernel("cpu-int4", "4-bit weights, bf16 activations: PyTorch's tinygemm (W4A16)",
                        {"x86_64": (), "aarch64": ()}, {"x86_64": ("avx2",)}, _SCALAR_INT4),
-    "cpu-w4a8": Kernel("cpu-w4a8", "4-bit weights x int8 activations: edge-infer's VNNI kernel (W4A8)",
-                       {"x86_64": ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")}),
+    "cpu-w4a8": Kernel("cpu-w4a8", "4-bit weights x int8 activations: edge-infer's int8 kernels (W4A8)",
+                       variants=INT8_VARIANTS),
+    "cpu-w8a8": Kernel("cpu-w8a8", "8-bit weights x int8 activations: edge-infer's int8 kernels (W8A8)",
+                       variants=INT8_VARIANTS),
 }
-QUANT_KERNELS = {"cpu_int4": "cpu-int4", "cpu_w4a8": "cpu-w4a8"}
+QUANT_KERNELS = {"cpu_int4": "cpu-int4", "cpu_w4a8": "cpu-w4a8", "cpu_w8a8": "cpu-w8a8"}
 
 
 @dataclass(frozen=True)
@@ -69,6 +103,11 @@ class KernelChoice:
     kernel: str
     dtype: str
     why: str
+    variant: str | None = None  # the instruction-set variant, for kernels that have several
+
+    @property
+    def label(self) -> str:
+        return f"{self.kernel} [{self.variant}]" if self.variant else self.kernel
 
 
 @dataclass
@@ -82,7 +121,8 @@ class KernelSelection:
         return next(c.kernel for c in self.choices if c.kind == kind)
 
     def to_dict(self) -> dict:
-        return {"dtype": self.dtype, "kernels": {c.kind: {"kernel": c.kernel, "dtype": c.dtype, "why": c.why} for c in self.choices},
+        return {"dtype": self.dtype, "kernels": {c.kind: {"kernel": c.kernel, "variant": c.variant, "dtype": c.dtype, "why": c.why}
+                                                 for c in self.choices},
                 "refusals": list(self.refusals), "notes": list(self.notes)}
 
 
@@ -90,8 +130,8 @@ def auto_dtype(cpu: CpuCapabilities, quantization: str | None) -> tuple[str, str
     """(dtype, why) for ``dtype="auto"``: what is fast for the kernel that will run, on this CPU."""
     if quantization == "cpu_int4" and KERNELS["cpu-int4"].slow_path(cpu) is None:
         return "bfloat16", "PyTorch's int4 kernel is vectorized for bf16 activations only (fp32 runs its scalar loop)"
-    if quantization == "cpu_w4a8":
-        return "bfloat16", "the fused W4A8 decode layer takes bf16 activations (it converts them itself)"
+    if quantization in ("cpu_w4a8", "cpu_w8a8"):
+        return "bfloat16", "the fused int8 decode layer takes bf16 activations (it converts them itself)"
     if quantization == "cpu_int4":
         return "float32", "PyTorch's int4 kernel has no vectorized path on this CPU; float32 keeps the rest native"
     if cpu.arch == "x86_64" and cpu.native_bf16:
@@ -110,9 +150,11 @@ def select_kernels(
     packed_head: bool = False,
     weight_backend: str = "auto",
     dtype_explicit: bool = False,
+    built_variants: tuple[str, ...] | None = None,
 ) -> KernelSelection:
     """The kernel of each linear kind for these options on ``cpu``; ``dtype`` is resolved (not "auto"),
-    ``dtype_explicit`` when the user chose it."""
+    ``dtype_explicit`` when the user chose it; ``built_variants``: the ISA variants in edge-infer's built
+    kernel library (quant.native_build.built_variants), when known."""
     refusals: list[str] = []
     notes: list[str] = []
     onednn = KERNELS["onednn-bf16"]
@@ -143,12 +185,22 @@ def select_kernels(
             notes.append(f"--quantization {quantization}: {slow}")
         if quantization == "cpu_int4" and dtype == "float32" and slow is None:
             notes.append(f"cpu_int4 with float32 activations: {_SCALAR_INT4}; drop --dtype to let auto choose bfloat16")
-        choices.append(KernelChoice("decoder linears", kernel.name, dtype, kernel.computes))
+        variant = kernel.variant(cpu, built_variants)
+        best = kernel.variant(cpu)
+        if reason is None and kernel.variants and variant != best:
+            if variant is None:
+                refusals.append(f"--quantization {quantization}: the built kernel library lacks the {best.name} variant "
+                                f"(its compiler could not build it) and holds none other this CPU runs; use cpu_int4")
+            else:
+                notes.append(f"--quantization {quantization}: runs the {variant.name} variant; the built kernel library "
+                             f"lacks {best.name} (its compiler could not build it)")
+        choices.append(KernelChoice("decoder linears", kernel.name, dtype, kernel.computes, variant.name if variant else None))
 
     if quantize_head and quantization is not None:
-        head = KernelChoice("output head", choices[0].kernel, dtype, "quantized like the decoder linears")
+        head = replace(choices[0], kind="output head", why="quantized like the decoder linears")
         lookup = ("rows read back from the quantized head (one copy)" if tied else "the embedding table")
-        choices += [head, KernelChoice("embedding lookup", choices[0].kernel if tied else "table", dtype, lookup)]
+        choices += [head, replace(choices[0], kind="embedding lookup", why=lookup) if tied
+                    else KernelChoice("embedding lookup", "table", dtype, lookup)]
     elif packed_head and tied:
         reason = onednn.missing(cpu) if dtype == "bfloat16" else "--packed-head packs for the oneDNN bf16 kernel; it needs --dtype bfloat16"
         if reason is not None:

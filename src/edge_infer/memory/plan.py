@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from edge_infer.engine.config import DTYPES, INT4_METHODS, EngineConfig, QuantConfig
+from edge_infer.engine.config import DTYPES, QUANT_METHODS, EngineConfig, QuantConfig
 from edge_infer.engine.kv_cache import DEFAULT_BLOCK_SIZE, KVLayout
 from edge_infer.errors import InvalidRequestError
 from edge_infer.hardware.cpu import CpuCapabilities, detect
@@ -120,7 +120,7 @@ class TextPlan:
             lines.append("")
             lines.append(f"  cpu {self.cpu.isa_summary} ({self.cpu.source})")
             for c in self.kernels.choices:
-                lines.append(f"  {c.kind:<22} {c.kernel:<14} {c.dtype:<9} {c.why}")
+                lines.append(f"  {c.kind:<22} {c.label:<26} {c.dtype:<9} {c.why}")
         lines.append("")
         lines.append("ADMITTED" if self.admitted else "REFUSED")
         lines += [f"  - {r}" for r in self.reasons]
@@ -180,9 +180,10 @@ def activation_tensor_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
 
 def activation_calibration(quantization: str | None) -> tuple[float, int, float]:
     """(per-token factor, fixed bytes, bytes per attention-mask element) measured for the linears'
-    kernel: dense/oneDNN, or cpu_int4's."""
+    kernel: dense/oneDNN, or the quantized kernels' (measured with cpu_int4: the int8 kernels allocate the
+    same tensors, plus int8 copies of their inputs that are smaller than those)."""
     calib = runtime_overhead()
-    prefix = f"{quantization}_" if quantization else ""
+    prefix = "cpu_int4_" if quantization else ""
     return (calib[prefix + "activation_per_token_factor"], int(calib[prefix + "activation_fixed_bytes"]),
             calib["activation_mask_bytes_per_element"])
 
@@ -242,16 +243,19 @@ def plan_text_session(
     dtype_explicit = dtype not in (None, "auto")
     dtype = resolve_dtype(dtype, notes, quant.name if quant else None, cpu)
     dtype_bytes = 2 if dtype == "bfloat16" else 4
+    built = None
+    if quant is not None and quant.int8_activations:
+        from edge_infer.quant import native_build
+
+        built = native_build.built_variants() if cpu == detect() else None  # another CPU: any variant may run there
     kernels = select_kernels(cpu, dtype, quant.name if quant else None, quantize_head=bool(quant and quant.quantize_head),
                              tied=cfg.tie_word_embeddings, packed_head=packed_head, weight_backend=weight_backend,
-                             dtype_explicit=dtype_explicit)
+                             dtype_explicit=dtype_explicit, built_variants=built)
     reasons += kernels.refusals
     notes += kernels.notes
     if quant is not None and quant.int8_activations and not kernels.refusals:
-        from edge_infer.quant.w4a8_build import missing_toolchain
-
-        if (why := missing_toolchain()) is not None:
-            reasons.append(f"--quantization cpu_w4a8: {why}")
+        if (why := native_build.missing_toolchain()) is not None:
+            reasons.append(f"--quantization {quant.name}: {why}")
 
     model_max = cfg.max_position_embeddings
     if max_model_len is None:
@@ -292,7 +296,7 @@ def plan_text_session(
     rope_positions = model_max if rope_model_positions else max_model_len
     rope = 2 * rope_positions * cfg.head_dim * 4
     acts = activation_bytes(cfg, dtype_bytes, max_num_batched_tokens, max_num_seqs, max_model_len,
-                            quant.method if quant is not None else None)
+                            quant.name if quant is not None else None)
     src_bytes = max((CHECKPOINT_DTYPE_BYTES.get(t.dtype, 4) for t in tensors.values()), default=4)
     # One block being converted, plus the largest linear held twice while it is repacked.
     transient = min(LOAD_BLOCK_BYTES, largest_linear * src_bytes // dtype_bytes) + largest_linear
@@ -405,9 +409,9 @@ def _resolve_quant(quantization: str | QuantConfig | None, cfg: ModelConfig) -> 
         return quantization
     if quantization in (None, "none"):
         return None
-    if quantization in INT4_METHODS:
+    if quantization in QUANT_METHODS:
         return QuantConfig.named(quantization)
-    raise InvalidRequestError(f"quantization {quantization!r} is not supported; use cpu_int4, cpu_w4a8 or none")
+    raise InvalidRequestError(f"quantization {quantization!r} is not supported; use {', '.join(QUANT_METHODS)} or none")
 
 
 def _weights_note(cfg: ModelConfig, dtype: str, quant: QuantConfig | None, packed_head: bool) -> str:

@@ -1,0 +1,83 @@
+// AVX512-VNNI: one zmm register holds 16 rows x 4 bytes of a tile, so a tile of 64 rows is 4 loads per
+// 4 (int8) or 8 (int4) input columns, each fed to vpdpbusd (64 multiply-adds) with the same broadcast
+// activations. vpdpbusd takes unsigned x signed bytes: the 4-bit codes go in unchanged (their zero
+// point is corrected once per group from the activation sum); int8 weights go in as w + 128, and
+// 128 times the activation sum is taken off once per group.
+#include <immintrin.h>
+
+#include "isa_common.h"
+
+namespace edge_infer {
+namespace {
+
+inline __m512 load_bf16x16(const uint16_t* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+inline __m512i broadcast4(const int8_t* p) {
+  int32_t v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return _mm512_set1_epi32(v);
+}
+
+void w4a8_tile(const uint8_t* codes, const uint16_t* sz, const Int8Rows& x, int64_t m, float* out) {
+  const int64_t groups = x.k / x.group;
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t i = 0; i < m; ++i, out += kTileRows) {
+    const int8_t* q = x.q + i * x.k;
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t g = 0; g < groups; ++g) {
+      __m512i dot[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+      const uint8_t* w = codes + g * x.group * (kTileRows / 2);
+      for (int64_t c = g * x.group; c < (g + 1) * x.group; c += 8, w += 4 * kTileRows) {
+        const __m512i a_lo = broadcast4(q + c), a_hi = broadcast4(q + c + 4);
+        for (int r = 0; r < 4; ++r) {
+          const __m512i bytes = _mm512_loadu_si512(w + 64 * r);
+          dot[r] = _mm512_dpbusd_epi32(dot[r], _mm512_and_si512(bytes, low), a_lo);
+          dot[r] = _mm512_dpbusd_epi32(dot[r], _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low), a_hi);
+        }
+      }
+      const uint16_t* s = sz + g * 2 * kTileRows;
+      const float alpha = x.alpha[i * groups + g];
+      const __m512 al = _mm512_set1_ps(alpha);
+      const __m512 total = _mm512_set1_ps(alpha * static_cast<float>(x.sum[i * groups + g]));
+      const __m512 eight = _mm512_set1_ps(8.f);
+      for (int r = 0; r < 4; ++r) {
+        const __m512 scale = load_bf16x16(s + 16 * r), zero = load_bf16x16(s + kTileRows + 16 * r);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_mul_ps(scale, al), acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_fnmadd_ps(eight, scale, zero), total, acc[r]);
+      }
+    }
+    for (int r = 0; r < 4; ++r) _mm512_storeu_ps(out + 16 * r, acc[r]);
+  }
+}
+
+void w8a8_tile(const int8_t* codes, const uint16_t* scales, const Int8Rows& x, int64_t m, float* out) {
+  const int64_t groups = x.k / x.group;
+  const __m512i flip = _mm512_set1_epi8(-128);
+  for (int64_t i = 0; i < m; ++i, out += kTileRows) {
+    const int8_t* q = x.q + i * x.k;
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t g = 0; g < groups; ++g) {
+      __m512i dot[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+      const int8_t* w = codes + g * x.group * kTileRows;
+      for (int64_t c = g * x.group; c < (g + 1) * x.group; c += 4, w += 4 * kTileRows) {
+        const __m512i a = broadcast4(q + c);
+        for (int r = 0; r < 4; ++r) dot[r] = _mm512_dpbusd_epi32(dot[r], _mm512_xor_si512(_mm512_loadu_si512(w + 64 * r), flip), a);
+      }
+      const __m512i offset = _mm512_set1_epi32(128 * x.sum[i * groups + g]);
+      const __m512 al = _mm512_set1_ps(x.alpha[i * groups + g]);
+      for (int r = 0; r < 4; ++r) {
+        const __m512 scale = load_bf16x16(scales + g * kTileRows + 16 * r);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r], offset)), _mm512_mul_ps(scale, al), acc[r]);
+      }
+    }
+    for (int r = 0; r < 4; ++r) _mm512_storeu_ps(out + 16 * r, acc[r]);
+  }
+}
+
+}  // namespace
+}  // namespace edge_infer
+
+EDGE_INFER_ISA_TABLE(kAvx512Vnni, "avx512-vnni")
