@@ -90,3 +90,13 @@ def require_built(variant: str) -> None:
 
     if variant not in built_variants():
         pytest.skip(f"the kernel library was built without the {variant} variant (the compiler lacks its flags)")
+
+
+def on_variant(model, variant: str):
+    """``model`` (a DecoderLM) with every int8 kernel, and so the fused layer built at its next decode, on ``variant``."""
+    require_built(variant)
+    for _, lin in model.linears():
+        if hasattr(lin.kernel, "variant"):
+            lin.kernel.variant = variant
+    model.fused_decode = None
+    return model

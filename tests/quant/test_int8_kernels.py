@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import testutil
-from testutil import require_built, runnable_variants
+from testutil import on_variant, require_built, runnable_variants
 
 from edge_infer.engine.attention import AttentionMetadata, build_seq_attention
 from edge_infer.engine.config import QuantConfig
@@ -126,16 +126,6 @@ def fused_model(request, tmp_path_factory):
     family = request.param
     path = write_hf_checkpoint(tmp_path_factory.mktemp("fused") / family, family, **FUSED_FAMILIES[family])
     return family, path
-
-
-def on_variant(model, variant: str):
-    """``model`` with every int8 kernel (and so the fused layer, built at the next decode) on ``variant``."""
-    require_built(variant)
-    for _, lin in model.linears():
-        if hasattr(lin.kernel, "variant"):
-            lin.kernel.variant = variant
-    model.fused_decode = None
-    return model
 
 
 def cache_for(model) -> KVCache:

@@ -205,3 +205,21 @@ def test_an_8bit_checkpoint_names_its_format_and_loads_on_w8a8_only(tmp_path, ti
             plan_text_session(out, quantization=wrong, max_model_len=128)
     core = make_core(out)
     assert {lin.kernel.name for name, lin in core.model.linears() if name.startswith("layers.")} == {"cpu-w8a8"}
+
+
+@needs_int8_kernels
+@pytest.mark.parametrize("method", ["cpu_w4a8", "cpu_w8a8"])
+def test_a_checkpoint_gives_the_same_tokens_on_every_isa_variant(tmp_path, tied_model, make_core, greedy, method):
+    """The int8 kernels are bit-compatible across ISA variants (the harness checks NEON under qemu too), so a
+    checkpoint written on one machine computes the same logits and greedy tokens on AVX2, AVX-VNNI, AVX-512 and
+    NEON machines: here every variant this CPU runs, and the scalar reference."""
+    from testutil import on_variant, runnable_variants
+
+    out = quantize_checkpoint(tied_model, tmp_path / "q", QuantConfig.named(method, group_size=32)).out_dir
+    core = make_core(out, method)
+    results = {}
+    for variant in runnable_variants():
+        on_variant(core.model, variant)
+        results[variant] = (core.score(PROMPT), greedy(core, PROMPT))
+    first = next(iter(results.values()))
+    assert all(torch.equal(s, first[0]) and t == first[1] for s, t in results.values()), list(results)
