@@ -74,12 +74,12 @@ def packed_kernel(kernel_class, weight, group_size: int, symmetric: bool, dtype,
 
 
 def runnable_variants() -> list[str]:
-    """The int8 kernels' ISA variants this CPU runs (masks included), fastest first; the scalar reference last."""
+    """The ISA variants of edge-infer's kernels this CPU runs (masks included), fastest first; the scalar reference last."""
     from edge_infer.hardware.cpu import detect
-    from edge_infer.hardware.kernels import INT8_VARIANTS
+    from edge_infer.hardware.kernels import NATIVE_VARIANTS
 
     cpu = detect()
-    return [v.name for v in INT8_VARIANTS if v.arch == cpu.arch and cpu.has(*v.needs)] + ["scalar"]
+    return [v.name for v in NATIVE_VARIANTS if v.arch == cpu.arch and cpu.has(*v.needs)] + ["scalar"]
 
 
 def require_built(variant: str) -> None:

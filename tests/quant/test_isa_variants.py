@@ -21,8 +21,9 @@ from edge_infer.quant.native_build import CSRC, ISA_SOURCES, IsaSource, arch, co
 HARNESS = Path(__file__).with_name("native") / "harness.cpp"
 ARM_CXX, QEMU = "aarch64-linux-gnu-g++", "qemu-aarch64"
 # The AVX-VNNI source with vpdpbusd in its AVX512-VL encoding: same code, runs on AVX512-VNNI CPUs.
-VNNI_STAND_IN = IsaSource("avx-vnni", "isa_avx2.cpp", ("-mavx2", "-mfma", "-mavx512f", "-mavx512vl", "-mavx512vnni",
-                                                       "-DEDGE_INFER_AVX_VNNI", "-DEDGE_INFER_VNNI_EVEX"))
+_VNNI = next(s for s in ISA_SOURCES["x86_64"] if s.variant == "avx-vnni")
+VNNI_STAND_IN = IsaSource("avx-vnni", _VNNI.source, (*(f for f in _VNNI.flags if f != "-mavxvnni"), "-mavx512f",
+                                                     "-mavx512vl", "-mavx512vnni", "-DEDGE_INFER_VNNI_EVEX"))
 
 
 def build_harness(out: Path, sources: tuple[IsaSource, ...], cxx: str, link: tuple[str, ...] = ()) -> tuple[Path, list[str]]:

@@ -28,7 +28,7 @@ def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True
     g.add_argument("--packed-head", action="store_true",
                    help="tied models: keep a second, packed copy of the output head (faster decode, vocab x hidden more bytes)")
     g.add_argument("--num-threads", type=int, default=None, help="compute threads (default: the CPUs this process may use)")
-    g.add_argument("--weight-backend", default="auto", choices=["auto", "onednn", "dense"], help=argparse.SUPPRESS)
+    g.add_argument("--weight-backend", default="auto", choices=["auto", "onednn", "dense", "w16"], help=argparse.SUPPRESS)
     g.add_argument("--worker", default="process", choices=["process", "thread"], help=argparse.SUPPRESS)
     # The alternatives of the memory levers, only to measure each lever as an A/B (docs/quantization.md).
     g.add_argument("--rope-model-positions", action="store_true", help=argparse.SUPPRESS)

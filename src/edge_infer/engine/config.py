@@ -63,7 +63,7 @@ class EngineConfig:
     kv_cache_memory_bytes: int
     block_size: int = 16
     quant: QuantConfig | None = None
-    weight_backend: str = "auto"  # auto | onednn | dense
+    weight_backend: str = "auto"  # auto | onednn | dense | w16 (16-bit weights widened in the kernel: quant/widened.py)
     num_threads: int | None = None
     seed: int = 0
     eos_token_ids: tuple[int, ...] = ()

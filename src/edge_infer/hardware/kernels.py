@@ -76,11 +76,11 @@ class Kernel:
 
 # torch 2.13's tinygemm has vectorized code for AVX2 and AVX-512 only (none for aarch64).
 _SCALAR_INT4 = "PyTorch's int4 kernel runs its scalar loop (~1 G multiply-adds/s, 15-35x below its AVX2/AVX-512 path)"
-# edge-infer's int8-activation kernels (quant/csrc), fastest first; the scalar reference is not a serving path.
-INT8_VARIANTS = (
-    Variant("avx512-vnni", "x86_64", ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")),
-    Variant("avx-vnni", "x86_64", ("avx2", "fma", "avx_vnni")),
-    Variant("avx2", "x86_64", ("avx2", "fma")),
+# edge-infer's own kernels (quant/csrc), fastest first; the scalar reference is not a serving path.
+NATIVE_VARIANTS = (
+    Variant("avx512-vnni", "x86_64", ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")),
+    Variant("avx-vnni", "x86_64", ("avx2", "fma", "f16c", "avx_vnni")),
+    Variant("avx2", "x86_64", ("avx2", "fma", "f16c")),
     Variant("neon-dotprod", "aarch64", ("asimd", "dotprod")),
 )
 KERNELS = {
@@ -90,9 +90,11 @@ KERNELS = {
     "cpu-int4": Kernel("cpu-int4", "4-bit weights, bf16 activations: PyTorch's tinygemm (W4A16)",
                        {"x86_64": (), "aarch64": ()}, {"x86_64": ("avx2",)}, _SCALAR_INT4),
     "cpu-w4a8": Kernel("cpu-w4a8", "4-bit weights x int8 activations: edge-infer's int8 kernels (W4A8)",
-                       variants=INT8_VARIANTS),
+                       variants=NATIVE_VARIANTS),
     "cpu-w8a8": Kernel("cpu-w8a8", "8-bit weights x int8 activations: edge-infer's int8 kernels (W8A8)",
-                       variants=INT8_VARIANTS),
+                       variants=NATIVE_VARIANTS),
+    "cpu-w16a32": Kernel("cpu-w16a32", "the checkpoint's 16-bit weights at 2 bytes, widened to fp32 in edge-infer's "
+                         "kernel (W16A32)", variants=NATIVE_VARIANTS),
 }
 QUANT_KERNELS = {"cpu_int4": "cpu-int4", "cpu_w4a8": "cpu-w4a8", "cpu_w8a8": "cpu-w8a8"}
 
@@ -151,10 +153,12 @@ def select_kernels(
     weight_backend: str = "auto",
     dtype_explicit: bool = False,
     built_variants: tuple[str, ...] | None = None,
+    stored_16bit: str | None = None,
 ) -> KernelSelection:
     """The kernel of each linear kind for these options on ``cpu``; ``dtype`` is resolved (not "auto"),
     ``dtype_explicit`` when the user chose it; ``built_variants``: the ISA variants in edge-infer's built
-    kernel library (quant.native_build.built_variants), when known."""
+    kernel library (quant.native_build.built_variants), when known; ``stored_16bit``: the checkpoint's
+    weight dtype (bfloat16 or float16) when all its weights are 16-bit."""
     refusals: list[str] = []
     notes: list[str] = []
     onednn = KERNELS["onednn-bf16"]
@@ -163,6 +167,7 @@ def select_kernels(
     use_onednn = dtype == "bfloat16" and weight_backend != "dense" and onednn.missing(cpu) is None
     dense_kernel = "onednn-bf16" if use_onednn else "dense"
     dense_why = "bf16 in oneDNN's blocked layout (faster matrix-vector products)" if use_onednn else f"{dtype} F.linear"
+    widened = _widened_variant(cpu, dtype, quantization, weight_backend, built_variants, stored_16bit, refusals, notes)
 
     if dtype == "bfloat16" and not cpu.native_bf16:
         if quantization is None:
@@ -173,7 +178,10 @@ def select_kernels(
             notes.append("bfloat16 is emulated on this CPU (no avx512_bf16/amx_bf16/bf16) for attention and norms; "
                          f"the {QUANT_KERNELS[quantization]} linears take bf16 activations on their fast path")
     choices: list[KernelChoice] = []
-    if quantization is None:
+    w16 = KERNELS["cpu-w16a32"]
+    if widened is not None:
+        choices.append(KernelChoice("decoder linears", w16.name, dtype, w16.computes, widened))
+    elif quantization is None:
         choices.append(KernelChoice("decoder linears", dense_kernel, dtype, dense_why))
     else:
         kernel = KERNELS[QUANT_KERNELS[quantization]]
@@ -207,11 +215,40 @@ def select_kernels(
             refusals.append(f"--packed-head: {reason}; drop --packed-head (the head then reads the embedding table)")
         choices += [KernelChoice("output head", "onednn-bf16", dtype, "a second, packed copy of the embedding table"),
                     KernelChoice("embedding lookup", "table", dtype, "the embedding table")]
+    elif widened is not None:
+        head = replace(choices[0], kind="output head", why=("holds the tied table once, 16-bit" if tied else w16.computes))
+        lookup = (replace(choices[0], kind="embedding lookup", why="rows read back from the head (one copy)") if tied
+                  else KernelChoice("embedding lookup", "table", stored_16bit, "the 16-bit table, rows widened at lookup"))
+        choices += [head, lookup]
     else:
         head_why = "reads the embedding table (tied, one copy)" if tied else dense_why
         choices += [KernelChoice("output head", "dense" if tied else dense_kernel, dtype, head_why),
                     KernelChoice("embedding lookup", "table", dtype, "the embedding table")]
     return KernelSelection(dtype, choices, refusals, notes)
+
+
+def _widened_variant(cpu: CpuCapabilities, dtype: str, quantization: str | None, weight_backend: str,
+                     built_variants: tuple[str, ...] | None, stored_16bit: str | None, refusals: list[str],
+                     notes: list[str]) -> str | None:
+    """The W16A32 variant when a 16-bit checkpoint runs with float32 activations (its weights then stay at 2 bytes),
+    else None; where it cannot run, the doubled bytes are said (or, when asked for by name, refused)."""
+    asked = weight_backend == "w16"
+    if quantization is not None or dtype != "float32" or stored_16bit is None or weight_backend not in ("auto", "w16"):
+        if asked:
+            refusals.append("--weight-backend w16 keeps a 16-bit checkpoint's weights for float32 activations; this "
+                            "load is quantized, bfloat16 or from 32-bit weights: drop --weight-backend")
+        return None
+    kernel = KERNELS["cpu-w16a32"]
+    variant = kernel.variant(cpu, built_variants)
+    if variant is not None:
+        return variant.name
+    reason = kernel.missing(cpu) or "the built kernel library holds no variant this CPU runs"
+    if asked:
+        refusals.append(f"--weight-backend w16: {reason}; use --weight-backend dense")
+    else:
+        notes.append(f"the checkpoint's {stored_16bit} weights are held in float32, twice their bytes ({reason}); "
+                     f"--quantization cpu_int4 would shrink them instead")
+    return None
 
 
 def _nearest_quant(cpu: CpuCapabilities, refused: str) -> str:

@@ -152,9 +152,9 @@ class DecoderLM(nn.Module):
         return total
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if self.embed is None:  # tied head held only in its quantized form
+        if self.embed is None:  # tied head held only in its quantized (or 16-bit packed) form
             return self.lm_head.kernel.rows(input_ids)
-        return F.embedding(input_ids, self.embed)
+        return F.embedding(input_ids, self.embed).to(self.dtype)  # a 16-bit table for fp32 activations: widened here
 
     def decode(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: "KVCache") -> torch.Tensor:
         """Run the decoder layers over input embeddings ``[T, hidden]``; returns hidden states."""

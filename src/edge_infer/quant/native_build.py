@@ -44,7 +44,7 @@ class IsaSource:
 
 # Every variant rounds alike only without implicit contraction into fused multiply-adds (isa_common.h).
 COMMON_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-ffp-contract=off", "-fno-math-errno")
-_AVX2 = ("-mavx2", "-mfma")
+_AVX2 = ("-mavx2", "-mfma", "-mf16c")
 ISA_SOURCES = {
     "x86_64": (
         IsaSource("scalar", "isa_scalar.cpp", ()),

@@ -90,6 +90,15 @@ def quantized_nbytes(rows: int, cols: int, quant: QuantConfig, dtype_bytes: int)
     return n * k * quant.bits // 8 + (k // quant.group_size) * n * per_group * scale_bytes
 
 
+def widened_spec_nbytes(spec: WeightSpec, dtype_bytes: int, tied: bool) -> int:
+    """Resident bytes of one tensor when a 16-bit checkpoint runs on the W16A32 kernel (quant/widened.py): every
+    linear at 2 bytes in 64-row tiles (a tied table once, held by the head), a separate embedding table at
+    2 bytes, the rest (norms) in the activation dtype."""
+    if spec.is_linear or (spec.target == "embed" and tied):
+        return padded(spec.shape[0], INT8_KERNEL_ROW_MULTIPLE) * spec.shape[1] * 2
+    return spec.numel * (2 if spec.target == "embed" else dtype_bytes)
+
+
 def is_quantized(spec: WeightSpec, quant: QuantConfig, tied: bool) -> bool:
     """Whether ``spec`` is held in int4: every linear of the decoder layers; the output
     head (its own tensor, or the embedding table of a tied model) only with quantize_head."""
@@ -137,6 +146,11 @@ def repack_transient_bytes(specs: list[WeightSpec], quant: QuantConfig, tied: bo
 
     per_element = 2 * source_bytes + REPACK_BYTES_PER_ELEMENT
     return max(block_rows(s) * padded(s.shape[1], quant.group_size) for s in quantized) * per_element
+
+
+def widened_transient_bytes(specs: list[WeightSpec]) -> int:
+    """Load-time working memory of the W16A32 path: one block of 16-bit rows as read, concatenated and padded."""
+    return max(min(s.shape[0], repack_block_rows(s.shape[1], 1)) * s.shape[1] * 2 * 3 for s in specs if s.is_linear)
 
 
 def checkpoint_quantization_config(quant: QuantConfig) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 //
 // For every variant named, random cases (all group sizes, symmetric and asymmetric int4, int8, one and
 // several activation rows, zero padding rows and columns, all-zero groups, NaN and infinity, fp32 and
-// bf16 activations) must give exactly the scalar reference's bits, and the scalar reference must lie
-// within the int8 activation rounding bound of the exact product. Prints one line per variant and a
+// bf16 activations; bf16 and fp16 weights widened to fp32) must give exactly the scalar reference's
+// bits, and the scalar reference must lie within the int8 activation rounding bound (fp32 rounding for
+// widened weights) of the exact product. Prints one line per variant and a
 // checksum of the reference's outputs (the same on every machine: the tests compare x86 with ARM);
 // exits non-zero after the first failures. Built by tests/quant/test_isa_variants.py, natively and, for ARM,
 // cross-compiled and run under qemu-aarch64.
@@ -195,6 +196,45 @@ void run_case(const std::vector<const IsaKernels*>& variants, const Case& c, Rng
   }
 }
 
+// 16-bit weights (bf16 or fp16) widened to fp32: every variant bit-identical to the reference, the reference
+// within fp32 rounding of the exact product.
+void run_w16_case(const std::vector<const IsaKernels*>& variants, bool fp16, int m, Rng& rng) {
+  const int k = 1 + rng.below(300);
+  std::vector<uint16_t> w(kTileRows * k);
+  std::vector<double> wd(kTileRows * k);
+  for (size_t j = 0; j < w.size(); ++j) {
+    const int sign = rng.below(2), exponent = 10 + rng.below(10), mantissa = rng.below(fp16 ? 1024 : 128);
+    if (fp16) {  // built from its fields and decoded independently of the kernels' conversion
+      w[j] = static_cast<uint16_t>(sign << 15 | exponent << 10 | mantissa);
+      wd[j] = (sign ? -1 : 1) * std::ldexp(1.0 + mantissa / 1024.0, exponent - 15);
+    } else {
+      w[j] = static_cast<uint16_t>(sign << 15 | (exponent + 112) << 7 | mantissa);
+      wd[j] = (sign ? -1 : 1) * std::ldexp(1.0 + mantissa / 128.0, exponent - 15);
+    }
+  }
+  std::vector<float> x(m * k);
+  for (float& v : x) v = rng.uniform();
+  std::vector<float> want(m * kTileRows);
+  variants[0]->w16_tile(w.data(), fp16, x.data(), k, m, want.data());
+  for (float v : want) mix(v);
+  for (int i = 0; i < m; ++i)
+    for (int r = 0; r < kTileRows; ++r) {
+      double exact = 0.0, magnitude = 0.0;
+      for (int c = 0; c < k; ++c) {
+        exact += wd[c * kTileRows + r] * x[i * k + c];
+        magnitude += std::fabs(wd[c * kTileRows + r] * x[i * k + c]);
+      }
+      if (std::fabs(want[i * kTileRows + r] - exact) > magnitude * k * 0x1p-24 + 1e-30)
+        fail(variants[0]->name, "w16 outside fp32 rounding", r, want[i * kTileRows + r], static_cast<float>(exact));
+    }
+  for (size_t v = 1; v < variants.size(); ++v) {
+    std::vector<float> got(m * kTileRows, -1.f);
+    variants[v]->w16_tile(w.data(), fp16, x.data(), k, m, got.data());
+    for (size_t j = 0; j < got.size(); ++j)
+      if (!same(got[j], want[j])) fail(variants[v]->name, fp16 ? "w16 tile (fp16)" : "w16 tile (bf16)", static_cast<int>(j), got[j], want[j]);
+  }
+}
+
 // The attention helpers: the same fp32 sums on every variant.
 void run_vector_case(const std::vector<const IsaKernels*>& variants, Rng& rng) {
   const int n = 16 * (1 + rng.below(16));
@@ -251,6 +291,11 @@ int main(int argc, char** argv) {
             run_case(variants, c, rng);
             ++cases;
           }
+  for (int fp16 = 0; fp16 < 2; ++fp16)
+    for (int m : {1, 2, 5}) {
+      run_w16_case(variants, fp16 == 1, m, rng);
+      ++cases;
+    }
   for (int i = 0; i < 32; ++i) run_vector_case(variants, rng);
   for (size_t v = 0; v < variants.size(); ++v)
     std::printf("%s %s: %d matrix cases, 32 vector cases%s\n", failures ? "FAIL" : "ok", variants[v]->name, cases,

@@ -15,6 +15,8 @@
 //   W8A8 codes  int8  [Np/64, Kp/4, 64, 4]: for 4 input columns k..k+3, row r's 4 weights, each -127..127;
 //               a code q stands for q * scale.
 //        scales bf16  [Np/64, Kp/G, 64].
+//   W16A32      bf16 or fp16 [Np/64, K, 64]: column k's 64 weights, widened to fp32 in registers and
+//               multiplied with fp32 activations (no quantization: the checkpoint's 16-bit weights as they are).
 // One vector load thus feeds several rows at once with 4 or 8 columns each, and
 // the matching activations are broadcast: no horizontal sums anywhere.
 //
@@ -22,6 +24,7 @@
 // in -127..127. For one output row and one group, with exact int32 sums:
 //   W4A8: sum x w = alpha * scale * sum q code + (zero - 8 scale) * alpha * sum q
 //   W8A8: sum x w = alpha * scale * sum q code
+// W16A32 accumulates one fused multiply-add per column, in column order.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +49,8 @@ struct IsaKernels {
   // One 64-row tile times m activation rows: out[i * 64 + r] for row r of the tile and activation row i.
   void (*w4a8_tile)(const uint8_t* codes, const uint16_t* sz, const Int8Rows& x, int64_t m, float* out);
   void (*w8a8_tile)(const int8_t* codes, const uint16_t* scales, const Int8Rows& x, int64_t m, float* out);
+  // One 64-row tile of 16-bit weights (bf16, or fp16 when ``fp16``) times m fp32 rows x [m, k]: out as above.
+  void (*w16_tile)(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m, float* out);
   // Attention inner loops over bf16 vectors (n a multiple of 16), in fp32.
   float (*dot_bf16)(const uint16_t* a, const uint16_t* b, int64_t n);
   void (*axpy_bf16)(float w, const uint16_t* x, float* y, int64_t n);  // y += w * x

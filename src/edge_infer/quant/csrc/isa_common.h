@@ -22,6 +22,26 @@ inline float bf16_to_float(uint16_t v) {
   return f;
 }
 
+// IEEE half -> float, exactly (subnormals, infinities and NaNs included).
+inline float fp16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal: normalize
+    exp = 113;
+    while (!(man & 0x400)) man <<= 1, --exp;
+    bits = sign | (exp << 23) | ((man & 0x3FF) << 13);
+  }
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
 inline float to_float(float v) { return v; }
 inline float to_float(uint16_t v) { return bf16_to_float(v); }
 
@@ -97,6 +117,6 @@ inline float w8a8_group(float acc, int32_t dot, float scale, float alpha) {
 // Defines the variant's table from the tile kernels its translation unit implements.
 #define EDGE_INFER_ISA_TABLE(symbol, isa_name)                                                             \
   namespace edge_infer {                                                                                   \
-  extern const IsaKernels symbol = {isa_name, quantize_f32, quantize_bf16, w4a8_tile, w8a8_tile, dot_bf16, \
-                                    axpy_bf16};                                                            \
+  extern const IsaKernels symbol = {isa_name,  quantize_f32, quantize_bf16, w4a8_tile,                    \
+                                    w8a8_tile, w16_tile,     dot_bf16,      axpy_bf16};                   \
   }

@@ -79,6 +79,30 @@ void w8a8_tile(const int8_t* codes, const uint16_t* scales, const Int8Rows& x, i
   }
 }
 
+// 4 weights of one column widened to fp32: bf16 by a shift, fp16 by fcvtl.
+template <bool kFp16>
+inline float32x4_t widen4(const uint16_t* p) {
+  if (kFp16) return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
+  return load_bf16x4(p);
+}
+
+template <bool kFp16>
+void w16_rows(const uint16_t* w, const float* x, int64_t k, int64_t m, float* out) {
+  for (int64_t i = 0; i < m; ++i, out += kTileRows, x += k) {
+    float32x4_t acc[16];
+    for (int r = 0; r < 16; ++r) acc[r] = vdupq_n_f32(0.f);
+    for (int64_t c = 0; c < k; ++c) {
+      const float32x4_t a = vdupq_n_f32(x[c]);
+      for (int r = 0; r < 16; ++r) acc[r] = vfmaq_f32(acc[r], widen4<kFp16>(w + c * kTileRows + 4 * r), a);
+    }
+    for (int r = 0; r < 16; ++r) vst1q_f32(out + 4 * r, acc[r]);
+  }
+}
+
+void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m, float* out) {
+  fp16 ? w16_rows<true>(w, x, k, m, out) : w16_rows<false>(w, x, k, m, out);
+}
+
 }  // namespace
 }  // namespace edge_infer
 

@@ -43,6 +43,18 @@ void w8a8_tile(const int8_t* codes, const uint16_t* scales, const Int8Rows& x, i
   }
 }
 
+void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m, float* out) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t r = 0; r < kTileRows; ++r) {
+      float acc = 0.f;
+      for (int64_t c = 0; c < k; ++c) {
+        const uint16_t v = w[c * kTileRows + r];
+        acc = __builtin_fmaf(fp16 ? fp16_to_float(v) : bf16_to_float(v), x[i * k + c], acc);
+      }
+      out[i * kTileRows + r] = acc;
+    }
+}
+
 }  // namespace
 }  // namespace edge_infer
 

@@ -1,4 +1,5 @@
-// int4 or int8 weights x int8 activations (W4A8, W8A8) linear, through the ISA variant the caller names.
+// int4 or int8 weights x int8 activations (W4A8, W8A8) and 16-bit weights x fp32 activations (W16A32) linears,
+// through the ISA variant the caller names.
 //
 // PyTorch's CPU int4 kernel dequantizes every weight to float before it
 // multiplies, which makes a single-token product compute-bound (about 19 G
@@ -113,6 +114,38 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   return y;
 }
 
+// x [M, K] fp32 -> [M, out_features] fp32, for 16-bit weights [Np/64, K, 64] (bf16 or fp16) widened in the kernel.
+at::Tensor w16_linear(const at::Tensor& x, const at::Tensor& w, int64_t out_features, const std::string& isa) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat,
+              "w16_linear: x must be a contiguous fp32 [M, K] tensor");
+  TORCH_CHECK(w.dim() == 3 && w.size(2) == kTileRows && w.is_contiguous() &&
+                  (w.scalar_type() == at::kBFloat16 || w.scalar_type() == at::kHalf),
+              "w16_linear: weights must be contiguous bf16 or fp16 [Np/64, K, 64]");
+  const int64_t m = x.size(0), k = x.size(1), tiles = w.size(0);
+  TORCH_CHECK(w.size(1) == k, "w16_linear: the input has ", k, " columns; the weight ", w.size(1));
+  TORCH_CHECK(out_features > (tiles - 1) * kTileRows && out_features <= tiles * kTileRows,
+              "w16_linear: ", out_features, " outputs do not fit ", tiles, " row tiles");
+  const IsaKernels& kernels = isa_named(isa);
+  const bool fp16 = w.scalar_type() == at::kHalf;
+  const uint16_t* weights = static_cast<const uint16_t*>(w.data_ptr());
+  const float* xp = x.data_ptr<float>();
+  at::Tensor y = at::empty({m, out_features}, x.options());
+  float* out = y.data_ptr<float>();
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    float scratch[kRowBlock * kTileRows];
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t rows = std::min(kTileRows, out_features - t * kTileRows);
+      for (int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
+        const int64_t block = std::min(kRowBlock, m - i0);
+        kernels.w16_tile(weights + t * k * kTileRows, fp16, xp + i0 * k, k, block, scratch);
+        for (int64_t i = 0; i < block; ++i)
+          std::copy(scratch + i * kTileRows, scratch + i * kTileRows + rows, out + (i0 + i) * out_features + t * kTileRows);
+      }
+    }
+  });
+  return y;
+}
+
 std::vector<std::string> isa_variants() {
   std::vector<std::string> names;
   for (const char* const* name = built_isas(); *name != nullptr; ++name) names.emplace_back(*name);
@@ -125,7 +158,11 @@ std::vector<std::string> isa_variants() {
 
 TORCH_LIBRARY_FRAGMENT(edge_infer, lib) {
   lib.def("int8_linear(Tensor x, Tensor codes, Tensor scales, int bits, int group, int out_features, str isa) -> Tensor");
+  lib.def("w16_linear(Tensor x, Tensor w, int out_features, str isa) -> Tensor");
   lib.def("isa_variants() -> str[]", &edge_infer::isa_variants);  // no tensor to dispatch on: one kernel for all
 }
 
-TORCH_LIBRARY_IMPL(edge_infer, CPU, lib) { lib.impl("int8_linear", &edge_infer::int8_linear); }
+TORCH_LIBRARY_IMPL(edge_infer, CPU, lib) {
+  lib.impl("int8_linear", &edge_infer::int8_linear);
+  lib.impl("w16_linear", &edge_infer::w16_linear);
+}
