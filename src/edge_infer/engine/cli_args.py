@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from edge_infer.engine.config import QUANT_METHODS, QUANTIZATION_CHOICES, QuantConfig
+from edge_infer.engine.config import PRIORITIES, QUANT_METHODS, QUANTIZATION_CHOICES, QuantConfig
 
 
 def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True) -> None:
@@ -21,7 +21,11 @@ def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True
     g.add_argument("--quantization", default=None, choices=QUANTIZATION_CHOICES,
                    help="quantized weights: cpu_int4 (4-bit, bf16 activations, PyTorch's kernel), cpu_w4a8 (4-bit, int8 "
                         "activations: faster) or cpu_w8a8 (8-bit, int8 activations: near-lossless); edge-infer's int8 "
-                        "kernels run on AVX2, AVX-VNNI, AVX-512 and ARM dotprod and are built on first use")
+                        "kernels run on AVX2, AVX-VNNI, AVX-512 and ARM dotprod and are built on first use); auto: "
+                        "chosen by --priority among what this CPU runs (edge-infer plan shows the choice and why)")
+    g.add_argument("--priority", default=None, choices=PRIORITIES,
+                   help="what --quantization auto optimizes (implied when only --priority is given): speed (default), "
+                        "fidelity or memory")
     g.add_argument("--group-size", type=int, default=None, help="quantization group size (32, 64, 128 or 256)")
     g.add_argument("--asym", action="store_true", help="cpu_int4/cpu_w4a8 with zero points (asymmetric)")
     g.add_argument("--quantize-head", action="store_true", help="quantize the output head too")
@@ -53,6 +57,7 @@ def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         quantization=quant,
+        priority=args.priority,
         num_threads=args.num_threads,
         weight_backend=args.weight_backend,
         rope_model_positions=args.rope_model_positions,

@@ -13,7 +13,9 @@ DTYPES = ("bfloat16", "float32")
 # What --quantization takes: 4-bit weights through PyTorch's tinygemm (W4A16), or 4- or 8-bit weights times
 # int8 activations on edge-infer's own kernels (W4A8, W8A8).
 QUANT_METHODS = ("cpu_int4", "cpu_w4a8", "cpu_w8a8")
-QUANTIZATION_CHOICES = (*QUANT_METHODS, "none")
+# "auto": chosen by priority among what this CPU runs (memory/weight_path.py).
+QUANTIZATION_CHOICES = (*QUANT_METHODS, "auto", "none")
+PRIORITIES = ("speed", "fidelity", "memory")
 
 
 @dataclass(frozen=True)

@@ -233,13 +233,26 @@ def plan_text_session(
     trim_after_load: bool = True,
     packed_head: bool = False,
     cpu: CpuCapabilities | None = None,
+    priority: str | None = None,
 ) -> TextPlan:
     """Plan a text session; see the module docstring. Raises only for unreadable checkpoints.
 
-    ``cpu`` plans for another CPU (``hardware.cpu.PROFILES``); by default, this one.
+    ``cpu`` plans for another CPU (``hardware.cpu.PROFILES``); by default, this one. ``quantization="auto"``
+    (or a ``priority`` without a quantization) picks the weight path by ``priority`` (speed, fidelity or
+    memory: memory/weight_path.py); an explicit quantization wins over a priority.
     """
     model_dir = str(model)
     cfg = ModelConfig.from_dir(model_dir)
+    if quantization == "auto" or (quantization is None and priority is not None):
+        from edge_infer.memory.weight_path import plan_auto
+
+        settings = dict(max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                        kv_cache_memory_bytes=kv_cache_memory_bytes, dtype=dtype, available_bytes=available_bytes,
+                        weight_backend=weight_backend, num_threads=num_threads, seed=seed, eos_token_ids=eos_token_ids,
+                        frontend=frontend, rope_model_positions=rope_model_positions, trim_after_load=trim_after_load,
+                        packed_head=packed_head)
+        stored_format = (cfg.quantization_config or {}).get("quant_method")
+        return plan_auto(plan_text_session, model_dir, priority, cpu or detect(), stored_format, **settings)
     tensors = check_checkpoint(cfg, model_dir, weight_specs(cfg))
     notes: list[str] = []
     reasons: list[str] = []
@@ -258,6 +271,9 @@ def plan_text_session(
                              dtype_explicit=dtype_explicit, built_variants=built, stored_16bit=stored_16bit)
     reasons += kernels.refusals
     notes += kernels.notes
+    if priority is not None:
+        notes.append(f"--priority {priority} does not apply: the weight path was chosen explicitly "
+                     f"({quant.name if quant else 'unquantized'}); use --quantization auto to choose by priority")
     native_kernel = kernels.kernel_for("decoder linears") in ("cpu-w4a8", "cpu-w8a8", "cpu-w16a32")
     if native_kernel and not kernels.refusals and (why := native_build.missing_toolchain()) is not None:
         if quant is not None:
