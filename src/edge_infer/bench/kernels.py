@@ -68,13 +68,24 @@ def _cases(rows: int, cols: int, group: int) -> list[tuple[str, str, Callable[[]
     if missing_requirement() is None:
         from edge_infer.quant.int8_kernels import W4A8Kernel, W8A8Kernel
 
+        from edge_infer.quant.widened import W16A32Kernel
+
+        def widened(variant: str):
+            def build():
+                kernel = W16A32Kernel(rows, cols, torch.bfloat16, variant=variant)
+                kernel.write_rows(0, weight.to(torch.bfloat16))
+                return kernel
+            return build
+
         cpu = detect()
-        for kernel_class, bits in ((W4A8Kernel, 4), (W8A8Kernel, 8)):
-            for variant in KERNELS[kernel_class.name].variants:
-                if variant.arch == cpu.arch and cpu.has(*variant.needs) and variant.name in built_variants():
-                    cases += [(f"{kernel_class.name}[{variant.name}]", dtype,
-                               packed(kernel_class, getattr(torch, dtype), bits, variant=variant.name))
-                              for dtype in ("bfloat16", "float32")]
+        for variant in KERNELS["cpu-w4a8"].variants:
+            if not (variant.arch == cpu.arch and cpu.has(*variant.needs) and variant.name in built_variants()):
+                continue
+            for kernel_class, bits in ((W4A8Kernel, 4), (W8A8Kernel, 8)):
+                cases += [(f"{kernel_class.name}[{variant.name}]", dtype,
+                           packed(kernel_class, getattr(torch, dtype), bits, variant=variant.name))
+                          for dtype in ("bfloat16", "float32")]
+            cases.append((f"cpu-w16a32[{variant.name}]", "float32", widened(variant.name)))  # bf16 weights, fp32 math
     return cases
 
 

@@ -25,6 +25,10 @@ from edge_infer.quant.sizes import repack_block_rows
 TILE_ROWS = 64
 # The checkpoint dtypes kept as they are.
 STORED = {"BF16": torch.bfloat16, "F16": torch.float16}
+# Activation rows from which a product widens tiles into fp32 scratch for PyTorch's GEMM instead (prefill), and
+# the scratch's size (the plan's activation item covers it: a few MiB against a chunk's activations).
+GEMM_ROWS = 16
+GEMM_SCRATCH_BYTES = 4 << 20
 
 
 class W16A32Kernel(PackedWeights):
@@ -55,9 +59,24 @@ class W16A32Kernel(PackedWeights):
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        y = torch.ops.edge_infer.w16_linear(x.reshape(-1, self.in_features).contiguous(), self.packed,
-                                            self.out_features, self.variant)
+        x = x.reshape(-1, self.in_features).contiguous()
+        if x.shape[0] >= GEMM_ROWS:
+            return self._gemm(x).view(*lead, self.out_features)
+        y = torch.ops.edge_infer.w16_linear(x, self.packed, self.out_features, self.variant)
         return y.view(*lead, self.out_features)
+
+    def _gemm(self, x: torch.Tensor) -> torch.Tensor:
+        """Many rows (a prefill chunk): widen a few tiles at a time into fp32 scratch and multiply with PyTorch's
+        GEMM, which blocks for cache better than one multiply-add per weight and row. The scratch is transient
+        (GEMM_SCRATCH_BYTES); nothing wider than 16 bits stays resident."""
+        y = torch.empty(x.shape[0], self.out_features)
+        step = max(1, GEMM_SCRATCH_BYTES // (TILE_ROWS * self.in_features * 4))  # tiles per scratch
+        for t in range(0, self.packed.shape[0], step):
+            w = self.packed[t:t + step].transpose(1, 2).float().reshape(-1, self.in_features)  # rows in order
+            first = t * TILE_ROWS
+            rows = min(w.shape[0], self.out_features - first)
+            y[:, first:first + rows] = F.linear(x, w[:rows])
+        return y
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Weight rows ``[len(ids), in_features]`` in fp32 (an embedding lookup)."""
