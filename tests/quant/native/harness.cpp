@@ -237,23 +237,40 @@ void run_w16_case(const std::vector<const IsaKernels*>& variants, bool fp16, int
 
 // The attention helpers: the same fp32 sums on every variant.
 void run_vector_case(const std::vector<const IsaKernels*>& variants, Rng& rng) {
-  const int n = 16 * (1 + rng.below(16));
-  std::vector<uint16_t> a(n), b(n);
-  for (int i = 0; i < n; ++i) {
-    a[i] = to_bf16(rng.uniform() * 4.f);
-    b[i] = to_bf16(rng.uniform());
+  const int n = 16 * (1 + rng.below(16)), count = 1 + rng.below(16), stride = n + 16 * rng.below(3);
+  std::vector<uint16_t> q(n), rows(count * stride);
+  for (auto& v : q) v = to_bf16(rng.uniform() * 4.f);
+  for (auto& v : rows) v = to_bf16(rng.uniform());
+  std::vector<float> w(count);
+  for (float& v : w) v = rng.uniform();
+  std::vector<float> want(count), y_ref(n, 0.5f);
+  variants[0]->dot_bf16(q.data(), rows.data(), stride, count, n, want.data());
+  variants[0]->axpy_bf16(w.data(), rows.data(), stride, count, n, y_ref.data());
+  for (int r = 0; r < count; ++r) {  // the reference's dot products against double precision
+    double exact = 0.0, magnitude = 0.0;
+    for (int i = 0; i < n; ++i) {
+      exact += static_cast<double>(from_bf16(q[i])) * from_bf16(rows[r * stride + i]);
+      magnitude += std::fabs(static_cast<double>(from_bf16(q[i])) * from_bf16(rows[r * stride + i]));
+    }
+    if (std::fabs(want[r] - exact) > magnitude * n * 0x1p-24) fail(variants[0]->name, "dot_bf16 rounding", r, want[r], exact);
   }
-  const float w = rng.uniform();
-  const float want = variants[0]->dot_bf16(a.data(), b.data(), n);
-  std::vector<float> y_ref(n, 0.5f);
-  variants[0]->axpy_bf16(w, a.data(), y_ref.data(), n);
-  mix(want);
+  for (float v : want) mix(v);
   for (float v : y_ref) mix(v);
+  std::vector<float> to_round(y_ref);
+  to_round[0] = NAN;
+  std::vector<uint16_t> rounded_ref(n);
+  variants[0]->round_bf16(to_round.data(), n, rounded_ref.data());
+  for (int i = 0; i < n; ++i)
+    if (rounded_ref[i] != (i == 0 ? 0x7FC0 : to_bf16(to_round[i]))) fail(variants[0]->name, "round_bf16", i, rounded_ref[i], 0);
   for (size_t v = 1; v < variants.size(); ++v) {
-    const float got = variants[v]->dot_bf16(a.data(), b.data(), n);
-    if (!same(got, want)) fail(variants[v]->name, "dot_bf16", n, got, want);
-    std::vector<float> y(n, 0.5f);
-    variants[v]->axpy_bf16(w, a.data(), y.data(), n);
+    std::vector<uint16_t> rounded(n);
+    variants[v]->round_bf16(to_round.data(), n, rounded.data());
+    if (rounded != rounded_ref) fail(variants[v]->name, "round_bf16", 0, 0, 0);
+    std::vector<float> got(count), y(n, 0.5f);
+    variants[v]->dot_bf16(q.data(), rows.data(), stride, count, n, got.data());
+    variants[v]->axpy_bf16(w.data(), rows.data(), stride, count, n, y.data());
+    for (int r = 0; r < count; ++r)
+      if (!same(got[r], want[r])) fail(variants[v]->name, "dot_bf16", r, got[r], want[r]);
     for (int i = 0; i < n; ++i)
       if (!same(y[i], y_ref[i])) fail(variants[v]->name, "axpy_bf16", i, y[i], y_ref[i]);
   }

@@ -55,9 +55,11 @@ struct Cache {
   const bf16* k;
   const bf16* v;
   int64_t block_size, kv_heads, d;
-  const bf16* row(const bf16* base, int64_t block, int64_t offset, int64_t head) const {
-    return base + ((block * block_size + offset) * kv_heads + head) * d;
+  // The first of one head's rows in one block; the next is ``stride()`` values on.
+  const uint16_t* row(const bf16* base, int64_t block, int64_t head) const {
+    return reinterpret_cast<const uint16_t*>(base + (block * block_size * kv_heads + head) * d);
   }
+  int64_t stride() const { return kv_heads * d; }
 };
 
 // One query head over the ``ctx`` keys of its sequence's blocks, softmax and weighted sum in fp32
@@ -65,16 +67,18 @@ struct Cache {
 void attend_head(const IsaKernels& isa, const bf16* q, const Cache& c, const int64_t* blocks, int64_t ctx,
                  int64_t kv_head, float scale, bf16* out) {
   std::vector<float> p(ctx);
+  for (int64_t j0 = 0; j0 < ctx; j0 += c.block_size)  // one cache block's keys per call
+    isa.dot_bf16(raw(q), c.row(c.k, blocks[j0 / c.block_size], kv_head), c.stride(), std::min(c.block_size, ctx - j0),
+                 c.d, p.data() + j0);
   float top = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < ctx; ++j) {
-    p[j] = isa.dot_bf16(raw(q), raw(c.row(c.k, blocks[j / c.block_size], j % c.block_size, kv_head)), c.d) * scale;
-    top = std::max(top, p[j]);
-  }
+  for (int64_t j = 0; j < ctx; ++j) top = std::max(top, p[j] *= scale);
   float total = 0.f;
   for (int64_t j = 0; j < ctx; ++j) total += (p[j] = std::exp(p[j] - top));
+  for (int64_t j = 0; j < ctx; ++j) p[j] /= total;
   std::vector<float> acc(c.d, 0.f);
-  for (int64_t j = 0; j < ctx; ++j)
-    isa.axpy_bf16(p[j] / total, raw(c.row(c.v, blocks[j / c.block_size], j % c.block_size, kv_head)), acc.data(), c.d);
+  for (int64_t j0 = 0; j0 < ctx; j0 += c.block_size)
+    isa.axpy_bf16(p.data() + j0, c.row(c.v, blocks[j0 / c.block_size], kv_head), c.stride(),
+                  std::min(c.block_size, ctx - j0), c.d, acc.data());
   for (int64_t i = 0; i < c.d; ++i) out[i] = static_cast<bf16>(acc[i]);
 }
 

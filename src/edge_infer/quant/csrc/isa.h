@@ -51,9 +51,12 @@ struct IsaKernels {
   void (*w8a8_tile)(const int8_t* codes, const uint16_t* scales, const Int8Rows& x, int64_t m, float* out);
   // One 64-row tile of 16-bit weights (bf16, or fp16 when ``fp16``) times m fp32 rows x [m, k]: out as above.
   void (*w16_tile)(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m, float* out);
-  // Attention inner loops over bf16 vectors (n a multiple of 16), in fp32.
-  float (*dot_bf16)(const uint16_t* a, const uint16_t* b, int64_t n);
-  void (*axpy_bf16)(float w, const uint16_t* x, float* y, int64_t n);  // y += w * x
+  // Attention inner loops over ``count`` bf16 rows of n values (n a multiple of 16) ``stride`` apart (the keys
+  // or values of one cache block), in fp32: out[j] = q . k_j, and y += w[j] * v_j for j in order.
+  void (*dot_bf16)(const uint16_t* q, const uint16_t* k, int64_t stride, int64_t count, int64_t n, float* out);
+  void (*axpy_bf16)(const float* w, const uint16_t* v, int64_t stride, int64_t count, int64_t n, float* y);
+  // n fp32 values -> bf16, rounding to nearest even; NaN stays NaN (0x7FC0, as PyTorch converts it).
+  void (*round_bf16)(const float* x, int64_t n, uint16_t* out);
 };
 
 // The variant of this name built into this library, or nullptr (not this architecture, or its compiler

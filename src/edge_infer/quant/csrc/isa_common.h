@@ -87,18 +87,32 @@ void quantize_bf16(const uint16_t* x, int64_t k, int64_t group, int8_t* q, float
   quantize_row(x, k, group, q, alpha, sum);
 }
 
-// 16 independent fp32 lanes, then a fixed pairwise reduction: the same sums on every variant.
-float dot_bf16(const uint16_t* a, const uint16_t* b, int64_t n) {
-  float lanes[16] = {};
-  for (int64_t i = 0; i < n; i += 16)
-    for (int j = 0; j < 16; ++j) lanes[j] = __builtin_fmaf(bf16_to_float(a[i + j]), bf16_to_float(b[i + j]), lanes[j]);
-  for (int width = 8; width > 0; width /= 2)
-    for (int j = 0; j < width; ++j) lanes[j] += lanes[j + width];
-  return lanes[0];
+// Each dot product in 16 independent fp32 lanes, then a fixed pairwise reduction (written out, so that it
+// unrolls): the same sums on every variant.
+void dot_bf16(const uint16_t* q, const uint16_t* k, int64_t stride, int64_t count, int64_t n, float* out) {
+  for (int64_t r = 0; r < count; ++r, k += stride) {
+    float lanes[16] = {};
+    for (int64_t i = 0; i < n; i += 16)
+      for (int j = 0; j < 16; ++j) lanes[j] = __builtin_fmaf(bf16_to_float(q[i + j]), bf16_to_float(k[i + j]), lanes[j]);
+    for (int j = 0; j < 8; ++j) lanes[j] += lanes[j + 8];
+    for (int j = 0; j < 4; ++j) lanes[j] += lanes[j + 4];
+    for (int j = 0; j < 2; ++j) lanes[j] += lanes[j + 2];
+    out[r] = lanes[0] + lanes[1];
+  }
 }
 
-void axpy_bf16(float w, const uint16_t* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = __builtin_fmaf(w, bf16_to_float(x[i]), y[i]);
+void axpy_bf16(const float* w, const uint16_t* v, int64_t stride, int64_t count, int64_t n, float* y) {
+  for (int64_t r = 0; r < count; ++r, v += stride)
+    for (int64_t i = 0; i < n; ++i) y[i] = __builtin_fmaf(w[r], bf16_to_float(v[i]), y[i]);
+}
+
+void round_bf16(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    __builtin_memcpy(&bits, x + i, sizeof bits);
+    const uint16_t rounded = static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+    out[i] = x[i] != x[i] ? static_cast<uint16_t>(0x7FC0) : rounded;
+  }
 }
 
 // The float part of one group for one output row: dot is the exact int32 sum of q * code.
@@ -117,6 +131,6 @@ inline float w8a8_group(float acc, int32_t dot, float scale, float alpha) {
 // Defines the variant's table from the tile kernels its translation unit implements.
 #define EDGE_INFER_ISA_TABLE(symbol, isa_name)                                                             \
   namespace edge_infer {                                                                                   \
-  extern const IsaKernels symbol = {isa_name,  quantize_f32, quantize_bf16, w4a8_tile,                    \
-                                    w8a8_tile, w16_tile,     dot_bf16,      axpy_bf16};                   \
+  extern const IsaKernels symbol = {isa_name, quantize_f32, quantize_bf16, w4a8_tile, w8a8_tile,        \
+                                    w16_tile, dot_bf16,     axpy_bf16,     round_bf16};                   \
   }

@@ -57,6 +57,12 @@ void quantize(const IsaKernels& isa, const at::BFloat16* x, int64_t k, int64_t g
   isa.quantize_bf16(reinterpret_cast<const uint16_t*>(x), k, group, q, alpha, sum);
 }
 
+void store(const IsaKernels&, const float* x, int64_t n, float* out) { std::copy(x, x + n, out); }
+
+void store(const IsaKernels& isa, const float* x, int64_t n, at::BFloat16* out) {
+  isa.round_bf16(x, n, reinterpret_cast<uint16_t*>(out));
+}
+
 }  // namespace
 
 template <typename T>
@@ -83,10 +89,7 @@ void int8_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64
           isa.w4a8_tile(codes, scales, a, block, scratch);
         else
           isa.w8a8_tile(reinterpret_cast<const int8_t*>(codes), scales, a, block, scratch);
-        for (int64_t i = 0; i < block; ++i) {
-          T* y = out + (i0 + i) * w.n + t * kTileRows;
-          for (int64_t r = 0; r < rows; ++r) y[r] = static_cast<T>(scratch[i * kTileRows + r]);
-        }
+        for (int64_t i = 0; i < block; ++i) store(isa, scratch + i * kTileRows, rows, out + (i0 + i) * w.n + t * kTileRows);
       }
     }
   });
