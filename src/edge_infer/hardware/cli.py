@@ -10,7 +10,8 @@ from edge_infer.hardware.cpu import PROFILES, CpuCapabilities, detect, profile
 from edge_infer.hardware.kernels import auto_dtype, select_kernels
 
 MiB = 1 << 20
-# The choices a user makes, as (label, quantization, quantize_head); shown for a tied model (the common small one).
+# The choices a user makes, as (label, quantization, quantize_head); shown for a tied bf16 checkpoint (the common
+# small one).
 CHOICES = (("unquantized", None, False), ("cpu_int4", "cpu_int4", False), ("cpu_int4 --quantize-head", "cpu_int4", True),
            ("cpu_w4a8", "cpu_w4a8", False), ("cpu_w4a8 --quantize-head", "cpu_w4a8", True), ("cpu_w8a8", "cpu_w8a8", False))
 
@@ -24,16 +25,21 @@ def report(cpu: CpuCapabilities, runtime: bool) -> dict[str, Any]:
     """The CPU, memory and, per choice, the auto dtype, kernels and refusals; ``runtime`` adds PyTorch's view."""
     from edge_infer.hardware.memory import available_memory_bytes, meminfo
 
+    from edge_infer.quant import native_build  # torch-free
+
+    # Which variants the built library holds and whether it can be built: only this machine's own business.
+    built = native_build.built_variants() if runtime else None
+    toolchain = native_build.missing_toolchain() if runtime else None
     choices = {}
     for label, quant, head in CHOICES:
         dtype, why = auto_dtype(cpu, quant)
-        int8_kernels = quant in ("cpu_w4a8", "cpu_w8a8") and runtime
-        if int8_kernels:
-            from edge_infer.quant import native_build
-        sel = select_kernels(cpu, dtype, quant, quantize_head=head, tied=True,
-                             built_variants=native_build.built_variants() if int8_kernels else None)
-        if int8_kernels and not sel.refusals and (reason := native_build.missing_toolchain()) is not None:
-            sel.refusals.append(f"--quantization {quant}: {reason}")
+        sel = select_kernels(cpu, dtype, quant, quantize_head=head, tied=True, stored_16bit="bfloat16",
+                             built_variants=built)
+        if toolchain is not None and not sel.refusals and sel.choices[0].variant is not None:
+            if quant is None:  # the 16-bit path is an optimisation: the plan falls back to float32 weights
+                sel.notes.append(f"the 16-bit path cannot be built here ({toolchain}): float32 weights, twice the bytes")
+            else:
+                sel.refusals.append(f"--quantization {quant}: {toolchain}")
         choices[label] = {"runs": not sel.refusals, "dtype_auto": dtype, "dtype_why": why, **sel.to_dict()}
     out: dict[str, Any] = {"cpu": cpu.to_dict(), "choices": choices}
     if runtime:
