@@ -59,65 +59,95 @@ inline __m256i broadcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
-void w4a8_tile(const uint8_t* codes, const uint16_t* sz, const Int8Rows& x, int64_t m, float* out) {
+// Activation rows i .. i + kRows - 1 through the tile's rows r0 .. r0 + 8 kRegs - 1: out[p * 64 + r] for row i + p.
+// Two activation rows share each unpacked weight register (a prefill chunk); one row takes the whole tile.
+template <int kRows, int kRegs>
+void w4a8_rows(const uint8_t* codes, const uint16_t* sz, const Int8Rows& x, int64_t i, int r0, float* out) {
   const int64_t groups = x.k / x.group;
   const __m256i low = _mm256_set1_epi8(0x0F);
-  for (int64_t i = 0; i < m; ++i, out += kTileRows) {
-    const int8_t* q = x.q + i * x.k;
-    __m256 acc[8];
-    for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < groups; ++g) {
-      __m256i dot[8];
-      for (int r = 0; r < 8; ++r) dot[r] = _mm256_setzero_si256();
-      const uint8_t* w = codes + g * x.group * (kTileRows / 2);
-      for (int64_t c = g * x.group; c < (g + 1) * x.group; c += 8, w += 4 * kTileRows) {
-        const __m256i a_lo = broadcast4(q + c), a_hi = broadcast4(q + c + 4);
-        for (int r = 0; r < 8; ++r) {
-          const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * r));
-          dot[r] = dot_nibbles(dot[r], _mm256_and_si256(bytes, low), _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low),
-                               a_lo, a_hi);
-        }
+  __m256 acc[kRows][kRegs];
+  for (int p = 0; p < kRows; ++p)
+    for (int r = 0; r < kRegs; ++r) acc[p][r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i dot[kRows][kRegs];
+    for (int p = 0; p < kRows; ++p)
+      for (int r = 0; r < kRegs; ++r) dot[p][r] = _mm256_setzero_si256();
+    const uint8_t* w = codes + g * x.group * (kTileRows / 2) + 4 * r0;
+    for (int64_t c = g * x.group; c < (g + 1) * x.group; c += 8, w += 4 * kTileRows) {
+      __m256i a_lo[kRows], a_hi[kRows];
+      for (int p = 0; p < kRows; ++p) {
+        a_lo[p] = broadcast4(x.q + (i + p) * x.k + c);
+        a_hi[p] = broadcast4(x.q + (i + p) * x.k + c + 4);
       }
-      const uint16_t* s = sz + g * 2 * kTileRows;
-      const float alpha = x.alpha[i * groups + g];
-      const __m256 al = _mm256_set1_ps(alpha);
-      const __m256 total = _mm256_set1_ps(alpha * static_cast<float>(x.sum[i * groups + g]));
-      const __m256 eight = _mm256_set1_ps(8.f);
-      for (int r = 0; r < 8; ++r) {
-        const __m256 scale = load_bf16x8(s + 8 * r), zero = load_bf16x8(s + kTileRows + 8 * r);
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), _mm256_mul_ps(scale, al), acc[r]);
-        acc[r] = _mm256_fmadd_ps(_mm256_fnmadd_ps(eight, scale, zero), total, acc[r]);
+      for (int r = 0; r < kRegs; ++r) {
+        const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * r));
+        const __m256i lo = _mm256_and_si256(bytes, low), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+        for (int p = 0; p < kRows; ++p) dot[p][r] = dot_nibbles(dot[p][r], lo, hi, a_lo[p], a_hi[p]);
       }
     }
-    for (int r = 0; r < 8; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
+    const uint16_t* s = sz + g * 2 * kTileRows + r0;
+    const __m256 eight = _mm256_set1_ps(8.f);
+    for (int p = 0; p < kRows; ++p) {
+      const float alpha = x.alpha[(i + p) * groups + g];
+      const __m256 al = _mm256_set1_ps(alpha);
+      const __m256 total = _mm256_set1_ps(alpha * static_cast<float>(x.sum[(i + p) * groups + g]));
+      for (int r = 0; r < kRegs; ++r) {
+        const __m256 scale = load_bf16x8(s + 8 * r), zero = load_bf16x8(s + kTileRows + 8 * r);
+        acc[p][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[p][r]), _mm256_mul_ps(scale, al), acc[p][r]);
+        acc[p][r] = _mm256_fmadd_ps(_mm256_fnmadd_ps(eight, scale, zero), total, acc[p][r]);
+      }
+    }
   }
+  for (int p = 0; p < kRows; ++p)
+    for (int r = 0; r < kRegs; ++r) _mm256_storeu_ps(out + p * kTileRows + r0 + 8 * r, acc[p][r]);
+}
+
+void w4a8_tile(const uint8_t* codes, const uint16_t* sz, const Int8Rows& x, int64_t m, float* out) {
+  int64_t i = 0;
+  for (; i + 1 < m; i += 2)  // pairs of rows, half a tile at a time (16 accumulators would not fit 16 registers)
+    for (int r0 = 0; r0 < kTileRows; r0 += 32) w4a8_rows<2, 4>(codes, sz, x, i, r0, out + i * kTileRows);
+  for (; i < m; ++i) w4a8_rows<1, 8>(codes, sz, x, i, 0, out + i * kTileRows);
+}
+
+// Activation rows i .. i + kRows - 1 through the tile's rows r0 .. r0 + 8 kRegs - 1, as w4a8_rows.
+template <int kRows, int kRegs>
+void w8a8_rows(const int8_t* codes, const uint16_t* scales, const Int8Rows& x, int64_t i, int r0, float* out) {
+  const int64_t groups = x.k / x.group;
+  __m256 acc[kRows][kRegs];
+  for (int p = 0; p < kRows; ++p)
+    for (int r = 0; r < kRegs; ++r) acc[p][r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i dot[kRows][kRegs];
+    for (int p = 0; p < kRows; ++p)
+      for (int r = 0; r < kRegs; ++r) dot[p][r] = _mm256_setzero_si256();
+    const int8_t* w = codes + g * x.group * kTileRows + 4 * r0;
+    for (int64_t c = g * x.group; c < (g + 1) * x.group; c += 4, w += 4 * kTileRows) {
+      __m256i a[kRows];
+      for (int p = 0; p < kRows; ++p) a[p] = broadcast4(x.q + (i + p) * x.k + c);
+      for (int r = 0; r < kRegs; ++r) {
+        const __m256i weights = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * r));
+        for (int p = 0; p < kRows; ++p) dot[p][r] = dot_int8(dot[p][r], weights, a[p]);
+      }
+    }
+    for (int p = 0; p < kRows; ++p) {
+      const __m256i offset = _mm256_set1_epi32(kInt8Offset * x.sum[(i + p) * groups + g]);
+      const __m256 al = _mm256_set1_ps(x.alpha[(i + p) * groups + g]);
+      for (int r = 0; r < kRegs; ++r) {
+        const __m256 scale = load_bf16x8(scales + g * kTileRows + r0 + 8 * r);
+        const __m256i exact = _mm256_sub_epi32(dot[p][r], offset);
+        acc[p][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), _mm256_mul_ps(scale, al), acc[p][r]);
+      }
+    }
+  }
+  for (int p = 0; p < kRows; ++p)
+    for (int r = 0; r < kRegs; ++r) _mm256_storeu_ps(out + p * kTileRows + r0 + 8 * r, acc[p][r]);
 }
 
 void w8a8_tile(const int8_t* codes, const uint16_t* scales, const Int8Rows& x, int64_t m, float* out) {
-  const int64_t groups = x.k / x.group;
-  for (int64_t i = 0; i < m; ++i, out += kTileRows) {
-    const int8_t* q = x.q + i * x.k;
-    __m256 acc[8];
-    for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < groups; ++g) {
-      __m256i dot[8];
-      for (int r = 0; r < 8; ++r) dot[r] = _mm256_setzero_si256();
-      const int8_t* w = codes + g * x.group * kTileRows;
-      for (int64_t c = g * x.group; c < (g + 1) * x.group; c += 4, w += 4 * kTileRows) {
-        const __m256i a = broadcast4(q + c);
-        for (int r = 0; r < 8; ++r)
-          dot[r] = dot_int8(dot[r], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * r)), a);
-      }
-      const __m256i offset = _mm256_set1_epi32(kInt8Offset * x.sum[i * groups + g]);
-      const __m256 al = _mm256_set1_ps(x.alpha[i * groups + g]);
-      for (int r = 0; r < 8; ++r) {
-        const __m256 scale = load_bf16x8(scales + g * kTileRows + 8 * r);
-        const __m256i exact = _mm256_sub_epi32(dot[r], offset);
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), _mm256_mul_ps(scale, al), acc[r]);
-      }
-    }
-    for (int r = 0; r < 8; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
-  }
+  int64_t i = 0;
+  for (; i + 1 < m; i += 2)
+    for (int r0 = 0; r0 < kTileRows; r0 += 32) w8a8_rows<2, 4>(codes, scales, x, i, r0, out + i * kTileRows);
+  for (; i < m; ++i) w8a8_rows<1, 8>(codes, scales, x, i, 0, out + i * kTileRows);
 }
 
 // 8 weights of one column widened to fp32: bf16 by a shift, fp16 by F16C's vcvtph2ps.
