@@ -1,7 +1,7 @@
 """Where a batch-1 decode step's time goes: torch.profiler over real engine steps.
 
     python benchmarks/profile_decode.py benchmarks/models/qwen2.5-0.5b \
-        [--packed-head] [--quantization cpu_int4|cpu_w4a8] --out benchmarks/results/profiles/NAME.json
+        [--packed-head] [--quantization cpu_int4|cpu_w4a8|cpu_w8a8] --out benchmarks/results/profiles/NAME.json
 
 Runs the engine core in this process (no worker) on two threads, decodes a
 while to warm up, then profiles decode steps at a short context. Reports the
@@ -29,7 +29,7 @@ def main() -> int:
     parser.add_argument("model")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--packed-head", action="store_true")
-    parser.add_argument("--quantization", choices=["cpu_int4", "cpu_w4a8"], default=None)
+    parser.add_argument("--quantization", choices=["cpu_int4", "cpu_w4a8", "cpu_w8a8"], default=None)
     parser.add_argument("--quantize-head", action="store_true")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -47,7 +47,7 @@ def main() -> int:
     stamp = provenance.collect(sorted(os.sched_getaffinity(0)))
     quant = None
     if args.quantization:
-        quant = QuantConfig(quantize_head=args.quantize_head, int8_activations=args.quantization == "cpu_w4a8")
+        quant = QuantConfig.named(args.quantization, quantize_head=args.quantize_head)
     config = EngineConfig(
         model=args.model, dtype=args.dtype, max_model_len=512, max_num_seqs=1, max_num_batched_tokens=512,
         kv_cache_memory_bytes=32 << 20, quant=quant, packed_head=args.packed_head, num_threads=2,

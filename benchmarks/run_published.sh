@@ -5,7 +5,7 @@
 #
 # Run it on quiet cores: every grid refuses busy cores and holds the host
 # lock. First (once) it writes the synthetic checkpoints and their GGUFs
-# (bf16 export, Q8_0 and Q4_K_M through llama.cpp's quantizer) under
+# (bf16 export, Q8_0, Q4_K_M and Q4_0 through llama.cpp's quantizer) under
 # benchmarks/models/, then runs every spec in benchmarks/specs/ into
 # benchmarks/results/<spec>.json, profiles batch-1 decode steps into
 # benchmarks/results/profiles/ and speech frames into benchmarks/results/tts-frames/. An arm that fails is kept in its result as a
@@ -24,7 +24,7 @@ prepare() {  # family preset
   if [ ! -f "$models/$2/config.json" ]; then
     $EDGE_INFER synth "$models/$2" --family "$1" --preset "$2"
   fi
-  if [ ! -f "$models/gguf/$2-Q4_K_M.gguf" ] || [ ! -f "$models/gguf/$2-Q8_0.gguf" ]; then
+  if [ ! -f "$models/gguf/$2-Q4_K_M.gguf" ] || [ ! -f "$models/gguf/$2-Q8_0.gguf" ] || [ ! -f "$models/gguf/$2-Q4_0.gguf" ]; then
     $EDGE_INFER bench llamacpp prepare "$models/$2" "$models/gguf"
   fi
 }

@@ -59,14 +59,44 @@ def live_children():
     return out
 
 
-def packed_kernel(kernel_class, weight, group_size: int, symmetric: bool, dtype, block_rows: int = 128):
-    """``weight`` quantized and packed into ``kernel_class`` (Int4Kernel or W4A8Kernel) in blocks of rows,
-    as the loader does; returns the kernel and the quantized rows."""
+def packed_kernel(kernel_class, weight, group_size: int, symmetric: bool, dtype, block_rows: int = 128, bits: int = 4,
+                  **kernel_kw):
+    """``weight`` quantized to ``bits`` and packed into ``kernel_class`` (Int4Kernel, W4A8Kernel, W8A8Kernel) in
+    blocks of rows, as the loader does; returns the kernel and the quantized rows."""
     from edge_infer.quant.quantize import quantize_rows
 
-    q = quantize_rows(weight, group_size, symmetric)
-    kernel = kernel_class(weight.shape[0], weight.shape[1], group_size, dtype)
+    q = quantize_rows(weight, group_size, symmetric, bits)
+    kernel = kernel_class(weight.shape[0], weight.shape[1], group_size, dtype, **kernel_kw)
     for start in range(0, weight.shape[0], block_rows):
         sl = slice(start, start + block_rows)
         kernel.write_rows(start, q.codes[sl], q.scales[sl], q.zeros[sl])
     return kernel, q
+
+
+def runnable_variants() -> list[str]:
+    """The ISA variants of edge-infer's kernels this CPU runs (masks included), fastest first; the scalar reference last."""
+    from edge_infer.hardware.cpu import detect
+    from edge_infer.hardware.kernels import NATIVE_VARIANTS
+
+    cpu = detect()
+    return [v.name for v in NATIVE_VARIANTS if v.arch == cpu.arch and cpu.has(*v.needs)] + ["scalar"]
+
+
+def require_built(variant: str) -> None:
+    """Skip, naming why, when the built library lacks ``variant`` (its compiler could not build it)."""
+    import pytest
+
+    from edge_infer.quant.native import built_variants
+
+    if variant not in built_variants():
+        pytest.skip(f"the kernel library was built without the {variant} variant (the compiler lacks its flags)")
+
+
+def on_variant(model, variant: str):
+    """``model`` (a DecoderLM) with every int8 kernel, and so the fused layer built at its next decode, on ``variant``."""
+    require_built(variant)
+    for _, lin in model.linears():
+        if hasattr(lin.kernel, "variant"):
+            lin.kernel.variant = variant
+    model.fused_decode = None
+    return model

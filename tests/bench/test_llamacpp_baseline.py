@@ -51,7 +51,7 @@ def test_quantized_ggufs_run_as_grid_arms_with_edge_infers_keys(root):
     done = run_cli("bench", "llamacpp", "prepare", str(model), str(root / "q"))
     assert done.returncode == 0, done.stderr[-2000:]
     files = last_json(done.stdout)["files"]
-    assert set(files) == {"bf16", "Q8_0", "Q4_K_M"}
+    assert set(files) == {"bf16", "Q8_0", "Q4_K_M", "Q4_0"}
 
     done = run_cli("bench", "llamacpp", "pp-tg", files["Q4_K_M"], "--pp", "16", "--tg", "32", "--reps", "3")
     assert done.returncode == 0, done.stderr[-2000:]

@@ -59,18 +59,23 @@ def test_a_mask_naming_an_unknown_feature_is_an_error_that_lists_the_known_ones(
     assert done.returncode == 2 and "warp_drive" in done.stderr and "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("name", ["avx2", "avx512", "arm-nodotprod"])
-def test_the_plan_refuses_w4a8_only_where_its_kernel_cannot_run(tiny_model, name):
-    plan = plan_text_session(tiny_model, max_model_len=256, quantization="cpu_w4a8", cpu=profile(name))
-    if name == "avx512":
-        assert not any("cpu_w4a8" in r and "lacks" in r for r in plan.reasons)
+# The int8 kernels' variant each profile runs (None: refused).
+INT8_VARIANT_OF = {"avx2": "avx2", "avx-vnni": "avx-vnni", "avx512": "avx512-vnni", "avx512-bf16": "avx512-vnni",
+                   "arm-nodotprod": None, "arm-dotprod": "neon-dotprod", "arm-i8mm": "neon-dotprod"}
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+@pytest.mark.parametrize("method", ["cpu_w4a8", "cpu_w8a8"])
+def test_the_plan_runs_the_int8_kernels_wherever_a_variant_does_and_names_it(tiny_model, name, method):
+    plan = plan_text_session(tiny_model, max_model_len=256, quantization=method, cpu=profile(name))
+    variant = INT8_VARIANT_OF[name]
+    if variant is not None:
+        assert not any(r.startswith("--quantization") for r in plan.reasons), plan.reasons
+        assert plan.kernels.choices[0].variant == variant and f"[{variant}]" in plan.table()
         return
     assert not plan.admitted and plan.engine_config is None
-    [reason] = [r for r in plan.reasons if r.startswith("--quantization cpu_w4a8")]
-    if name == "avx2":
-        assert "needs avx512f, avx512bw, avx512vl, avx512_vnni" in reason and "use --quantization cpu_int4" in reason
-    else:
-        assert "no implementation for aarch64" in reason and "slowly" in reason  # tinygemm is scalar on ARM
+    [reason] = [r for r in plan.reasons if r.startswith(f"--quantization {method}")]
+    assert "needs dotprod (its neon-dotprod variant)" in reason and "slowly" in reason  # tinygemm is scalar on ARM
 
 
 @pytest.mark.parametrize("name", sorted(PROFILES))
@@ -93,10 +98,13 @@ def test_explicit_slow_choices_run_but_say_so():
 
 
 def test_plan_cli_for_another_cpu_exits_1_with_the_alternative(tiny_model):
-    done = run_cli("plan", str(tiny_model), "--max-model-len", "256", "--quantization", "cpu_w4a8", "--cpu", "avx2")
+    done = run_cli("plan", str(tiny_model), "--max-model-len", "256", "--quantization", "cpu_w4a8", "--cpu", "arm-nodotprod")
     assert done.returncode == 1, done.stderr
     assert "REFUSED" in done.stdout and "use --quantization cpu_int4" in done.stdout
-    assert "cpu x86_64 avx2 fma f16c (profile avx2)" in done.stdout
+    assert "cpu aarch64 asimd (profile arm-nodotprod)" in done.stdout
+    done = run_cli("plan", str(tiny_model), "--max-model-len", "256", "--quantization", "cpu_w4a8", "--cpu", "avx2")
+    assert done.returncode == 0 and "cpu x86_64 avx2 fma f16c (profile avx2)" in done.stdout
+    assert "cpu-w4a8 [avx2]" in done.stdout
     listing = json.loads(run_cli("plan", str(tiny_model), "--max-model-len", "256", "--json", "--cpu", "arm-dotprod").stdout)
     assert listing["cpu"]["arch"] == "aarch64" and listing["kernels"]["kernels"]["decoder linears"]["kernel"] == "dense"
 
@@ -105,7 +113,10 @@ def test_doctor_reports_every_choice_and_refuses_by_name():
     rep = json.loads(run_cli("doctor", "--json", "--cpu", "avx2").stdout)
     assert rep["cpu"]["features"] == ["avx2", "fma", "f16c"]
     assert rep["choices"]["cpu_int4"]["runs"] and rep["choices"]["cpu_int4"]["dtype_auto"] == "bfloat16"
-    assert not rep["choices"]["cpu_w4a8"]["runs"] and "avx512_vnni" in rep["choices"]["cpu_w4a8"]["refusals"][0]
+    w4a8 = rep["choices"]["cpu_w4a8"]
+    assert w4a8["runs"] and w4a8["kernels"]["decoder linears"]["variant"] == "avx2"
+    rep = json.loads(run_cli("doctor", "--json", "--cpu", "arm-nodotprod").stdout)
+    assert not rep["choices"]["cpu_w8a8"]["runs"] and "dotprod" in rep["choices"]["cpu_w8a8"]["refusals"][0]
     here = run_cli("doctor")
     assert here.returncode == 0 and detect().isa_summary.split()[0] in here.stdout and "dispatches to" in here.stdout
 

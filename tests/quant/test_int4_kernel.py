@@ -15,7 +15,7 @@ from edge_infer.models.weights import WeightSpec
 from edge_infer.engine.config import QuantConfig
 from edge_infer.quant.kernel import Int4Kernel
 from edge_infer.quant.quantize import dequantize_rows, pack_nibbles, quantize_rows, unpack_nibbles
-from edge_infer.quant.sizes import GROUP_SIZES, int4_nbytes, linear_nbytes
+from edge_infer.quant.sizes import GROUP_SIZES, quantized_nbytes, linear_nbytes
 
 
 def packed_kernel(weight: torch.Tensor, group_size: int, symmetric: bool, dtype: torch.dtype, block_rows: int = 128):
@@ -47,7 +47,7 @@ def test_shapes_the_kernel_cannot_take_are_padded(shape):
     assert kernel(x).shape == (3, shape[0])
     ref = x @ dequantize_rows(q, 32, shape[1]).T
     assert torch.allclose(kernel(x), ref, atol=1e-4, rtol=1e-4)
-    assert kernel.nbytes == int4_nbytes(*shape, QuantConfig(group_size=32), 4)
+    assert kernel.nbytes == quantized_nbytes(*shape, QuantConfig(group_size=32), 4)
 
 
 def test_quantization_error_is_bounded_by_half_a_step():

@@ -87,3 +87,12 @@ def test_quantized_checkpoint_missing_its_scales_fails_with_the_tensor_named(tmp
     save_file(tensors, str(broken / "model.safetensors"))
     with pytest.raises(CheckpointError, match="down_proj.weight_scale"):
         make_core(broken)
+
+
+def test_the_cli_writes_8bit_checkpoints_and_refuses_asymmetric_ones(tmp_path, tied_model, capsys):
+    assert main(["quantize", str(tied_model), str(tmp_path / "asym"), "--bits", "8", "--asym"]) == 2
+    assert "8-bit weights are symmetric" in capsys.readouterr().err
+    assert main(["quantize", str(tied_model), str(tmp_path / "q8"), "--bits", "8", "--group-size", "64"]) == 0
+    assert "wrote cpu_int8 g64 sym checkpoint" in capsys.readouterr().out
+    raw = json.loads((tmp_path / "q8" / "config.json").read_text())["quantization_config"]
+    assert (raw["quant_method"], raw["bits"], raw["group_size"]) == ("cpu_int8", 8, 64)

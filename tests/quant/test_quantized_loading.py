@@ -13,7 +13,7 @@ from edge_infer.quant.install import SCALE_SUFFIX, ZERO_SUFFIX
 from edge_infer.quant.kernel import Int4Kernel
 from edge_infer.quant.quantize import QuantizedRows, dequantize_rows, unpack_nibbles
 from edge_infer.quant.sizes import GROUP_SIZES
-from edge_infer.quant.w4a8 import missing_requirement
+from edge_infer.quant.native import missing_requirement
 
 PROMPT = [5, 17, 99, 3, 250, 41, 7, 300, 2]
 
@@ -48,11 +48,15 @@ def test_loaded_int4_linear_equals_dequantized_checkpoint_matmul(tmp_path, untie
     assert torch.allclose(layer.qkv.kernel(x), x @ qkv.T, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize(
-    "quant",
-    [QuantConfig(group_size=32), QuantConfig(group_size=64, symmetric=False, quantize_head=True)],
-    ids=["g32-sym", "g64-asym-head"],
-)
+needs_int8_kernels = pytest.mark.skipif(missing_requirement() is not None, reason=str(missing_requirement()))
+
+
+@pytest.mark.parametrize("quant", [
+    pytest.param(QuantConfig(group_size=32), id="g32-sym"),
+    pytest.param(QuantConfig(group_size=64, symmetric=False, quantize_head=True), id="g64-asym-head"),
+    pytest.param(QuantConfig.named("cpu_w8a8", group_size=64, quantize_head=True), id="8bit-g64-head",
+                 marks=needs_int8_kernels),
+])
 @pytest.mark.parametrize("family", ["tied", "untied"])
 def test_exported_checkpoint_loads_to_the_same_model_as_quantizing_on_load(
     tmp_path, tied_model, untied_model, make_core, greedy, quant, family
@@ -66,25 +70,26 @@ def test_exported_checkpoint_loads_to_the_same_model_as_quantizing_on_load(
     assert torch.equal(exported.score(PROMPT), on_load.score(PROMPT))
     tokens = greedy(exported, PROMPT)
     assert tokens == greedy(on_load, PROMPT)
-    assert tokens != greedy(make_core(src), PROMPT), "int4 should change this wide-init model's output"
-
-
-needs_w4a8 = pytest.mark.skipif(missing_requirement() is not None, reason=str(missing_requirement()))
+    if quant.bits == 4:
+        assert tokens != greedy(make_core(src), PROMPT), "int4 should change this wide-init model's output"
 
 
 def kernel_class(quant: QuantConfig) -> type:
     if quant.int8_activations:
-        from edge_infer.quant.w4a8 import W4A8Kernel
+        from edge_infer.quant.int8_kernels import W4A8Kernel, W8A8Kernel
 
-        return W4A8Kernel
+        return W8A8Kernel if quant.bits == 8 else W4A8Kernel
     return Int4Kernel
 
 
 @pytest.mark.parametrize("quant", [
     pytest.param(QuantConfig(group_size=32), id="int4-g32"),
     pytest.param(QuantConfig(group_size=128, symmetric=False, quantize_head=True), id="int4-g128-asym-head"),
-    pytest.param(QuantConfig.named("cpu_w4a8", group_size=64), id="w4a8-g64", marks=needs_w4a8),
-    pytest.param(QuantConfig.named("cpu_w4a8", group_size=32, quantize_head=True), id="w4a8-g32-head", marks=needs_w4a8),
+    pytest.param(QuantConfig.named("cpu_w4a8", group_size=64), id="w4a8-g64", marks=needs_int8_kernels),
+    pytest.param(QuantConfig.named("cpu_w4a8", group_size=32, quantize_head=True), id="w4a8-g32-head",
+                 marks=needs_int8_kernels),
+    pytest.param(QuantConfig.named("cpu_w8a8", group_size=32, quantize_head=True), id="w8a8-g32-head",
+                 marks=needs_int8_kernels),
 ])
 @pytest.mark.parametrize("family", ["tied", "untied"])
 def test_resident_weight_bytes_equal_the_plan_and_no_dense_copy_survives(tied_model, untied_model, make_core, quant, family):
@@ -101,7 +106,7 @@ def test_resident_weight_bytes_equal_the_plan_and_no_dense_copy_survives(tied_mo
         kernel = lin.kernel
         if isinstance(kernel, kernel_class(quant)):
             assert kernel.dense_copy is None
-            tensors += [kernel.packed, kernel.scales_zeros]
+            tensors += list(kernel.resident())
         elif isinstance(kernel, DenseKernel):
             tensors.append(kernel.weight)
         else:
@@ -116,9 +121,11 @@ def test_resident_weight_bytes_equal_the_plan_and_no_dense_copy_survives(tied_mo
             assert model.embed is None, "a quantized tied head must be the only copy of the embedding table"
 
 
-@pytest.mark.parametrize("method", [pytest.param("cpu_int4"), pytest.param("cpu_w4a8", marks=needs_w4a8)])
+@pytest.mark.parametrize("method", [pytest.param("cpu_int4"), pytest.param("cpu_w4a8", marks=needs_int8_kernels),
+                                    pytest.param("cpu_w8a8", marks=needs_int8_kernels)])
 def test_quantized_tied_head_serves_embedding_rows(tied_model, make_core, method):
-    quant = QuantConfig.named(method, group_size=32, symmetric=False, quantize_head=True)
+    quant = QuantConfig.named(method, group_size=32, symmetric=method == "cpu_w8a8",
+                              quantize_head=True)
     core = make_core(tied_model, quant, dtype="float32")
     kernel = core.model.lm_head.kernel
     ids = torch.tensor([0, 7, 300, core.model.cfg.vocab_size - 1])
@@ -164,7 +171,7 @@ def test_sharded_output_loads_like_a_single_file(tmp_path, untied_model, make_co
     assert torch.equal(make_core(sharded).score(PROMPT), make_core(single).score(PROMPT))
 
 
-@needs_w4a8
+@needs_int8_kernels
 def test_a_quantized_checkpoint_loads_with_int8_activations_on_request(tmp_path, tied_model, make_core):
     """cpu_w4a8 is a kernel choice: the stored cpu_int4 weights load into the W4A8 kernel, format settings kept."""
     from edge_infer.memory.plan import plan_text_session
@@ -176,3 +183,43 @@ def test_a_quantized_checkpoint_loads_with_int8_activations_on_request(tmp_path,
     core = make_core(out, "cpu_w4a8")
     assert core.ready_info.weight_bytes == core.plan.item("weights")
     assert {lin.kernel.name for name, lin in core.model.linears() if name.startswith("layers.")} == {"cpu-w4a8"}
+
+
+@needs_int8_kernels
+def test_an_8bit_checkpoint_names_its_format_and_loads_on_w8a8_only(tmp_path, tied_model, make_core):
+    from edge_infer.errors import InvalidRequestError
+    from edge_infer.memory.plan import plan_text_session
+
+    out = quantize_checkpoint(tied_model, tmp_path / "q8", QuantConfig.named("cpu_w8a8", group_size=32)).out_dir
+    raw = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert (raw["quant_method"], raw["bits"], raw["symmetric"]) == ("cpu_int8", 8, True)
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        codes = f.get_tensor("model.layers.0.mlp.down_proj.weight")
+    assert codes.dtype == torch.int8 and int(codes.abs().max()) <= 127
+    plan = plan_text_session(out, dtype="bfloat16", max_model_len=128)
+    assert plan.settings["quantization"] == "cpu_w8a8 g32 sym"
+    for wrong in ("cpu_int4", "cpu_w4a8"):
+        with pytest.raises(InvalidRequestError, match="8-bit cpu_int8 weights, which load with --quantization cpu_w8a8"):
+            plan_text_session(out, quantization=wrong, max_model_len=128)
+    core = make_core(out)
+    assert {lin.kernel.name for name, lin in core.model.linears() if name.startswith("layers.")} == {"cpu-w8a8"}
+
+
+@needs_int8_kernels
+@pytest.mark.parametrize("method", ["cpu_w4a8", "cpu_w8a8"])
+def test_a_checkpoint_gives_the_same_tokens_on_every_isa_variant(tmp_path, tied_model, make_core, greedy, method):
+    """The int8 kernels are bit-compatible across ISA variants (the harness checks NEON under qemu too), so a
+    checkpoint written on one machine computes the same logits and greedy tokens on AVX2, AVX-VNNI, AVX-512 and
+    NEON machines: here every variant this CPU runs, and the scalar reference."""
+    from testutil import on_variant, runnable_variants
+
+    out = quantize_checkpoint(tied_model, tmp_path / "q", QuantConfig.named(method, group_size=32)).out_dir
+    core = make_core(out, method)
+    results = {}
+    for variant in runnable_variants():
+        on_variant(core.model, variant)
+        results[variant] = (core.score(PROMPT), greedy(core, PROMPT))
+    first = next(iter(results.values()))
+    assert all(torch.equal(s, first[0]) and t == first[1] for s, t in results.values()), list(results)

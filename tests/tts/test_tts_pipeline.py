@@ -13,7 +13,7 @@ import pytest
 
 from edge_infer.runtime.omni import AsyncOmni, Omni
 from edge_infer.runtime.transport import list_segments
-from edge_infer.quant.w4a8 import missing_requirement
+from edge_infer.quant.native import missing_requirement
 from edge_infer.tts.deploy import SpeechPipeline
 from tts_helpers import CASES, REFERENCE, SAMPLES_PER_FRAME, STAGE_OVERRIDES, TINY, greedy
 

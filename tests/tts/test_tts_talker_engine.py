@@ -170,7 +170,7 @@ def w4a8_checkpoint(tmp_path_factory) -> Path:
     from dataclasses import replace
 
     from edge_infer.models.qwen3_tts import synth
-    from edge_infer.quant.w4a8 import missing_requirement
+    from edge_infer.quant.native import missing_requirement
 
     if missing_requirement() is not None:
         pytest.skip(missing_requirement())

@@ -14,13 +14,13 @@ import json
 import sys
 from pathlib import Path
 
-from edge_infer.engine.config import INT4_METHODS
+from edge_infer.engine.config import QUANT_METHODS
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reference", required=True, help="reference checkpoint directory (e.g. the bf16 model)")
     parser.add_argument("--candidate", default=None, help="candidate checkpoint directory (default: the reference)")
-    parser.add_argument("--candidate-quantization", default=None, choices=INT4_METHODS,
+    parser.add_argument("--candidate-quantization", default=None, choices=QUANT_METHODS,
                         help="quantize the candidate at load time (cpu_w4a8: int8 activations too)")
     parser.add_argument("--group-size", type=int, default=128, help="cpu_int4 group size of the candidate (default 128)")
     parser.add_argument("--asym", action="store_true", help="cpu_int4 candidate with zero points")

@@ -52,7 +52,7 @@ def _generate(llm: Any, ids: list[int], n: int) -> None:
 
 
 # The weight kernel (``WeightKernel.name``) each quantization method loads.
-QUANTIZED_KERNELS = {"cpu_int4": "cpu-int4", "cpu_w4a8": "cpu-w4a8"}
+QUANTIZED_KERNELS = {"cpu_int4": "cpu-int4", "cpu_w4a8": "cpu-w4a8", "cpu_w8a8": "cpu-w8a8"}
 
 
 def verify_loaded(plan: Any, ready: Any) -> list[str]:
@@ -67,7 +67,7 @@ def verify_loaded(plan: Any, ready: Any) -> list[str]:
     if planned is not None and QUANTIZED_KERNELS[planned.split()[0]] not in quantized_kernels:
         problems.append(f"quantization {planned} planned but its kernel did not load ({ready.weight_kernels})")
     if planned is None and quantized_kernels:
-        problems.append(f"no quantization planned but int4 kernels loaded ({ready.weight_kernels})")
+        problems.append(f"no quantization planned but quantized kernels loaded ({ready.weight_kernels})")
     return problems
 
 

@@ -35,7 +35,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _cases(rows: int, cols: int, group: int) -> list[tuple[str, str, Callable[[], Any]]]:
-    """(kernel, dtype, builder) for every kernel and activation dtype this CPU can run."""
+    """(kernel, dtype, builder) for every kernel and activation dtype this CPU can run; edge-infer's int8
+    kernels once per ISA variant this CPU runs (e.g. avx2 beside avx512-vnni), named ``kernel[variant]``."""
     import torch
 
     from edge_infer.hardware.cpu import detect
@@ -45,11 +46,13 @@ def _cases(rows: int, cols: int, group: int) -> list[tuple[str, str, Callable[[]
     from edge_infer.quant.quantize import quantize_rows
 
     weight = torch.randn(rows, cols, generator=torch.Generator().manual_seed(0)) / cols**0.5
-    q = quantize_rows(weight, group, True)
+    quantized = {bits: quantize_rows(weight, group, True, bits) for bits in (4, 8)}
 
-    def int4(kernel_class, dtype):
+    def packed(kernel_class, dtype, bits=4, **kw):
+        q = quantized[bits]
+
         def build():
-            kernel = kernel_class(rows, cols, group, dtype)
+            kernel = kernel_class(rows, cols, group, dtype, **kw)
             kernel.write_rows(0, q.codes, q.scales, q.zeros)
             return kernel
         return build
@@ -58,12 +61,31 @@ def _cases(rows: int, cols: int, group: int) -> list[tuple[str, str, Callable[[]
              ("dense", "bfloat16", lambda: DenseKernel(weight.to(torch.bfloat16)))]
     if onednn_bf16_available():
         cases.append(("onednn-bf16", "bfloat16", lambda: OneDnnBf16Kernel(weight.to(torch.bfloat16))))
-    cases += [("cpu-int4", "bfloat16", int4(Int4Kernel, torch.bfloat16)), ("cpu-int4", "float32", int4(Int4Kernel, torch.float32))]
-    if KERNELS["cpu-w4a8"].missing(detect()) is None:
-        from edge_infer.quant.w4a8 import W4A8Kernel, missing_requirement
+    cases += [("cpu-int4", "bfloat16", packed(Int4Kernel, torch.bfloat16)),
+              ("cpu-int4", "float32", packed(Int4Kernel, torch.float32))]
+    from edge_infer.quant.native import built_variants, missing_requirement
 
-        if missing_requirement() is None:
-            cases += [("cpu-w4a8", "bfloat16", int4(W4A8Kernel, torch.bfloat16)), ("cpu-w4a8", "float32", int4(W4A8Kernel, torch.float32))]
+    if missing_requirement() is None:
+        from edge_infer.quant.int8_kernels import W4A8Kernel, W8A8Kernel
+
+        from edge_infer.quant.widened import W16A32Kernel
+
+        def widened(variant: str):
+            def build():
+                kernel = W16A32Kernel(rows, cols, torch.bfloat16, variant=variant)
+                kernel.write_rows(0, weight.to(torch.bfloat16))
+                return kernel
+            return build
+
+        cpu = detect()
+        for variant in KERNELS["cpu-w4a8"].variants:
+            if not (variant.arch == cpu.arch and cpu.has(*variant.needs) and variant.name in built_variants()):
+                continue
+            for kernel_class, bits in ((W4A8Kernel, 4), (W8A8Kernel, 8)):
+                cases += [(f"{kernel_class.name}[{variant.name}]", dtype,
+                           packed(kernel_class, getattr(torch, dtype), bits, variant=variant.name))
+                          for dtype in ("bfloat16", "float32")]
+            cases.append((f"cpu-w16a32[{variant.name}]", "float32", widened(variant.name)))  # bf16 weights, fp32 math
     return cases
 
 
@@ -87,6 +109,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     threads = configure_threads(args.num_threads)
     ms = args.m or [1, 64]
     built = [(name, dtype, builder()) for name, dtype, builder in _cases(args.rows, args.cols, args.group_size)]
+    bytes_of = {(name, dtype): kernel.nbytes for name, dtype, kernel in built}  # resident weight bytes read per call
     inputs = {(dtype, m): torch.randn(m, args.cols).to(getattr(torch, dtype)) for _, dtype, _ in built for m in ms}
     cases = [(name, dtype, kernel, m) for name, dtype, kernel in built for m in ms]
     seconds: dict[tuple[str, str, int], list[float]] = {(n, d, m): [] for n, d, _, m in cases}
@@ -102,12 +125,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "kernel": name, "dtype": dtype, "m": m, "median_us": round(med * 1e6, 2),
             "spread": round((max(ts) - min(ts)) / med, 3), "passes_us": [round(t * 1e6, 2) for t in ts],
             "g_weight_mults_per_s": round(args.rows * args.cols * m / med / 1e9, 2),
+            "weight_gb_per_s": round(bytes_of[(name, dtype)] / med / 1e9, 2),
         })
     # Top-level rates are what a grid arm reports (bench/arm_output.py): one per case.
-    rates = {f"{r['kernel'].replace('-', '_')}_{r['dtype']}_m{r['m']}_gmult_per_s": r["g_weight_mults_per_s"] for r in results}
+    rates = {f"{_key(r['kernel'])}_{r['dtype']}_m{r['m']}_gmult_per_s": r["g_weight_mults_per_s"] for r in results}
     return {**rates, "benchmark": "kernels", "shape": [args.rows, args.cols], "group_size": args.group_size,
             "num_threads": threads, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "cases": results, "ratios": _ratios(results)}
+
+
+def _key(kernel: str) -> str:
+    """``cpu-w4a8[avx2]`` -> ``cpu_w4a8_avx2``: a metric name."""
+    return kernel.replace("[", "_").replace("]", "").replace("-", "_")
 
 
 def _ratios(results: list[dict[str, Any]]) -> dict[str, float]:

@@ -2,7 +2,7 @@
 
     export MODEL DST.gguf [--outtype bf16]     the checkpoint as GGUF (our exporter, the `gguf` library)
     quantize SRC.gguf DST.gguf --type Q4_K_M   llama.cpp's own quantizer
-    prepare MODEL DIR                          export bf16, then Q8_0 and Q4_K_M next to it
+    prepare MODEL DIR                          export bf16, then Q8_0, Q4_K_M and Q4_0 next to it
     pp-tg FILE.gguf [--pp 512] [--tg 128]      a grid arm: the same JSON keys as `bench pp-tg`
     check MODEL FILE.gguf                      greedy tokens of llama.cpp vs edge-infer on the same prompts
 
@@ -24,7 +24,7 @@ from edge_infer.bench import llama_bench
 from edge_infer.bench.arm_output import emit, mib, model_fingerprint, stamp
 from edge_infer.bench.provenance import now_utc
 
-QUANT_CHOICES = ("Q8_0", "Q4_K_M")
+QUANT_CHOICES = ("Q8_0", "Q4_K_M", "Q4_0")
 
 
 def _threads(args: argparse.Namespace) -> int:
@@ -45,10 +45,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--type", required=True, choices=QUANT_CHOICES)
     p.add_argument("--threads", type=int, default=None, help="default: the cores this process may use")
 
-    p = sub.add_parser("prepare", help="export bf16 and quantize to Q8_0 and Q4_K_M into a directory")
+    p = sub.add_parser("prepare", help="export bf16 and quantize to Q8_0, Q4_K_M and Q4_0 into a directory")
     p.add_argument("model", type=Path, help="checkpoint directory")
-    p.add_argument("dir", type=Path, help="directory for <name>-bf16.gguf, <name>-Q8_0.gguf, <name>-Q4_K_M.gguf")
-    p.add_argument("--types", default=",".join(QUANT_CHOICES), help="quantized types to make (default Q8_0,Q4_K_M)")
+    p.add_argument("dir", type=Path, help="directory for <name>-bf16.gguf, <name>-Q8_0.gguf, <name>-Q4_K_M.gguf, <name>-Q4_0.gguf")
+    p.add_argument("--types", default=",".join(QUANT_CHOICES), help="quantized types to make (default Q8_0,Q4_K_M,Q4_0)")
     p.add_argument("--threads", type=int, default=None)
 
     p = sub.add_parser("pp-tg", help="prefill/decode rates of a GGUF in llama.cpp (one JSON line, a grid arm)")

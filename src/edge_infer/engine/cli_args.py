@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from edge_infer.engine.config import INT4_METHODS, QUANTIZATION_CHOICES, QuantConfig
+from edge_infer.engine.config import PRIORITIES, QUANT_METHODS, QUANTIZATION_CHOICES, QuantConfig
 
 
 def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True) -> None:
@@ -19,15 +19,20 @@ def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True
     g.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step (prefill chunk size)")
     g.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="exact KV cache budget in bytes")
     g.add_argument("--quantization", default=None, choices=QUANTIZATION_CHOICES,
-                   help="int4 weights: cpu_int4 (bf16 activations, PyTorch's kernel) or cpu_w4a8 (int8 activations, "
-                        "AVX512-VNNI; faster, built on first use)")
-    g.add_argument("--group-size", type=int, default=None, help="cpu_int4/cpu_w4a8 group size (32, 64, 128 or 256)")
+                   help="quantized weights: cpu_int4 (4-bit, bf16 activations, PyTorch's kernel), cpu_w4a8 (4-bit, int8 "
+                        "activations: faster) or cpu_w8a8 (8-bit, int8 activations: near-lossless); edge-infer's int8 "
+                        "kernels run on AVX2, AVX-VNNI, AVX-512 and ARM dotprod and are built on first use); auto: "
+                        "chosen by --priority among what this CPU runs (edge-infer plan shows the choice and why)")
+    g.add_argument("--priority", default=None, choices=PRIORITIES,
+                   help="what --quantization auto optimizes (implied when only --priority is given): speed (default), "
+                        "fidelity or memory")
+    g.add_argument("--group-size", type=int, default=None, help="quantization group size (32, 64, 128 or 256)")
     g.add_argument("--asym", action="store_true", help="cpu_int4/cpu_w4a8 with zero points (asymmetric)")
-    g.add_argument("--quantize-head", action="store_true", help="cpu_int4/cpu_w4a8: quantize the output head too")
+    g.add_argument("--quantize-head", action="store_true", help="quantize the output head too")
     g.add_argument("--packed-head", action="store_true",
                    help="tied models: keep a second, packed copy of the output head (faster decode, vocab x hidden more bytes)")
     g.add_argument("--num-threads", type=int, default=None, help="compute threads (default: the CPUs this process may use)")
-    g.add_argument("--weight-backend", default="auto", choices=["auto", "onednn", "dense"], help=argparse.SUPPRESS)
+    g.add_argument("--weight-backend", default="auto", choices=["auto", "onednn", "dense", "w16"], help=argparse.SUPPRESS)
     g.add_argument("--worker", default="process", choices=["process", "thread"], help=argparse.SUPPRESS)
     # The alternatives of the memory levers, only to measure each lever as an A/B (docs/quantization.md).
     g.add_argument("--rope-model-positions", action="store_true", help=argparse.SUPPRESS)
@@ -40,7 +45,7 @@ def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments for plan_text_session / LLM from parsed flags."""
     quant: Any = args.quantization
     int4_levers = args.int4_keep_dense_copy or args.int4_repack != "blocked"
-    if quant in INT4_METHODS and (args.group_size or args.asym or args.quantize_head or int4_levers):
+    if quant in QUANT_METHODS and (args.group_size or args.asym or args.quantize_head or int4_levers):
         quant = QuantConfig.named(
             quant, group_size=args.group_size or 128, symmetric=not args.asym, quantize_head=args.quantize_head,
             repack=args.int4_repack, keep_dense_copy=args.int4_keep_dense_copy,
@@ -52,6 +57,7 @@ def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         quantization=quant,
+        priority=args.priority,
         num_threads=args.num_threads,
         weight_backend=args.weight_backend,
         rope_model_positions=args.rope_model_positions,

@@ -10,21 +10,25 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 DTYPES = ("bfloat16", "float32")
-# What --quantization takes: int4 weights with tinygemm (W4A16) or with int8 activations (W4A8).
-INT4_METHODS = ("cpu_int4", "cpu_w4a8")
-QUANTIZATION_CHOICES = (*INT4_METHODS, "none")
+# What --quantization takes: 4-bit weights through PyTorch's tinygemm (W4A16), or 4- or 8-bit weights times
+# int8 activations on edge-infer's own kernels (W4A8, W8A8).
+QUANT_METHODS = ("cpu_int4", "cpu_w4a8", "cpu_w8a8")
+# "auto": chosen by priority among what this CPU runs (memory/weight_path.py).
+QUANTIZATION_CHOICES = (*QUANT_METHODS, "auto", "none")
+PRIORITIES = ("speed", "fidelity", "memory")
 
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """int4 weight settings (``quantization="cpu_int4"``, or ``"cpu_w4a8"`` for int8 activations)."""
+    """Quantized weight settings (``quantization="cpu_int4"``, ``"cpu_w4a8"`` or ``"cpu_w8a8"``)."""
 
-    method: str = "cpu_int4"
+    # The weight format: 4 bits (cpu_int4 checkpoints) or 8 bits (cpu_int8, symmetric, int8 activations only).
+    bits: int = 4
     group_size: int = 128
     symmetric: bool = True
     quantize_head: bool = False
-    # A kernel choice, not a weight format: int8 activations through our AVX512-VNNI kernel
-    # (quant/w4a8.py) instead of PyTorch's tinygemm with activations in the model dtype.
+    # A kernel choice, not a weight format: int8 activations through edge-infer's kernels (quant/int8_kernels.py)
+    # instead of PyTorch's tinygemm with activations in the model dtype.
     int8_activations: bool = False
     # Alternatives of two memory levers, reachable only to measure them as A/B
     # (benchmarks/specs/levers-*): "whole" repacks each linear from a full fp32 copy instead
@@ -34,14 +38,21 @@ class QuantConfig:
 
     @classmethod
     def named(cls, name: str, **settings: Any) -> "QuantConfig":
-        """The settings a --quantization name (one of INT4_METHODS) stands for."""
-        assert name in INT4_METHODS, name
-        return cls(int8_activations=name == "cpu_w4a8", **settings)
+        """The settings a --quantization name (one of QUANT_METHODS) stands for."""
+        assert name in QUANT_METHODS, name
+        return cls(bits=8 if name == "cpu_w8a8" else 4, int8_activations=name != "cpu_int4", **settings)
+
+    @property
+    def method(self) -> str:
+        """The weight format, as a quantized checkpoint's config.json names it."""
+        return "cpu_int8" if self.bits == 8 else "cpu_int4"
 
     @property
     def name(self) -> str:
         """The --quantization name these settings run as."""
-        return "cpu_w4a8" if self.int8_activations else self.method
+        if self.bits == 8:
+            return "cpu_w8a8"
+        return "cpu_w4a8" if self.int8_activations else "cpu_int4"
 
 
 @dataclass(frozen=True)
@@ -54,7 +65,7 @@ class EngineConfig:
     kv_cache_memory_bytes: int
     block_size: int = 16
     quant: QuantConfig | None = None
-    weight_backend: str = "auto"  # auto | onednn | dense
+    weight_backend: str = "auto"  # auto | onednn | dense | w16 (16-bit weights widened in the kernel: quant/widened.py)
     num_threads: int | None = None
     seed: int = 0
     eos_token_ids: tuple[int, ...] = ()

@@ -49,9 +49,13 @@ def weight_backend(config: EngineConfig) -> str:
 
 def linear_installer(config: EngineConfig) -> LinearInstaller:
     if config.quant is not None:
-        from edge_infer.quant.install import int4_installer
+        from edge_infer.quant.install import quantized_installer
 
-        return int4_installer(config.quant, fallback=install_dense(weight_backend(config)))
+        return quantized_installer(config.quant, fallback=install_dense(weight_backend(config)))
+    if config.weight_backend == "w16":
+        from edge_infer.quant.widened import install_widened
+
+        return install_widened
     return install_dense(weight_backend(config))
 
 
@@ -60,10 +64,12 @@ def load_model(config: EngineConfig, progress: Callable[[int, int], None] | None
     model = DecoderLM(cfg, cfg.max_position_embeddings if config.rope_model_positions else config.max_model_len)
     check_checkpoint(cfg, config.model, model.weight_specs())
     quantized_head = config.quant is not None and config.quant.quantize_head
+    widened = config.weight_backend == "w16"  # 16-bit weights kept as stored, the table too (quant/widened.py)
     load_weights(
         model, config.model, TORCH_DTYPES[config.dtype], linear_installer(config), progress,
-        head_from_embedding=quantized_head and cfg.tie_word_embeddings,
+        head_from_embedding=(quantized_head or widened) and cfg.tie_word_embeddings,
         release=malloc_trim if config.trim_after_load else None,
+        table_dtype_as_stored=widened,
     )
     if config.packed_head and cfg.tie_word_embeddings and not quantized_head:
         if weight_backend(config) != "onednn":

@@ -45,6 +45,7 @@ class LLM:
         max_num_batched_tokens: int | None = None,
         kv_cache_memory_bytes: int | None = None,
         quantization: str | None = None,
+        priority: str | None = None,
         seed: int = 0,
         worker: str = "process",
         num_threads: int | None = None,
@@ -53,7 +54,9 @@ class LLM:
         load_progress: Callable[[int, int], None] | None = None,
         **plan_options: Any,
     ):
-        """``load_progress(done, total)`` is called as the worker loads tensors (done == total: weights loaded)."""
+        """``load_progress(done, total)`` is called as the worker loads tensors (done == total: weights loaded).
+        ``quantization="auto"`` (or a ``priority`` alone) picks the weight path by ``priority``: speed, fidelity
+        or memory (memory/weight_path.py); ``self.plan.notes[0]`` says which and why."""
         self.frontend = Frontend.create(
             model,
             skip_tokenizer_init=skip_tokenizer_init,
@@ -63,6 +66,7 @@ class LLM:
             max_num_batched_tokens=max_num_batched_tokens,
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             quantization=quantization,
+            priority=priority,
             seed=seed,
             num_threads=num_threads,
             weight_backend=weight_backend,

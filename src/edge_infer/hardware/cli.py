@@ -10,9 +10,10 @@ from edge_infer.hardware.cpu import PROFILES, CpuCapabilities, detect, profile
 from edge_infer.hardware.kernels import auto_dtype, select_kernels
 
 MiB = 1 << 20
-# The choices a user makes, as (label, quantization, quantize_head); shown for a tied model (the common small one).
+# The choices a user makes, as (label, quantization, quantize_head); shown for a tied bf16 checkpoint (the common
+# small one).
 CHOICES = (("unquantized", None, False), ("cpu_int4", "cpu_int4", False), ("cpu_int4 --quantize-head", "cpu_int4", True),
-           ("cpu_w4a8", "cpu_w4a8", False), ("cpu_w4a8 --quantize-head", "cpu_w4a8", True))
+           ("cpu_w4a8", "cpu_w4a8", False), ("cpu_w4a8 --quantize-head", "cpu_w4a8", True), ("cpu_w8a8", "cpu_w8a8", False))
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -24,15 +25,21 @@ def report(cpu: CpuCapabilities, runtime: bool) -> dict[str, Any]:
     """The CPU, memory and, per choice, the auto dtype, kernels and refusals; ``runtime`` adds PyTorch's view."""
     from edge_infer.hardware.memory import available_memory_bytes, meminfo
 
+    from edge_infer.quant import native_build  # torch-free
+
+    # Which variants the built library holds and whether it can be built: only this machine's own business.
+    built = native_build.built_variants() if runtime else None
+    toolchain = native_build.missing_toolchain() if runtime else None
     choices = {}
     for label, quant, head in CHOICES:
         dtype, why = auto_dtype(cpu, quant)
-        sel = select_kernels(cpu, dtype, quant, quantize_head=head, tied=True)
-        if quant == "cpu_w4a8" and not sel.refusals and runtime:
-            from edge_infer.quant.w4a8_build import missing_toolchain
-
-            if (reason := missing_toolchain()) is not None:
-                sel.refusals.append(f"--quantization cpu_w4a8: {reason}")
+        sel = select_kernels(cpu, dtype, quant, quantize_head=head, tied=True, stored_16bit="bfloat16",
+                             built_variants=built)
+        if toolchain is not None and not sel.refusals and sel.choices[0].variant is not None:
+            if quant is None:  # the 16-bit path is an optimisation: the plan falls back to float32 weights
+                sel.notes.append(f"the 16-bit path cannot be built here ({toolchain}): float32 weights, twice the bytes")
+            else:
+                sel.refusals.append(f"--quantization {quant}: {toolchain}")
         choices[label] = {"runs": not sel.refusals, "dtype_auto": dtype, "dtype_why": why, **sel.to_dict()}
     out: dict[str, Any] = {"cpu": cpu.to_dict(), "choices": choices}
     if runtime:
@@ -74,7 +81,8 @@ def render(rep: dict[str, Any]) -> str:
     for label, c in rep["choices"].items():
         lines.append(f"{label:<26} {'runs here' if c['runs'] else 'REFUSED'}  (dtype auto -> {c['dtype_auto']}: {c['dtype_why']})")
         for kind, k in c["kernels"].items():
-            lines.append(f"    {kind:<18} {k['kernel']:<12} {k['why']}")
+            kernel = f"{k['kernel']} [{k['variant']}]" if k["variant"] else k["kernel"]
+            lines.append(f"    {kind:<18} {kernel:<24} {k['why']}")
         lines += [f"    refused: {r}" for r in c["refusals"]]
         lines += [f"    note: {n}" for n in c["notes"]]
     return "\n".join(lines)

@@ -12,14 +12,29 @@ shows. The speed facts behind the choices are measured by
 - Without native bf16 (avx512_bf16 / amx_bf16), dense bf16 products are
   emulated: ~10x slower than fp32 for a 64-token prefill, a little faster at
   one token (half the bytes to read).
+- edge-infer's own kernels (W4A8, W8A8, and W16A32 for 16-bit checkpoints
+  with fp32 activations) have one implementation per instruction set
+  (``NATIVE_VARIANTS``), all giving the same bits. At one token they stream
+  weights at the memory's speed on AVX2 as on AVX-512 (25-27 GB/s on one
+  core of the development machine, whose plain read is 25 GB/s): W4A8 is
+  2.5-4x tinygemm there; in cache or at 64 rows AVX2 runs at ~0.65x AVX-512.
 
 Torch-free: the planner calls it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from edge_infer.hardware.cpu import CpuCapabilities
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One instruction-set implementation of a kernel (quant/csrc/isa_*.cpp)."""
+
+    name: str  # as csrc/isa.h names it
+    arch: str
+    needs: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -27,13 +42,29 @@ class Kernel:
     name: str  # as models.linear.WeightKernel.name reports it
     computes: str
     # Features needed per architecture; an architecture not listed has no implementation.
-    needs: dict[str, tuple[str, ...]]
+    needs: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Where it is fast (architecture -> features); empty: fast wherever it runs. Elsewhere: ``slow_note``.
     fast_with: dict[str, tuple[str, ...]] = field(default_factory=dict)
     slow_note: str = ""
+    # Instead of ``needs``: implementations per instruction set, fastest first; the kernel runs where one does.
+    variants: tuple[Variant, ...] = ()
+
+    def variant(self, cpu: CpuCapabilities, built: tuple[str, ...] | None = None) -> Variant | None:
+        """The fastest variant ``cpu`` runs (of those ``built`` into the library, when it is known)."""
+        return next((v for v in self.variants if v.arch == cpu.arch and cpu.has(*v.needs)
+                     and (built is None or v.name in built)), None)
 
     def missing(self, cpu: CpuCapabilities) -> str | None:
         """Why this kernel cannot run on ``cpu``, or None."""
+        if self.variants:
+            here = [v for v in self.variants if v.arch == cpu.arch]
+            if not here:
+                return f"{self.name} has no implementation for {cpu.arch}"
+            if self.variant(cpu) is None:
+                least = here[-1]
+                return (f"{self.name} needs {', '.join(cpu.missing(least.needs))} (its {least.name} variant), "
+                        f"which this CPU lacks")
+            return None
         if cpu.arch not in self.needs:
             return f"{self.name} has no implementation for {cpu.arch}"
         absent = cpu.missing(self.needs[cpu.arch])
@@ -51,16 +82,27 @@ class Kernel:
 
 # torch 2.13's tinygemm has vectorized code for AVX2 and AVX-512 only (none for aarch64).
 _SCALAR_INT4 = "PyTorch's int4 kernel runs its scalar loop (~1 G multiply-adds/s, 15-35x below its AVX2/AVX-512 path)"
+# edge-infer's own kernels (quant/csrc), fastest first; the scalar reference is not a serving path.
+NATIVE_VARIANTS = (
+    Variant("avx512-vnni", "x86_64", ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")),
+    Variant("avx-vnni", "x86_64", ("avx2", "fma", "f16c", "avx_vnni")),
+    Variant("avx2", "x86_64", ("avx2", "fma", "f16c")),
+    Variant("neon-dotprod", "aarch64", ("asimd", "dotprod")),
+)
 KERNELS = {
     "dense": Kernel("dense", "F.linear on a row-major weight (fp32 or bf16)", {"x86_64": (), "aarch64": ()}),
     "onednn-bf16": Kernel("onednn-bf16", "bf16 weight reordered once into oneDNN's blocked layout",
                           {"x86_64": ("avx512bw", "avx512vl", "avx512dq"), "aarch64": ("bf16",)}),
     "cpu-int4": Kernel("cpu-int4", "4-bit weights, bf16 activations: PyTorch's tinygemm (W4A16)",
                        {"x86_64": (), "aarch64": ()}, {"x86_64": ("avx2",)}, _SCALAR_INT4),
-    "cpu-w4a8": Kernel("cpu-w4a8", "4-bit weights x int8 activations: edge-infer's VNNI kernel (W4A8)",
-                       {"x86_64": ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")}),
+    "cpu-w4a8": Kernel("cpu-w4a8", "4-bit weights x int8 activations: edge-infer's int8 kernels (W4A8)",
+                       variants=NATIVE_VARIANTS),
+    "cpu-w8a8": Kernel("cpu-w8a8", "8-bit weights x int8 activations: edge-infer's int8 kernels (W8A8)",
+                       variants=NATIVE_VARIANTS),
+    "cpu-w16a32": Kernel("cpu-w16a32", "the checkpoint's 16-bit weights at 2 bytes, widened to fp32 in edge-infer's "
+                         "kernel (W16A32)", variants=NATIVE_VARIANTS),
 }
-QUANT_KERNELS = {"cpu_int4": "cpu-int4", "cpu_w4a8": "cpu-w4a8"}
+QUANT_KERNELS = {"cpu_int4": "cpu-int4", "cpu_w4a8": "cpu-w4a8", "cpu_w8a8": "cpu-w8a8"}
 
 
 @dataclass(frozen=True)
@@ -69,6 +111,11 @@ class KernelChoice:
     kernel: str
     dtype: str
     why: str
+    variant: str | None = None  # the instruction-set variant, for kernels that have several
+
+    @property
+    def label(self) -> str:
+        return f"{self.kernel} [{self.variant}]" if self.variant else self.kernel
 
 
 @dataclass
@@ -82,7 +129,8 @@ class KernelSelection:
         return next(c.kernel for c in self.choices if c.kind == kind)
 
     def to_dict(self) -> dict:
-        return {"dtype": self.dtype, "kernels": {c.kind: {"kernel": c.kernel, "dtype": c.dtype, "why": c.why} for c in self.choices},
+        return {"dtype": self.dtype, "kernels": {c.kind: {"kernel": c.kernel, "variant": c.variant, "dtype": c.dtype, "why": c.why}
+                                                 for c in self.choices},
                 "refusals": list(self.refusals), "notes": list(self.notes)}
 
 
@@ -90,8 +138,8 @@ def auto_dtype(cpu: CpuCapabilities, quantization: str | None) -> tuple[str, str
     """(dtype, why) for ``dtype="auto"``: what is fast for the kernel that will run, on this CPU."""
     if quantization == "cpu_int4" and KERNELS["cpu-int4"].slow_path(cpu) is None:
         return "bfloat16", "PyTorch's int4 kernel is vectorized for bf16 activations only (fp32 runs its scalar loop)"
-    if quantization == "cpu_w4a8":
-        return "bfloat16", "the fused W4A8 decode layer takes bf16 activations (it converts them itself)"
+    if quantization in ("cpu_w4a8", "cpu_w8a8"):
+        return "bfloat16", "the fused int8 decode layer takes bf16 activations (it converts them itself)"
     if quantization == "cpu_int4":
         return "float32", "PyTorch's int4 kernel has no vectorized path on this CPU; float32 keeps the rest native"
     if cpu.arch == "x86_64" and cpu.native_bf16:
@@ -110,9 +158,13 @@ def select_kernels(
     packed_head: bool = False,
     weight_backend: str = "auto",
     dtype_explicit: bool = False,
+    built_variants: tuple[str, ...] | None = None,
+    stored_16bit: str | None = None,
 ) -> KernelSelection:
     """The kernel of each linear kind for these options on ``cpu``; ``dtype`` is resolved (not "auto"),
-    ``dtype_explicit`` when the user chose it."""
+    ``dtype_explicit`` when the user chose it; ``built_variants``: the ISA variants in edge-infer's built
+    kernel library (quant.native_build.built_variants), when known; ``stored_16bit``: the checkpoint's
+    weight dtype (bfloat16 or float16) when all its weights are 16-bit."""
     refusals: list[str] = []
     notes: list[str] = []
     onednn = KERNELS["onednn-bf16"]
@@ -121,6 +173,7 @@ def select_kernels(
     use_onednn = dtype == "bfloat16" and weight_backend != "dense" and onednn.missing(cpu) is None
     dense_kernel = "onednn-bf16" if use_onednn else "dense"
     dense_why = "bf16 in oneDNN's blocked layout (faster matrix-vector products)" if use_onednn else f"{dtype} F.linear"
+    widened = _widened_variant(cpu, dtype, quantization, weight_backend, built_variants, stored_16bit, refusals, notes)
 
     if dtype == "bfloat16" and not cpu.native_bf16:
         if quantization is None:
@@ -131,7 +184,10 @@ def select_kernels(
             notes.append("bfloat16 is emulated on this CPU (no avx512_bf16/amx_bf16/bf16) for attention and norms; "
                          f"the {QUANT_KERNELS[quantization]} linears take bf16 activations on their fast path")
     choices: list[KernelChoice] = []
-    if quantization is None:
+    w16 = KERNELS["cpu-w16a32"]
+    if widened is not None:
+        choices.append(KernelChoice("decoder linears", w16.name, dtype, w16.computes, widened))
+    elif quantization is None:
         choices.append(KernelChoice("decoder linears", dense_kernel, dtype, dense_why))
     else:
         kernel = KERNELS[QUANT_KERNELS[quantization]]
@@ -143,23 +199,62 @@ def select_kernels(
             notes.append(f"--quantization {quantization}: {slow}")
         if quantization == "cpu_int4" and dtype == "float32" and slow is None:
             notes.append(f"cpu_int4 with float32 activations: {_SCALAR_INT4}; drop --dtype to let auto choose bfloat16")
-        choices.append(KernelChoice("decoder linears", kernel.name, dtype, kernel.computes))
+        variant = kernel.variant(cpu, built_variants)
+        best = kernel.variant(cpu)
+        if reason is None and kernel.variants and variant != best:
+            if variant is None:
+                refusals.append(f"--quantization {quantization}: the built kernel library lacks the {best.name} variant "
+                                f"(its compiler could not build it) and holds none other this CPU runs; use cpu_int4")
+            else:
+                notes.append(f"--quantization {quantization}: runs the {variant.name} variant; the built kernel library "
+                             f"lacks {best.name} (its compiler could not build it)")
+        choices.append(KernelChoice("decoder linears", kernel.name, dtype, kernel.computes, variant.name if variant else None))
 
     if quantize_head and quantization is not None:
-        head = KernelChoice("output head", choices[0].kernel, dtype, "quantized like the decoder linears")
+        head = replace(choices[0], kind="output head", why="quantized like the decoder linears")
         lookup = ("rows read back from the quantized head (one copy)" if tied else "the embedding table")
-        choices += [head, KernelChoice("embedding lookup", choices[0].kernel if tied else "table", dtype, lookup)]
+        choices += [head, replace(choices[0], kind="embedding lookup", why=lookup) if tied
+                    else KernelChoice("embedding lookup", "table", dtype, lookup)]
     elif packed_head and tied:
         reason = onednn.missing(cpu) if dtype == "bfloat16" else "--packed-head packs for the oneDNN bf16 kernel; it needs --dtype bfloat16"
         if reason is not None:
             refusals.append(f"--packed-head: {reason}; drop --packed-head (the head then reads the embedding table)")
         choices += [KernelChoice("output head", "onednn-bf16", dtype, "a second, packed copy of the embedding table"),
                     KernelChoice("embedding lookup", "table", dtype, "the embedding table")]
+    elif widened is not None:
+        head = replace(choices[0], kind="output head", why=("holds the tied table once, 16-bit" if tied else w16.computes))
+        lookup = (replace(choices[0], kind="embedding lookup", why="rows read back from the head (one copy)") if tied
+                  else KernelChoice("embedding lookup", "table", stored_16bit, "the 16-bit table, rows widened at lookup"))
+        choices += [head, lookup]
     else:
         head_why = "reads the embedding table (tied, one copy)" if tied else dense_why
         choices += [KernelChoice("output head", "dense" if tied else dense_kernel, dtype, head_why),
                     KernelChoice("embedding lookup", "table", dtype, "the embedding table")]
     return KernelSelection(dtype, choices, refusals, notes)
+
+
+def _widened_variant(cpu: CpuCapabilities, dtype: str, quantization: str | None, weight_backend: str,
+                     built_variants: tuple[str, ...] | None, stored_16bit: str | None, refusals: list[str],
+                     notes: list[str]) -> str | None:
+    """The W16A32 variant when a 16-bit checkpoint runs with float32 activations (its weights then stay at 2 bytes),
+    else None; where it cannot run, the doubled bytes are said (or, when asked for by name, refused)."""
+    asked = weight_backend == "w16"
+    if quantization is not None or dtype != "float32" or stored_16bit is None or weight_backend not in ("auto", "w16"):
+        if asked:
+            refusals.append("--weight-backend w16 keeps a 16-bit checkpoint's weights for float32 activations; this "
+                            "load is quantized, bfloat16 or from 32-bit weights: drop --weight-backend")
+        return None
+    kernel = KERNELS["cpu-w16a32"]
+    variant = kernel.variant(cpu, built_variants)
+    if variant is not None:
+        return variant.name
+    reason = kernel.missing(cpu) or "the built kernel library holds no variant this CPU runs"
+    if asked:
+        refusals.append(f"--weight-backend w16: {reason}; use --weight-backend dense")
+    else:
+        notes.append(f"the checkpoint's {stored_16bit} weights are held in float32, twice their bytes ({reason}); "
+                     f"--quantization cpu_int4 would shrink them instead")
+    return None
 
 
 def _nearest_quant(cpu: CpuCapabilities, refused: str) -> str:

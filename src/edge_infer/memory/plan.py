@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from edge_infer.engine.config import DTYPES, INT4_METHODS, EngineConfig, QuantConfig
+from edge_infer.engine.config import DTYPES, QUANT_METHODS, EngineConfig, QuantConfig
 from edge_infer.engine.kv_cache import DEFAULT_BLOCK_SIZE, KVLayout
 from edge_infer.errors import InvalidRequestError
 from edge_infer.hardware.cpu import CpuCapabilities, detect
@@ -120,7 +120,7 @@ class TextPlan:
             lines.append("")
             lines.append(f"  cpu {self.cpu.isa_summary} ({self.cpu.source})")
             for c in self.kernels.choices:
-                lines.append(f"  {c.kind:<22} {c.kernel:<14} {c.dtype:<9} {c.why}")
+                lines.append(f"  {c.kind:<22} {c.label:<26} {c.dtype:<9} {c.why}")
         lines.append("")
         lines.append("ADMITTED" if self.admitted else "REFUSED")
         lines += [f"  - {r}" for r in self.reasons]
@@ -146,12 +146,18 @@ def resolve_dtype(requested: str | None, notes: list[str], quantization: str | N
     return dtype
 
 
-def weight_bytes(cfg: ModelConfig, dtype_bytes: int, quant: QuantConfig | None) -> tuple[int, int]:
-    """(resident weight bytes, largest linear repacked from its row-major form while loading)."""
+def weight_bytes(cfg: ModelConfig, dtype_bytes: int, quant: QuantConfig | None, widened: bool = False) -> tuple[int, int]:
+    """(resident weight bytes, largest linear repacked from its row-major form while loading); ``widened``: a
+    16-bit checkpoint on the W16A32 kernel (packed a block of rows at a time: no linear is held whole)."""
     total = 0
     largest_linear = 0
     for spec in weight_specs(cfg):
         plain = spec.numel * dtype_bytes
+        if widened:
+            from edge_infer.quant.sizes import widened_spec_nbytes
+
+            total += widened_spec_nbytes(spec, dtype_bytes, cfg.tie_word_embeddings)
+            continue
         if quant is None:
             total += plain
             largest_linear = max(largest_linear, plain if spec.is_linear else 0)
@@ -180,9 +186,10 @@ def activation_tensor_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
 
 def activation_calibration(quantization: str | None) -> tuple[float, int, float]:
     """(per-token factor, fixed bytes, bytes per attention-mask element) measured for the linears'
-    kernel: dense/oneDNN, or cpu_int4's."""
+    kernel: dense/oneDNN, or the quantized kernels' (measured with cpu_int4: the int8 kernels allocate the
+    same tensors, plus int8 copies of their inputs that are smaller than those)."""
     calib = runtime_overhead()
-    prefix = f"{quantization}_" if quantization else ""
+    prefix = "cpu_int4_" if quantization else ""
     return (calib[prefix + "activation_per_token_factor"], int(calib[prefix + "activation_fixed_bytes"]),
             calib["activation_mask_bytes_per_element"])
 
@@ -226,13 +233,26 @@ def plan_text_session(
     trim_after_load: bool = True,
     packed_head: bool = False,
     cpu: CpuCapabilities | None = None,
+    priority: str | None = None,
 ) -> TextPlan:
     """Plan a text session; see the module docstring. Raises only for unreadable checkpoints.
 
-    ``cpu`` plans for another CPU (``hardware.cpu.PROFILES``); by default, this one.
+    ``cpu`` plans for another CPU (``hardware.cpu.PROFILES``); by default, this one. ``quantization="auto"``
+    (or a ``priority`` without a quantization) picks the weight path by ``priority`` (speed, fidelity or
+    memory: memory/weight_path.py); an explicit quantization wins over a priority.
     """
     model_dir = str(model)
     cfg = ModelConfig.from_dir(model_dir)
+    if quantization == "auto" or (quantization is None and priority is not None):
+        from edge_infer.memory.weight_path import plan_auto
+
+        settings = dict(max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                        kv_cache_memory_bytes=kv_cache_memory_bytes, dtype=dtype, available_bytes=available_bytes,
+                        weight_backend=weight_backend, num_threads=num_threads, seed=seed, eos_token_ids=eos_token_ids,
+                        frontend=frontend, rope_model_positions=rope_model_positions, trim_after_load=trim_after_load,
+                        packed_head=packed_head)
+        stored_format = (cfg.quantization_config or {}).get("quant_method")
+        return plan_auto(plan_text_session, model_dir, priority, cpu or detect(), stored_format, **settings)
     tensors = check_checkpoint(cfg, model_dir, weight_specs(cfg))
     notes: list[str] = []
     reasons: list[str] = []
@@ -242,16 +262,27 @@ def plan_text_session(
     dtype_explicit = dtype not in (None, "auto")
     dtype = resolve_dtype(dtype, notes, quant.name if quant else None, cpu)
     dtype_bytes = 2 if dtype == "bfloat16" else 4
+    stored_16bit = _stored_16bit(cfg, tensors)
+    from edge_infer.quant import native_build
+
+    built = native_build.built_variants() if cpu == detect() else None  # another CPU: any variant may run there
     kernels = select_kernels(cpu, dtype, quant.name if quant else None, quantize_head=bool(quant and quant.quantize_head),
                              tied=cfg.tie_word_embeddings, packed_head=packed_head, weight_backend=weight_backend,
-                             dtype_explicit=dtype_explicit)
+                             dtype_explicit=dtype_explicit, built_variants=built, stored_16bit=stored_16bit)
     reasons += kernels.refusals
     notes += kernels.notes
-    if quant is not None and quant.int8_activations and not kernels.refusals:
-        from edge_infer.quant.w4a8_build import missing_toolchain
-
-        if (why := missing_toolchain()) is not None:
-            reasons.append(f"--quantization cpu_w4a8: {why}")
+    if priority is not None:
+        notes.append(f"--priority {priority} does not apply: the weight path was chosen explicitly "
+                     f"({quant.name if quant else 'unquantized'}); use --quantization auto to choose by priority")
+    native_kernel = kernels.kernel_for("decoder linears") in ("cpu-w4a8", "cpu-w8a8", "cpu-w16a32")
+    if native_kernel and not kernels.refusals and (why := native_build.missing_toolchain()) is not None:
+        if quant is not None:
+            reasons.append(f"--quantization {quant.name}: {why}")
+        else:  # the 16-bit path is an optimisation: without it the weights are held in float32, and the plan says so
+            kernels = select_kernels(cpu, dtype, None, tied=cfg.tie_word_embeddings, packed_head=packed_head,
+                                     weight_backend="dense", dtype_explicit=dtype_explicit)
+            notes.append(f"the checkpoint's {stored_16bit} weights are held in float32, twice their bytes: {why}")
+    widened = kernels.kernel_for("decoder linears") == "cpu-w16a32"
 
     model_max = cfg.max_position_embeddings
     if max_model_len is None:
@@ -284,7 +315,7 @@ def plan_text_session(
         raise InvalidRequestError(f"frontend must be 'library' or 'server', got {frontend!r}")
     frontend_bytes = overhead["server_frontend_bytes" if frontend == "server" else "frontend_bytes"]
     overhead_bytes = frontend_bytes + overhead["worker_bytes"] + tok_bytes
-    weights, largest_linear = weight_bytes(cfg, dtype_bytes, quant)
+    weights, largest_linear = weight_bytes(cfg, dtype_bytes, quant, widened)
     packed_head = packed_head and cfg.tie_word_embeddings and not (quant is not None and quant.quantize_head)
     if packed_head:
         weights += cfg.vocab_size * cfg.hidden_size * dtype_bytes  # the head's own copy beside the embedding
@@ -292,7 +323,7 @@ def plan_text_session(
     rope_positions = model_max if rope_model_positions else max_model_len
     rope = 2 * rope_positions * cfg.head_dim * 4
     acts = activation_bytes(cfg, dtype_bytes, max_num_batched_tokens, max_num_seqs, max_model_len,
-                            quant.method if quant is not None else None)
+                            quant.name if quant is not None else None)
     src_bytes = max((CHECKPOINT_DTYPE_BYTES.get(t.dtype, 4) for t in tensors.values()), default=4)
     # One block being converted, plus the largest linear held twice while it is repacked.
     transient = min(LOAD_BLOCK_BYTES, largest_linear * src_bytes // dtype_bytes) + largest_linear
@@ -300,6 +331,10 @@ def plan_text_session(
         from edge_infer.quant.sizes import repack_transient_bytes
 
         transient = max(transient, repack_transient_bytes(weight_specs(cfg), quant, cfg.tie_word_embeddings, src_bytes))
+    if widened:  # 16-bit rows packed a block at a time
+        from edge_infer.quant.sizes import widened_transient_bytes
+
+        transient = max(transient, widened_transient_bytes(weight_specs(cfg)))
     file_bytes = sum(t.file.stat().st_size for t in {t.file: t for t in tensors.values()}.values())
 
     one_seq_blocks = layout.blocks_for_tokens(max_model_len)
@@ -337,7 +372,7 @@ def plan_text_session(
 
     items = [
         PlanItem("runtime overhead", overhead_bytes, "anon", "steady", f"{frontend} frontend + worker + tokenizer (measured once)"),
-        PlanItem("weights", weights, "anon", "steady", _weights_note(cfg, dtype, quant, packed_head)),
+        PlanItem("weights", weights, "anon", "steady", _weights_note(cfg, dtype, quant, packed_head, widened and stored_16bit)),
         PlanItem("kv cache", kv_bytes, "anon", "steady", f"{kv_blocks} blocks x {layout.bytes_per_block:,} B = {kv_tokens} tokens"),
         PlanItem("rope tables", rope, "anon", "steady", f"cos+sin fp32 for {rope_positions} positions"),
         PlanItem("activations", acts, "anon", "steady", f"one step of {max_num_batched_tokens} tokens, {max_num_seqs} logit rows"),
@@ -382,7 +417,7 @@ def plan_text_session(
             kv_cache_memory_bytes=kv_bytes,
             block_size=layout.block_size,
             quant=quant,
-            weight_backend=weight_backend,
+            weight_backend="w16" if widened else weight_backend,
             num_threads=num_threads,
             seed=seed,
             eos_token_ids=tuple(eos_token_ids),
@@ -405,15 +440,25 @@ def _resolve_quant(quantization: str | QuantConfig | None, cfg: ModelConfig) -> 
         return quantization
     if quantization in (None, "none"):
         return None
-    if quantization in INT4_METHODS:
+    if quantization in QUANT_METHODS:
         return QuantConfig.named(quantization)
-    raise InvalidRequestError(f"quantization {quantization!r} is not supported; use cpu_int4, cpu_w4a8 or none")
+    raise InvalidRequestError(f"quantization {quantization!r} is not supported; use {', '.join(QUANT_METHODS)} or none")
 
 
-def _weights_note(cfg: ModelConfig, dtype: str, quant: QuantConfig | None, packed_head: bool) -> str:
+def _stored_16bit(cfg: ModelConfig, tensors: dict) -> str | None:
+    """The checkpoint's weight dtype when every linear and the embedding table are stored in one 16-bit dtype."""
+    names = [n for spec in weight_specs(cfg) if spec.is_linear or spec.target == "embed" for n in spec.sources]
+    dtypes = {tensors[n].dtype for n in names}
+    return {"BF16": "bfloat16", "F16": "float16"}.get(dtypes.pop()) if len(dtypes) == 1 else None
+
+
+def _weights_note(cfg: ModelConfig, dtype: str, quant: QuantConfig | None, packed_head: bool,
+                  widened: str | None = None) -> str:
     head = "tied to the embedding (one copy)" if cfg.tie_word_embeddings else "separate output head"
     if packed_head:
         head = "tied head kept twice: the embedding table and a packed copy for the head"
+    if widened:
+        return f"{widened} linears and table as stored (2 bytes), {dtype} activations and norms, {head}"
     if quant is None:
         return f"{dtype}, {head}"
     if quant.quantize_head:

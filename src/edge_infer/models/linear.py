@@ -21,6 +21,11 @@ class WeightKernel:
 
     name = "abstract"
 
+    @property
+    def label(self) -> str:
+        """The name as reports show it (kernels with several ISA variants add the one that runs)."""
+        return self.name
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
         raise NotImplementedError
 

@@ -96,7 +96,7 @@ class DecoderLM(nn.Module):
         self.final_norm: torch.Tensor | None = None
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rope = RotaryTable(cfg.head_dim, cfg.rope_theta, max_positions, cfg.rope_scaling)
-        # Decode steps in fused layer calls when every layer holds W4A8 weights (quant/w4a8_decode.py):
+        # Decode steps in fused layer calls when every layer holds int8-activation weights (quant/fused_decode.py):
         # decided at the first decode, after loading; set False to measure the PyTorch path.
         self.fused_decode: bool | None = None
         self._fused = None
@@ -129,12 +129,12 @@ class DecoderLM(nn.Module):
         return [(name, m) for name, m in self.named_modules() if isinstance(m, Linear)]
 
     def kernels_by_kind(self) -> dict[str, str]:
-        """The kernel each kind of linear runs on (names as hardware.kernels lists them)."""
-        decoder = sorted({lin.kernel.name for name, lin in self.linears() if name != "lm_head" and lin.kernel is not None})
+        """The kernel each kind of linear runs on (names as hardware.kernels lists them, ISA variant in brackets)."""
+        decoder = sorted({lin.kernel.label for name, lin in self.linears() if name != "lm_head" and lin.kernel is not None})
         return {
             "decoder linears": "+".join(decoder),
-            "output head": self.lm_head.kernel.name if self.lm_head.kernel is not None else "unloaded",
-            "embedding lookup": "table" if self.embed is not None else self.lm_head.kernel.name,
+            "output head": self.lm_head.kernel.label if self.lm_head.kernel is not None else "unloaded",
+            "embedding lookup": "table" if self.embed is not None else self.lm_head.kernel.label,
         }
 
     def resident_bytes(self) -> int:
@@ -152,9 +152,9 @@ class DecoderLM(nn.Module):
         return total
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if self.embed is None:  # tied head held only in its quantized form
+        if self.embed is None:  # tied head held only in its quantized (or 16-bit packed) form
             return self.lm_head.kernel.rows(input_ids)
-        return F.embedding(input_ids, self.embed)
+        return F.embedding(input_ids, self.embed).to(self.dtype)  # a 16-bit table for fp32 activations: widened here
 
     def decode(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: "KVCache") -> torch.Tensor:
         """Run the decoder layers over input embeddings ``[T, hidden]``; returns hidden states."""
@@ -169,13 +169,13 @@ class DecoderLM(nn.Module):
 
     def _build_fused(self) -> bool:
         # By name: a model without W4A8 weights must not import the kernel module.
-        if not any(lin.kernel is not None and lin.kernel.name == "cpu-w4a8" for _, lin in self.linears()):
+        if not any(lin.kernel is not None and lin.kernel.name in ("cpu-w4a8", "cpu-w8a8") for _, lin in self.linears()):
             return False
-        from edge_infer.quant.w4a8_decode import FusedDecode, fusable
+        from edge_infer.quant.fused_decode import FusedDecode, fusable
 
         if not fusable(self):
-            log.info("W4A8 weights, but decode steps run layer by layer in PyTorch: the fused layer needs bf16 "
-                     "activations, every linear in W4A8, a head_dim multiple of 16 and no sliding window")
+            log.info("int8-activation weights, but decode steps run layer by layer in PyTorch: the fused layer needs "
+                     "bf16 activations, every linear on one int8 kernel, a head_dim multiple of 16 and no sliding window")
             return False
         self._fused = FusedDecode(self)
         return True

@@ -126,12 +126,15 @@ def load_weights(
     progress: Callable[[int, int], None] | None = None,
     head_from_embedding: bool = False,
     release: Callable[[], object] | None = None,
+    table_dtype_as_stored: bool = False,
 ) -> None:
     """Fill every tensor of ``model.weight_specs()`` from the checkpoint.
 
-    ``head_from_embedding`` (a tied model whose head is quantized): the
-    embedding table is installed as the output head's linear, and the
-    embedding lookup reads its rows from that one copy.
+    ``head_from_embedding`` (a tied model whose head is quantized or
+    widened): the embedding table is installed as the output head's linear,
+    and the embedding lookup reads its rows from that one copy.
+    ``table_dtype_as_stored``: a separate embedding table keeps the
+    checkpoint's dtype (16-bit weights widened at lookup, not held twice as large).
 
     ``release`` runs after each tensor (the engine passes ``malloc_trim``):
     the allocator otherwise keeps the freed blocks of earlier tensors, about
@@ -147,7 +150,8 @@ def load_weights(
             elif spec.is_linear:
                 install_linear(getattr(owner, attr), spec.target, spec.sources, reader, dtype)
             else:
-                tensor = torch.empty(spec.shape, dtype=dtype)
+                stored = DTYPES[reader.info(spec.sources[0]).dtype] if spec.target == "embed" and table_dtype_as_stored else dtype
+                tensor = torch.empty(spec.shape, dtype=stored)
                 fill_concatenated(reader, spec.sources, tensor)
                 setattr(owner, attr, tensor)
             if release is not None:

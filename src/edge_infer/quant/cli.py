@@ -1,4 +1,4 @@
-"""``edge-infer quantize SRC DST``: write a cpu_int4 (W4A16) checkpoint that loads directly."""
+"""``edge-infer quantize SRC DST``: write a cpu_int4 (4-bit) or cpu_int8 (8-bit) checkpoint that loads directly."""
 from __future__ import annotations
 
 import argparse
@@ -21,6 +21,8 @@ def _group_size(text: str) -> int:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("src", help="bf16/fp32/fp16 Hugging Face checkpoint directory")
     parser.add_argument("dst", help="new directory for the quantized checkpoint (must not exist or be empty)")
+    parser.add_argument("--bits", type=int, choices=(4, 8), default=4,
+                        help="4 (cpu_int4: loads on cpu_int4 or cpu_w4a8) or 8 (cpu_int8, symmetric: loads on cpu_w8a8)")
     parser.add_argument("--group-size", type=_group_size, default=128, help="input columns per scale: 32, 64, 128 or 256 (default 128)")
     parser.add_argument("--asym", action="store_true", help="asymmetric: a zero point per group (default symmetric)")
     parser.add_argument("--quantize-head", action="store_true", help="quantize the output head too (a tied head is the embedding table)")
@@ -43,7 +45,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --group-size {names[args.group_size]} is only possible with --simulate "
               f"(the int4 kernel needs 32, 64, 128 or 256)", file=sys.stderr)
         return 2
-    quant = QuantConfig(group_size=args.group_size, symmetric=not args.asym, quantize_head=args.quantize_head)
+    if args.bits == 8 and args.asym:
+        print("error: 8-bit weights are symmetric; drop --asym", file=sys.stderr)
+        return 2
+    quant = QuantConfig(bits=args.bits, group_size=args.group_size, symmetric=not args.asym,
+                        quantize_head=args.quantize_head, int8_activations=args.bits == 8)
 
     def progress(done: int, total: int) -> None:
         print(f"\r{done}/{total} tensors", end="\n" if done == total else "", file=sys.stderr, flush=True)
@@ -57,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     group = names.get(args.group_size, f"g{args.group_size}")
-    kind = "simulated (dequantized float)" if args.simulate else "cpu_int4"
+    kind = "simulated (dequantized float)" if args.simulate else quant.method
     head = " +head" if args.quantize_head else ""
     print(
         f"wrote {kind} {group} {'asym' if args.asym else 'sym'}{head} checkpoint to {result.out_dir}: "

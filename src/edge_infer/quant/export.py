@@ -1,10 +1,10 @@
-"""Write cpu_int4 checkpoints (``edge-infer quantize``).
+"""Write cpu_int4 and cpu_int8 checkpoints (``edge-infer quantize [--bits 8]``).
 
 Every linear weight the engine would quantize is stored in the portable code
 format (docs/quantization.md): ``<name>`` holds ``uint8 [rows, Kp / 2]``
-(two 4-bit codes per byte, the even column in the low nibble),
-``<name>_scale`` and, when asymmetric, ``<name>_zero`` hold ``bf16 [rows,
-Kp / group_size]``. Other tensors are copied unchanged; config.json gains a
+(4 bits: two codes per byte, the even column in the low nibble) or ``int8
+[rows, Kp]`` (8 bits), ``<name>_scale`` and, when asymmetric, ``<name>_zero``
+hold ``bf16 [rows, Kp / group_size]``. Other tensors are copied unchanged; config.json gains a
 ``quantization_config``; tokenizer and generation files are copied. The
 kernel's packed layout is not stored: it depends on the CPU PyTorch runs on.
 
@@ -99,9 +99,9 @@ def quantize_checkpoint(
             if name in targets:
                 rows, cols = info.shape
                 if simulate:
-                    encoded = _simulate(reader, name, rows, cols, quant.group_size, quant.symmetric)
+                    encoded = _simulate(reader, name, rows, cols, quant)
                 else:
-                    encoded = _encode(reader, name, rows, cols, quant.group_size, quant.symmetric)
+                    encoded = _encode(reader, name, rows, cols, quant)
                 for key, tensor in encoded.items():
                     writer.add(key, tensor)
             else:
@@ -141,29 +141,29 @@ def _row_blocks(reader: CheckpointReader, name: str, rows: int, cols: int, group
         yield reader.rows(name, start, min(rows, start + step))
 
 
-def _encode(reader: CheckpointReader, name: str, rows: int, cols: int, group: int, symmetric: bool) -> dict[str, torch.Tensor]:
+def _encode(reader: CheckpointReader, name: str, rows: int, cols: int, quant: QuantConfig) -> dict[str, torch.Tensor]:
     """The tensors stored for one quantized weight, quantized a block of rows at a time."""
     parts: dict[str, list[torch.Tensor]] = {}
-    for weight in _row_blocks(reader, name, rows, cols, group):
-        q = quantize_rows(weight, group, symmetric)
-        blocks = {name: pack_nibbles(q.codes), name + SCALE_SUFFIX: q.scales}
-        if not symmetric:
+    for weight in _row_blocks(reader, name, rows, cols, quant.group_size):
+        q = quantize_rows(weight, quant.group_size, quant.symmetric, quant.bits)
+        blocks = {name: pack_nibbles(q.codes) if quant.bits == 4 else q.codes, name + SCALE_SUFFIX: q.scales}
+        if not quant.symmetric:
             blocks[name + ZERO_SUFFIX] = q.zeros
         for key, block in blocks.items():
             parts.setdefault(key, []).append(block)
     return {key: torch.cat(blocks) for key, blocks in parts.items()}
 
 
-def _simulate(reader: CheckpointReader, name: str, rows: int, cols: int, group: int, symmetric: bool) -> dict[str, torch.Tensor]:
+def _simulate(reader: CheckpointReader, name: str, rows: int, cols: int, quant: QuantConfig) -> dict[str, torch.Tensor]:
     """The weight as the quantizer would reproduce it, in the source dtype."""
-    if group == TENSOR_GROUP:
+    if quant.group_size == TENSOR_GROUP:
         weight = reader.rows(name, 0, rows)
         flat = weight.reshape(1, rows * cols)
-        q = quantize_rows(flat, rows * cols, symmetric)
+        q = quantize_rows(flat, rows * cols, quant.symmetric, quant.bits)
         return {name: dequantize_rows(q, rows * cols).view(rows, cols).to(weight.dtype)}
-    group = cols if group == ROW_GROUP else group
+    group = cols if quant.group_size == ROW_GROUP else quant.group_size
     blocks = [
-        dequantize_rows(quantize_rows(w, group, symmetric), group, cols).to(w.dtype)
+        dequantize_rows(quantize_rows(w, group, quant.symmetric, quant.bits), group, cols).to(w.dtype)
         for w in _row_blocks(reader, name, rows, cols, group)
     ]
     return {name: torch.cat(blocks)}

@@ -1,11 +1,12 @@
-"""Install cpu_int4 linears (tinygemm or, for cpu_w4a8, the W4A8 kernel) while loading, a block of rows at a time.
+"""Install quantized linears (tinygemm, or edge-infer's W4A8/W8A8 kernels) while loading, a block of rows at a time.
 
 A linear's rows come from one or more checkpoint tensors (q/k/v and gate/up
 are fused). They are read in blocks of whole 64-row tiles across those
 tensors, quantized (bf16/fp32 checkpoints) or unpacked from their stored
 codes (checkpoints written by ``edge-infer quantize``), and packed straight
-into the kernel's final tensor. The load-time peak is therefore the packed
-model plus one block, never a row-major copy of a whole linear.
+into the kernel's final tensor, in the layout this CPU's kernel reads. The
+load-time peak is therefore the packed model plus one block, never a
+row-major copy of a whole linear.
 """
 from __future__ import annotations
 
@@ -51,8 +52,12 @@ def row_block_pieces(extents: list[tuple[str, int]], block_rows: int) -> Iterato
         yield start, pieces
 
 
+# The safetensors dtype of stored codes, by bits (docs/quantization.md).
+CODE_DTYPES = {4: "U8", 8: "I8"}
+
+
 def is_prequantized(reader: CheckpointReader, name: str) -> bool:
-    return reader.info(name).dtype == "U8"
+    return reader.info(name).dtype in CODE_DTYPES.values()
 
 
 def quantized_blocks(
@@ -61,31 +66,35 @@ def quantized_blocks(
     """(first row, codes/scales/zeros) blocks of the linear stacked from ``sources``."""
     stored = [is_prequantized(reader, name) for name in sources]
     if any(stored) and not all(stored):
-        raise CheckpointError(f"tensors {', '.join(sources)} mix stored int4 codes and float weights; re-run edge-infer quantize")
+        raise CheckpointError(f"tensors {', '.join(sources)} mix stored codes and float weights; re-run edge-infer quantize")
     prequantized = all(stored)
     groups = padded(cols, quant.group_size) // quant.group_size
-    width = padded(cols, quant.group_size) // 2 if prequantized else cols
+    width = padded(cols, quant.group_size) * quant.bits // 8 if prequantized else cols
     extents = []
     for name in sources:
         info = reader.info(name)
         if len(info.shape) != 2 or info.shape[1] != width:
-            what = f"int4 codes of {width} bytes per row (group size {quant.group_size})" if prequantized else f"{cols} columns"
+            what = (f"{quant.bits}-bit codes of {width} bytes per row (group size {quant.group_size})" if prequantized
+                    else f"{cols} columns")
             raise CheckpointError(f"tensor {name!r} has shape {info.shape}; config.json implies {what}")
+        if prequantized and info.dtype != CODE_DTYPES[quant.bits]:
+            raise CheckpointError(f"tensor {name!r} is {info.dtype}; {quant.bits}-bit codes are stored as {CODE_DTYPES[quant.bits]}")
         if not prequantized and info.dtype not in FLOAT_DTYPES:
-            raise CheckpointError(f"tensor {name!r} is {info.dtype}; cpu_int4 quantizes F32, F16 or BF16 weights")
+            raise CheckpointError(f"tensor {name!r} is {info.dtype}; {quant.name} quantizes F32, F16 or BF16 weights")
         extents.append((name, info.shape[0]))
     if sum(n for _, n in extents) != rows:
         raise CheckpointError(f"tensors {', '.join(sources)} give {sum(n for _, n in extents)} rows; config.json implies {rows}")
     for start, pieces in row_block_pieces(extents, block_rows):
         if prequantized:
-            yield start, _read_codes(reader, pieces, groups, quant.symmetric)
+            yield start, _read_codes(reader, pieces, groups, quant.symmetric, quant.bits)
         else:
             weight = torch.cat([reader.rows(p.name, p.start, p.stop) for p in pieces])
-            yield start, quantize_rows(weight, quant.group_size, quant.symmetric)
+            yield start, quantize_rows(weight, quant.group_size, quant.symmetric, quant.bits)
 
 
-def _read_codes(reader: CheckpointReader, pieces: list[Piece], groups: int, symmetric: bool) -> QuantizedRows:
-    codes = torch.cat([unpack_nibbles(reader.rows(p.name, p.start, p.stop)) for p in pieces])
+def _read_codes(reader: CheckpointReader, pieces: list[Piece], groups: int, symmetric: bool, bits: int) -> QuantizedRows:
+    stored = [reader.rows(p.name, p.start, p.stop) for p in pieces]
+    codes = torch.cat([unpack_nibbles(s) for s in stored] if bits == 4 else stored)
     scales = torch.cat([_side_tensor(reader, p, SCALE_SUFFIX, groups) for p in pieces])
     if symmetric:
         zeros = torch.zeros_like(scales)
@@ -104,14 +113,15 @@ def _side_tensor(reader: CheckpointReader, piece: Piece, suffix: str, groups: in
     return reader.rows(name, piece.start, piece.stop)
 
 
-def int4_installer(quant: QuantConfig, fallback: LinearInstaller) -> LinearInstaller:
+def quantized_installer(quant: QuantConfig, fallback: LinearInstaller) -> LinearInstaller:
     """Installer quantizing every decoder linear (and the head with quantize_head); ``fallback`` loads the rest."""
     check_quant_config(quant)
     if quant.int8_activations:
-        from edge_infer.quant.w4a8 import W4A8Kernel, require_w4a8_kernel
+        from edge_infer.quant import native
+        from edge_infer.quant.int8_kernels import W4A8Kernel, W8A8Kernel
 
-        require_w4a8_kernel()
-        kernel_class = W4A8Kernel
+        kernel_class = W8A8Kernel if quant.bits == 8 else W4A8Kernel
+        native.require(kernel_class.name)
     else:
         require_int4_kernel()
         kernel_class = Int4Kernel

@@ -51,12 +51,9 @@ def pack_codes(codes: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
 
 
-class PackedInt4(WeightKernel):
-    """What both int4 kernels share: ``packed`` codes and ``scales_zeros`` in the kernel's layout, inputs
+class PackedWeights(WeightKernel):
+    """What the quantized kernels share: tensors in the kernel's own layout (``resident``), inputs
     zero-padded to whole groups, and the byte count."""
-
-    packed: torch.Tensor
-    scales_zeros: torch.Tensor
 
     def __init__(self, out_features: int, in_features: int, group_size: int):
         self.out_features = out_features
@@ -73,15 +70,19 @@ class PackedInt4(WeightKernel):
             x = F.pad(x, (0, self.cols_padded - self.in_features))
         return x.contiguous()
 
+    def resident(self) -> tuple[torch.Tensor, ...]:  # pragma: no cover - interface
+        """The tensors that hold the weight."""
+        raise NotImplementedError
+
     @property
     def nbytes(self) -> int:
-        n = self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
+        n = sum(t.numel() * t.element_size() for t in self.resident())
         if self.dense_copy is not None:
             n += self.dense_copy.numel() * self.dense_copy.element_size()
         return n
 
 
-class Int4Kernel(PackedInt4):
+class Int4Kernel(PackedWeights):
     """``x @ W.T`` for a weight ``[out_features, in_features]`` held as packed int4 (PyTorch's tinygemm)."""
 
     name = "cpu-int4"
@@ -92,6 +93,9 @@ class Int4Kernel(PackedInt4):
         # Padding rows stay zero (codes 0 with scale 0 and zero 0: weight 0) and are sliced off.
         self.packed = torch.zeros(self.rows_padded, self.cols_padded // 2, dtype=torch.uint8)
         self.scales_zeros = torch.zeros(self.cols_padded // group_size, self.rows_padded, 2, dtype=dtype)
+
+    def resident(self) -> tuple[torch.Tensor, ...]:
+        return self.packed, self.scales_zeros
 
     def write_rows(self, start: int, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> None:
         """Pack rows ``start .. start + len(codes)``; ``start`` must be a multiple of 64.

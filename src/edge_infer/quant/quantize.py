@@ -1,12 +1,17 @@
-"""Group-wise 4-bit quantization of weight rows, and the portable code format.
+"""Group-wise 4- and 8-bit quantization of weight rows, and the portable code format.
 
-The convention is the one PyTorch's CPU int4 kernel dequantizes with: a code
-``q`` in 0..15 stands for ``(q - 8) * scale + zero``, one (scale, zero) pair
-per group of ``group_size`` consecutive input columns of a row.
+4 bits: the convention is the one PyTorch's CPU int4 kernel dequantizes
+with: a code ``q`` in 0..15 stands for ``(q - 8) * scale + zero``, one
+(scale, zero) pair per group of ``group_size`` consecutive input columns of a
+row.
 
 - symmetric: ``zero = 0``, ``scale = max|w| / 7`` (codes 1..15 are used);
 - asymmetric: ``scale = (max - min) / 15``, ``zero = min + 8 * scale``, so
   code 0 is the group's minimum and code 15 its maximum.
+
+8 bits (symmetric only): an int8 code ``q`` in -127..127 stands for
+``q * scale``, ``scale = max|w| / 127`` per group. -128 is never used, so
+the kernels can take ``|q|`` as an unsigned byte (csrc/isa_avx2.cpp).
 
 Scales and zeros are rounded to bf16 *before* the codes are chosen, so the
 codes fit the values the kernel will actually use, and a quantized
@@ -27,22 +32,35 @@ MIN_SCALE = 1e-12
 
 @dataclass
 class QuantizedRows:
-    codes: torch.Tensor  # uint8 [rows, Kp], values 0..15
+    codes: torch.Tensor  # [rows, Kp]: uint8 0..15 (4 bits) or int8 -127..127 (8 bits)
     scales: torch.Tensor  # bf16 [rows, Kp / group_size]
-    zeros: torch.Tensor  # bf16 [rows, Kp / group_size]; all zero when symmetric
+    zeros: torch.Tensor  # bf16 [rows, Kp / group_size]; all zero when symmetric (always, for 8 bits)
+
+    @property
+    def bits(self) -> int:
+        return 8 if self.codes.dtype == torch.int8 else 4
 
 
-def quantize_rows(weight: torch.Tensor, group_size: int, symmetric: bool) -> QuantizedRows:
-    """Quantize ``weight [rows, K]``; K is zero-padded to a multiple of ``group_size``."""
+def _working_groups(weight: torch.Tensor, group_size: int) -> torch.Tensor:
+    """One fp32 working copy of ``weight [rows, K]``, K zero-padded to whole groups, as ``[rows, groups, group_size]``
+    (changed in place by the callers: this runs over every weight while loading)."""
     rows, cols = weight.shape
     padded_cols = -(-cols // group_size) * group_size
-    # One fp32 working copy, changed in place below (this runs over every weight while loading).
     w = weight.float()
     if padded_cols != cols:
         w = torch.nn.functional.pad(w, (0, padded_cols - cols))
     elif w is weight:
         w = w.clone()
-    groups = w.view(rows, padded_cols // group_size, group_size)
+    return w.view(rows, padded_cols // group_size, group_size)
+
+
+def quantize_rows(weight: torch.Tensor, group_size: int, symmetric: bool, bits: int = 4) -> QuantizedRows:
+    """Quantize ``weight [rows, K]`` to ``bits`` (4 or 8; 8 is symmetric); K is zero-padded to a multiple of ``group_size``."""
+    if bits == 8:
+        return _quantize_rows_int8(weight, group_size)
+    rows = weight.shape[0]
+    groups = _working_groups(weight, group_size)
+    padded_cols = groups.shape[1] * group_size
     lo, hi = torch.aminmax(groups, dim=-1)
     if symmetric:
         scale = (torch.maximum(-lo, hi) / 7).clamp_min(MIN_SCALE).to(SCALE_DTYPE)
@@ -55,10 +73,19 @@ def quantize_rows(weight: torch.Tensor, group_size: int, symmetric: bool) -> Qua
     return QuantizedRows(groups.to(torch.uint8).view(rows, padded_cols), scale, zero)
 
 
+def _quantize_rows_int8(weight: torch.Tensor, group_size: int) -> QuantizedRows:
+    groups = _working_groups(weight, group_size)
+    rows, padded_cols = groups.shape[0], groups.shape[1] * group_size
+    lo, hi = torch.aminmax(groups, dim=-1)
+    scale = (torch.maximum(-lo, hi) / 127).clamp_min(MIN_SCALE).to(SCALE_DTYPE)
+    groups.div_(scale.float().unsqueeze(-1)).round_().clamp_(-127, 127)
+    return QuantizedRows(groups.to(torch.int8).view(rows, padded_cols), scale, torch.zeros_like(scale))
+
+
 def dequantize_rows(q: QuantizedRows, group_size: int, cols: int | None = None) -> torch.Tensor:
     """fp32 weights the codes stand for (the first ``cols`` columns)."""
     rows, padded_cols = q.codes.shape
-    groups = q.codes.view(rows, padded_cols // group_size, group_size).float() - 8
+    groups = q.codes.view(rows, padded_cols // group_size, group_size).float() - (8 if q.bits == 4 else 0)
     w = groups * q.scales.float().unsqueeze(-1) + q.zeros.float().unsqueeze(-1)
     return w.view(rows, padded_cols)[:, : padded_cols if cols is None else cols]
 

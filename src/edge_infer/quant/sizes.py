@@ -1,16 +1,19 @@
-"""Exact resident sizes of cpu_int4 weights, and the settings a checkpoint carries.
+"""Exact resident sizes of quantized weights, and the settings a checkpoint carries.
 
 Torch-free on purpose: the memory planner sizes quantized weights from the
-config alone. The figures here are the same arithmetic ``quant.kernel``
-allocates with, so a plan's weight item equals the loaded model's bytes.
+config alone. The figures here are the same arithmetic ``quant.kernel`` and
+``quant.int8_kernels`` allocate with, so a plan's weight item equals the
+loaded model's bytes.
 
-Layout (see docs/quantization.md): a linear ``[N, K]`` is stored as
-PyTorch's CPU int4 packed tensor, ``uint8 [Np, Kp / 2]``, plus one
-scale-and-zero pair per group of ``group_size`` input columns,
-``[Kp / group_size, Np, 2]`` in the activation dtype. ``Kp`` pads the input
-dimension to a multiple of the group size and ``Np`` the output dimension
-to a multiple of 16 (what the kernel accepts); padding is zero and is
-sliced away, so any shape loads.
+Layouts (see docs/quantization.md): a linear ``[N, K]`` on tinygemm
+(cpu_int4) is PyTorch's CPU int4 packed tensor, ``uint8 [Np, Kp / 2]``, plus
+one scale-and-zero pair per group of ``group_size`` input columns,
+``[Kp / group_size, Np, 2]`` in the activation dtype, ``Np`` a multiple of
+16. On edge-infer's int8 kernels (cpu_w4a8, cpu_w8a8) it is ``Np * Kp / 2``
+(4-bit) or ``Np * Kp`` (8-bit) code bytes plus bf16 scales (and, 4-bit,
+zeros) per group, ``Np`` a multiple of 64, the same on every ISA variant.
+``Kp`` pads the input dimension to a multiple of the group size; padding is
+zero and is sliced away, so any shape loads.
 """
 from __future__ import annotations
 
@@ -21,16 +24,21 @@ from edge_infer.engine.config import QuantConfig
 from edge_infer.errors import CheckpointError, InvalidRequestError
 from edge_infer.models.weights import WeightSpec
 
+# The weight formats by bits, as config.json's quantization_config names them.
 METHOD = "cpu_int4"
-# The same weights computed with int8 activations (quant/w4a8.py): a name users pass, not a format.
+INT8_METHOD = "cpu_int8"
+FORMATS = {4: METHOD, 8: INT8_METHOD}
+# The same 4-bit weights computed with int8 activations (quant/int8_kernels.py): a name users pass, not a format.
 W4A8_METHOD = "cpu_w4a8"
-# Group sizes torch.ops.aten._weight_int4pack_mm_for_cpu accepts.
+# The only kernel of the 8-bit format.
+W8A8_METHOD = "cpu_w8a8"
+# Group sizes torch.ops.aten._weight_int4pack_mm_for_cpu accepts (and the int8 kernels, which take multiples of 16).
 GROUP_SIZES = (32, 64, 128, 256)
 # The kernel packs output rows in tiles; it needs the row count to be a multiple of 16.
 ROW_MULTIPLE = 16
-# The W4A8 kernel packs whole tiles of 64 rows, with bf16 scales and zeros whatever the activation dtype.
-W4A8_ROW_MULTIPLE = 64
-W4A8_SCALE_BYTES = 2
+# The int8 kernels pack whole tiles of 64 rows, with bf16 scales (and zeros) whatever the activation dtype.
+INT8_KERNEL_ROW_MULTIPLE = 64
+INT8_KERNEL_SCALE_BYTES = 2
 # Version of the on-disk layout written by `edge-infer quantize` (docs/quantization.md).
 FORMAT_VERSION = 1
 REPACK_MODES = ("blocked", "whole")
@@ -52,11 +60,13 @@ REPACK_BYTES_PER_ELEMENT = 12
 
 def check_quant_config(quant: QuantConfig) -> None:
     """Refuse settings the kernel cannot run, before anything is read or loaded."""
-    if quant.method != METHOD:
-        raise InvalidRequestError(f"quantization method {quant.method!r} is not supported; use {METHOD} or {W4A8_METHOD}")
+    if quant.bits not in FORMATS:
+        raise InvalidRequestError(f"{quant.bits}-bit weights are not supported; use 4 ({METHOD}) or 8 ({INT8_METHOD})")
+    if quant.bits == 8 and not (quant.int8_activations and quant.symmetric):
+        raise InvalidRequestError(f"8-bit weights are symmetric and run on {W8A8_METHOD} (int8 activations) only")
     if quant.group_size not in GROUP_SIZES:
         raise InvalidRequestError(
-            f"cpu_int4 group size {quant.group_size} is not supported by PyTorch's CPU int4 kernel; "
+            f"{quant.name} group size {quant.group_size} is not supported by its kernel; "
             f"use one of {', '.join(map(str, GROUP_SIZES))} (128 is the usual choice)"
         )
     if quant.repack not in REPACK_MODES:
@@ -69,14 +79,24 @@ def padded(n: int, multiple: int) -> int:
 
 def packed_rows(rows: int, quant: QuantConfig) -> int:
     """Output rows as the kernel packs them (padded to its row tile)."""
-    return padded(rows, W4A8_ROW_MULTIPLE if quant.int8_activations else ROW_MULTIPLE)
+    return padded(rows, INT8_KERNEL_ROW_MULTIPLE if quant.int8_activations else ROW_MULTIPLE)
 
 
-def int4_nbytes(rows: int, cols: int, quant: QuantConfig, dtype_bytes: int) -> int:
-    """Bytes of one packed int4 linear ``[rows, cols]``: codes plus scales and zeros, as its kernel holds them."""
+def quantized_nbytes(rows: int, cols: int, quant: QuantConfig, dtype_bytes: int) -> int:
+    """Bytes of one packed linear ``[rows, cols]``: codes plus scales (and zeros), as its kernel holds them."""
     n, k = packed_rows(rows, quant), padded(cols, quant.group_size)
-    scale_bytes = W4A8_SCALE_BYTES if quant.int8_activations else dtype_bytes
-    return n * k // 2 + (k // quant.group_size) * n * 2 * scale_bytes
+    scale_bytes = INT8_KERNEL_SCALE_BYTES if quant.int8_activations else dtype_bytes
+    per_group = 1 if quant.bits == 8 else 2  # 8-bit weights are symmetric: no zeros
+    return n * k * quant.bits // 8 + (k // quant.group_size) * n * per_group * scale_bytes
+
+
+def widened_spec_nbytes(spec: WeightSpec, dtype_bytes: int, tied: bool) -> int:
+    """Resident bytes of one tensor when a 16-bit checkpoint runs on the W16A32 kernel (quant/widened.py): every
+    linear at 2 bytes in 64-row tiles (a tied table once, held by the head), a separate embedding table at
+    2 bytes, the rest (norms) in the activation dtype."""
+    if spec.is_linear or (spec.target == "embed" and tied):
+        return padded(spec.shape[0], INT8_KERNEL_ROW_MULTIPLE) * spec.shape[1] * 2
+    return spec.numel * (2 if spec.target == "embed" else dtype_bytes)
 
 
 def is_quantized(spec: WeightSpec, quant: QuantConfig, tied: bool) -> bool:
@@ -99,7 +119,7 @@ def linear_nbytes(spec: WeightSpec, quant: QuantConfig, dtype_bytes: int) -> int
     (and, for the measuring-only ``keep_dense_copy`` alternative, the dense copy)."""
     check_quant_config(quant)
     rows, cols = spec.shape
-    total = int4_nbytes(rows, cols, quant, dtype_bytes)
+    total = quantized_nbytes(rows, cols, quant, dtype_bytes)
     if quant.keep_dense_copy:
         total += rows * cols * dtype_bytes
     return total
@@ -128,12 +148,17 @@ def repack_transient_bytes(specs: list[WeightSpec], quant: QuantConfig, tied: bo
     return max(block_rows(s) * padded(s.shape[1], quant.group_size) for s in quantized) * per_element
 
 
+def widened_transient_bytes(specs: list[WeightSpec]) -> int:
+    """Load-time working memory of the W16A32 path: one block of 16-bit rows as read, concatenated and padded."""
+    return max(min(s.shape[0], repack_block_rows(s.shape[1], 1)) * s.shape[1] * 2 * 3 for s in specs if s.is_linear)
+
+
 def checkpoint_quantization_config(quant: QuantConfig) -> dict[str, Any]:
     """The ``quantization_config`` entry `edge-infer quantize` writes into config.json."""
     return {
-        "quant_method": METHOD,
+        "quant_method": quant.method,
         "format_version": FORMAT_VERSION,
-        "bits": 4,
+        "bits": quant.bits,
         "group_size": quant.group_size,
         "symmetric": quant.symmetric,
         "quantize_head": quant.quantize_head,
@@ -143,21 +168,22 @@ def checkpoint_quantization_config(quant: QuantConfig) -> dict[str, Any]:
 def quant_config_from_checkpoint(raw: dict[str, Any]) -> QuantConfig:
     """The QuantConfig a quantized checkpoint was written with (its config.json entry)."""
     method = raw.get("quant_method")
-    if method != METHOD:
+    bits = {name: bits for bits, name in FORMATS.items()}.get(method)
+    if bits is None:
         raise CheckpointError(
-            f"config.json has quantization_config with quant_method={method!r}; edge-infer loads {METHOD!r} "
-            f"checkpoints written by `edge-infer quantize` (other formats, e.g. GPTQ or AWQ, are not supported)"
+            f"config.json has quantization_config with quant_method={method!r}; edge-infer loads "
+            f"{' and '.join(map(repr, FORMATS.values()))} checkpoints written by `edge-infer quantize` (other formats, "
+            f"e.g. GPTQ or AWQ, are not supported)"
         )
     version = raw.get("format_version")
     if version != FORMAT_VERSION:
         raise CheckpointError(
-            f"config.json has a {METHOD} quantization_config of format_version {version!r}; this edge-infer reads "
+            f"config.json has a {method} quantization_config of format_version {version!r}; this edge-infer reads "
             f"version {FORMAT_VERSION}: re-run `edge-infer quantize` on the original checkpoint"
         )
     try:
-        quant = QuantConfig(
-            group_size=int(raw["group_size"]), symmetric=bool(raw["symmetric"]), quantize_head=bool(raw["quantize_head"])
-        )
+        quant = QuantConfig(bits=bits, group_size=int(raw["group_size"]), symmetric=bool(raw["symmetric"]),
+                            quantize_head=bool(raw["quantize_head"]), int8_activations=bits == 8)
     except KeyError as exc:
         raise CheckpointError(f"config.json's quantization_config lacks {exc.args[0]!r}") from exc
     try:
@@ -168,18 +194,23 @@ def quant_config_from_checkpoint(raw: dict[str, Any]) -> QuantConfig:
 
 
 def resolve_checkpoint_quant(requested: QuantConfig | str | None, raw: dict[str, Any]) -> QuantConfig:
-    """A quantized checkpoint loads with the settings it was written with; conflicting requests are refused."""
+    """A quantized checkpoint loads with the settings it was written with; conflicting requests are refused.
+
+    The 4-bit format loads on tinygemm (cpu_int4) or with int8 activations (cpu_w4a8); the 8-bit format
+    on cpu_w8a8 only.
+    """
     stored = quant_config_from_checkpoint(raw)
-    if requested in (None, METHOD):
+    kernels = (METHOD, W4A8_METHOD) if stored.bits == 4 else (W8A8_METHOD,)
+    if requested is None:
         return stored
-    if requested == W4A8_METHOD:  # the stored weights, computed with int8 activations
-        return replace(stored, int8_activations=True)
     if requested == "none":
         raise InvalidRequestError(
-            "this checkpoint holds cpu_int4 weights and cannot load unquantized; "
-            "drop --quantization none or load the original checkpoint"
+            f"this checkpoint holds {stored.method} weights and cannot load unquantized; "
+            f"drop --quantization none or load the original checkpoint"
         )
-    if isinstance(requested, QuantConfig):
+    if isinstance(requested, str) and requested in kernels:
+        return replace(stored, int8_activations=requested != METHOD)
+    if isinstance(requested, QuantConfig) and requested.name in kernels:
         # Loading-time alternatives (repack, keep_dense_copy) and the kernel may differ; the format may not.
         loading = dict(repack=stored.repack, keep_dense_copy=stored.keep_dense_copy, int8_activations=stored.int8_activations)
         if replace(requested, **loading) != stored:
@@ -190,4 +221,9 @@ def resolve_checkpoint_quant(requested: QuantConfig | str | None, raw: dict[str,
                 f"original checkpoint again"
             )
         return requested
-    raise InvalidRequestError(f"quantization {requested!r} is not supported; use {METHOD}, {W4A8_METHOD} or none")
+    name = requested.name if isinstance(requested, QuantConfig) else requested
+    raise InvalidRequestError(
+        f"this checkpoint holds {stored.bits}-bit {stored.method} weights, which load with --quantization "
+        f"{' or '.join(kernels)}, not {name!r}; drop --quantization (config.json names the format) or quantize the "
+        f"original checkpoint again"
+    )

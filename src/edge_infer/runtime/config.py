@@ -86,6 +86,8 @@ class EngineSettings(_Strict):
     kv_cache_memory_bytes: Bytes | None = None
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     quantization: str | None = None
+    # With quantization "auto" (implied when only a priority is given): what the weight path optimizes.
+    priority: Literal["speed", "fidelity", "memory"] | None = None
 
 
 class SamplingDefaults(_Strict):

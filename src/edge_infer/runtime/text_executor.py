@@ -51,6 +51,7 @@ def _plan(stage: StageConfig) -> TextPlan:
         max_num_batched_tokens=e.max_num_batched_tokens,
         kv_cache_memory_bytes=e.kv_cache_memory_bytes,
         quantization=e.quantization,
+        priority=e.priority,
         dtype=e.dtype,
     )
 

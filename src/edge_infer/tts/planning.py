@@ -87,6 +87,10 @@ def talker_engine_config(stage: "StageConfig") -> EngineConfig:
     """The Talker's resolved engine settings (defaults filled in)."""
     model = _require_model(stage)
     engine = stage.engine
+    if engine.quantization == "auto" or (engine.quantization is None and engine.priority is not None):
+        from edge_infer.memory.weight_path import first_runnable
+
+        engine = engine.model_copy(update={"quantization": first_runnable(engine.priority, detect()).quantization})
     quantization = None if engine.quantization in (None, "none") else engine.quantization
     dtype = resolve_dtype(engine.dtype, [], quantization)
     max_model_len = engine.max_model_len or DEFAULT_MAX_MODEL_LEN

@@ -6,14 +6,18 @@
 // the same arithmetic runs as plain loops around the W4A8 products, with the
 // results rounded to bf16 where models/llama.py's DecoderLayer rounds them.
 //
-// Supported: bf16 activations and KV cache, fused q/k/v (optional bias) and
-// gate/up, optional per-head q/k RMSNorm, half-split RoPE from precomputed
-// tables, full causal attention over the paged cache (no sliding window).
-#include "w4a8.h"
+// Supported: bf16 activations and KV cache, W4A8 or W8A8 weights (all four
+// linears alike), fused q/k/v (optional bias) and gate/up, optional per-head
+// q/k RMSNorm, half-split RoPE from precomputed tables, full causal attention
+// over the paged cache (no sliding window). The products and the attention
+// loops run on the ISA variant the caller names (isa.h); every variant gives
+// the same bits, so the layer does too.
+#include "linear.h"
 
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -45,53 +49,43 @@ void rotate(bf16* x, int64_t heads, int64_t d, const bf16* cos, const bf16* sin)
   }
 }
 
-inline float dot(const bf16* a, const bf16* b, int64_t d) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t i = 0; i < d; i += 16) acc = _mm512_fmadd_ps(load16(a + i), load16(b + i), acc);
-  return _mm512_reduce_add_ps(acc);
-}
+inline const uint16_t* raw(const bf16* p) { return reinterpret_cast<const uint16_t*>(p); }
 
 struct Cache {
   const bf16* k;
   const bf16* v;
   int64_t block_size, kv_heads, d;
-  const bf16* row(const bf16* base, int64_t block, int64_t offset, int64_t head) const {
-    return base + ((block * block_size + offset) * kv_heads + head) * d;
+  // The first of one head's rows in one block; the next is ``stride()`` values on.
+  const uint16_t* row(const bf16* base, int64_t block, int64_t head) const {
+    return reinterpret_cast<const uint16_t*>(base + (block * block_size * kv_heads + head) * d);
   }
+  int64_t stride() const { return kv_heads * d; }
 };
 
 // One query head over the ``ctx`` keys of its sequence's blocks, softmax and weighted sum in fp32
 // (PyTorch's flash kernel rounds the probabilities to bf16 first: the two differ in the last bits).
-void attend_head(const bf16* q, const Cache& c, const int64_t* blocks, int64_t ctx, int64_t kv_head, float scale,
-                 bf16* out) {
+void attend_head(const IsaKernels& isa, const bf16* q, const Cache& c, const int64_t* blocks, int64_t ctx,
+                 int64_t kv_head, float scale, bf16* out) {
   std::vector<float> p(ctx);
+  for (int64_t j0 = 0; j0 < ctx; j0 += c.block_size)  // one cache block's keys per call
+    isa.dot_bf16(raw(q), c.row(c.k, blocks[j0 / c.block_size], kv_head), c.stride(), std::min(c.block_size, ctx - j0),
+                 c.d, p.data() + j0);
   float top = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < ctx; ++j) {
-    p[j] = dot(q, c.row(c.k, blocks[j / c.block_size], j % c.block_size, kv_head), c.d) * scale;
-    top = std::max(top, p[j]);
-  }
+  for (int64_t j = 0; j < ctx; ++j) top = std::max(top, p[j] *= scale);
   float total = 0.f;
   for (int64_t j = 0; j < ctx; ++j) total += (p[j] = std::exp(p[j] - top));
-  std::vector<__m512> acc(c.d / 16, _mm512_setzero_ps());
-  for (int64_t j = 0; j < ctx; ++j) {
-    const bf16* v = c.row(c.v, blocks[j / c.block_size], j % c.block_size, kv_head);
-    const __m512 w = _mm512_set1_ps(p[j] / total);
-    for (int64_t i = 0; i < c.d / 16; ++i) acc[i] = _mm512_fmadd_ps(w, load16(v + 16 * i), acc[i]);
-  }
-  for (int64_t i = 0; i < c.d / 16; ++i) store_bf16(out + 16 * i, acc[i]);
+  for (int64_t j = 0; j < ctx; ++j) p[j] /= total;
+  std::vector<float> acc(c.d, 0.f);
+  for (int64_t j0 = 0; j0 < ctx; j0 += c.block_size)
+    isa.axpy_bf16(p.data() + j0, c.row(c.v, blocks[j0 / c.block_size], kv_head), c.stride(),
+                  std::min(c.block_size, ctx - j0), c.d, acc.data());
+  for (int64_t i = 0; i < c.d; ++i) out[i] = static_cast<bf16>(acc[i]);
 }
 
-// A W4A8 weight as the Python side passes it: packed codes, scales and zeros.
-struct Weight {
-  const at::Tensor& packed;
-  const at::Tensor& sz;
-  int64_t in_padded() const { return packed.size(1) * 8; }
-};
-
 // out[m, n] = in[m, :] W^T; ``in`` has the weight's padded width (zero beyond the real columns).
-void matmul(const std::vector<bf16>& in, int64_t m, const Weight& w, int64_t group, int64_t n, std::vector<bf16>& out) {
-  out.resize(m * n);
-  w4a8_matmul(in.data(), m, w.in_padded(), w.packed.data_ptr<uint8_t>(), w.sz.data_ptr<bf16>(), group, n, out.data());
+void matmul(const IsaKernels& isa, const std::vector<bf16>& in, int64_t m, const PackedWeight& w, std::vector<bf16>& out) {
+  out.resize(m * w.n);
+  int8_matmul(isa, w, in.data(), m, out.data());
 }
 
 inline int64_t padded(int64_t n, int64_t group) { return (n + group - 1) / group * group; }
@@ -120,7 +114,8 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Te
                         const at::Tensor& qkv_packed, const at::Tensor& qkv_sz, const c10::optional<at::Tensor>& qkv_bias,
                         const at::Tensor& o_packed, const at::Tensor& o_sz, const at::Tensor& gate_up_packed,
                         const at::Tensor& gate_up_sz, const at::Tensor& down_packed, const at::Tensor& down_sz,
-                        int64_t group, int64_t heads, int64_t kv_heads, int64_t intermediate, double eps_d, double scale_d) {
+                        int64_t bits, int64_t group, int64_t heads, int64_t kv_heads, int64_t intermediate, double eps_d,
+                        double scale_d, const std::string& isa_name) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "decode_layer: x must be bf16 [M, hidden]");
   TORCH_CHECK(k_cache.scalar_type() == at::kBFloat16 && k_cache.dim() == 4 && k_cache.is_contiguous() &&
                   v_cache.is_contiguous() && k_cache.size(2) == kv_heads && k_cache.size(3) % 16 == 0,
@@ -135,10 +130,13 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Te
   TORCH_CHECK(heads % kv_heads == 0 && v_cache.sizes() == k_cache.sizes(), "decode_layer: head counts or caches do not match");
   TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "decode_layer: q_norm and k_norm come together");
   const int64_t q_size = heads * d, kv_size = kv_heads * d, qkv_n = q_size + 2 * kv_size;
-  check_packed("decode_layer qkv", qkv_packed, qkv_sz, padded(hidden, group), group, qkv_n);
-  check_packed("decode_layer o_proj", o_packed, o_sz, padded(q_size, group), group, hidden);
-  check_packed("decode_layer gate_up", gate_up_packed, gate_up_sz, padded(hidden, group), group, 2 * intermediate);
-  check_packed("decode_layer down", down_packed, down_sz, padded(intermediate, group), group, hidden);
+  const PackedWeight qkv = check_packed("decode_layer qkv", bits, qkv_packed, qkv_sz, padded(hidden, group), group, qkv_n);
+  const PackedWeight o = check_packed("decode_layer o_proj", bits, o_packed, o_sz, padded(q_size, group), group, hidden);
+  const PackedWeight gate_up = check_packed("decode_layer gate_up", bits, gate_up_packed, gate_up_sz, padded(hidden, group),
+                                            group, 2 * intermediate);
+  const PackedWeight down = check_packed("decode_layer down", bits, down_packed, down_sz, padded(intermediate, group), group,
+                                         hidden);
+  const IsaKernels& isa = isa_named(isa_name);
   check_vector("input_norm", input_norm, hidden);
   check_vector("post_norm", post_norm, hidden);
   if (q_norm.has_value()) {
@@ -147,7 +145,6 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Te
   }
   if (qkv_bias.has_value()) check_vector("qkv_bias", *qkv_bias, qkv_n);
   const float eps = static_cast<float>(eps_d), scale = static_cast<float>(scale_d);
-  const Weight qkv{qkv_packed, qkv_sz}, o{o_packed, o_sz}, gate_up{gate_up_packed, gate_up_sz}, down{down_packed, down_sz};
   const bf16* xp = x.data_ptr<bf16>();
   const int64_t* slot = slots.data_ptr<int64_t>();
   const int64_t* table = block_table.data_ptr<int64_t>();
@@ -156,10 +153,10 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Te
   check_cache_indices(slot, table, ctx, m, max_blocks, k_cache.size(0), k_cache.size(1));
 
   // Attention block: norm, q/k/v, per-head norms, RoPE, cache write, attention, output projection.
-  std::vector<bf16> h(m * qkv.in_padded(), bf16(0.f)), proj;
+  std::vector<bf16> h(m * qkv.k, bf16(0.f)), proj;
   for (int64_t i = 0; i < m; ++i)
-    rms_norm(xp + i * hidden, input_norm.data_ptr<bf16>(), hidden, eps, h.data() + i * qkv.in_padded());
-  matmul(h, m, qkv, group, qkv_n, proj);
+    rms_norm(xp + i * hidden, input_norm.data_ptr<bf16>(), hidden, eps, h.data() + i * qkv.k);
+  matmul(isa, h, m, qkv, proj);
   bf16* kc = k_cache.data_ptr<bf16>();
   bf16* vc = v_cache.data_ptr<bf16>();
   for (int64_t i = 0; i < m; ++i) {
@@ -177,7 +174,7 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Te
     std::copy(row + q_size, row + q_size + kv_size, kc + slot[i] * kv_size);
     std::copy(row + q_size + kv_size, row + qkv_n, vc + slot[i] * kv_size);
   }
-  std::vector<bf16> attn(m * o.in_padded(), bf16(0.f));
+  std::vector<bf16> attn(m * o.k, bf16(0.f));
   const Cache cache{kc, vc, k_cache.size(1), kv_heads, d};
   int64_t keys = 0;
   for (int64_t i = 0; i < m; ++i) keys += ctx[i];
@@ -186,29 +183,29 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Te
   at::parallel_for(0, m * heads, grain, [&](int64_t begin, int64_t end) {
     for (int64_t w = begin; w < end; ++w) {
       const int64_t i = w / heads, hd = w % heads;
-      attend_head(proj.data() + i * qkv_n + hd * d, cache, table + i * max_blocks, ctx[i], hd / (heads / kv_heads),
-                  scale, attn.data() + i * o.in_padded() + hd * d);
+      attend_head(isa, proj.data() + i * qkv_n + hd * d, cache, table + i * max_blocks, ctx[i], hd / (heads / kv_heads),
+                  scale, attn.data() + i * o.k + hd * d);
     }
   });
-  matmul(attn, m, o, group, hidden, proj);
+  matmul(isa, attn, m, o, proj);
   at::Tensor out = at::empty_like(x);
   bf16* y = out.data_ptr<bf16>();
   for (int64_t j = 0; j < m * hidden; ++j) y[j] = static_cast<bf16>(static_cast<float>(xp[j]) + static_cast<float>(proj[j]));
 
   // MLP block: norm, gate/up, silu(gate) * up, down, residual.
-  std::vector<bf16> h2(m * gate_up.in_padded(), bf16(0.f));
+  std::vector<bf16> h2(m * gate_up.k, bf16(0.f));
   for (int64_t i = 0; i < m; ++i)
-    rms_norm(y + i * hidden, post_norm.data_ptr<bf16>(), hidden, eps, h2.data() + i * gate_up.in_padded());
-  matmul(h2, m, gate_up, group, 2 * intermediate, proj);
-  std::vector<bf16> act(m * down.in_padded(), bf16(0.f));
+    rms_norm(y + i * hidden, post_norm.data_ptr<bf16>(), hidden, eps, h2.data() + i * gate_up.k);
+  matmul(isa, h2, m, gate_up, proj);
+  std::vector<bf16> act(m * down.k, bf16(0.f));
   for (int64_t i = 0; i < m; ++i) {
     const bf16* gate = proj.data() + i * 2 * intermediate;
     for (int64_t j = 0; j < intermediate; ++j) {
       const float g = static_cast<float>(gate[j]);
-      act[i * down.in_padded() + j] = static_cast<bf16>(rounded(g / (1.f + std::exp(-g))) * static_cast<float>(gate[intermediate + j]));
+      act[i * down.k + j] = static_cast<bf16>(rounded(g / (1.f + std::exp(-g))) * static_cast<float>(gate[intermediate + j]));
     }
   }
-  matmul(act, m, down, group, hidden, proj);
+  matmul(isa, act, m, down, proj);
   for (int64_t j = 0; j < m * hidden; ++j) y[j] = static_cast<bf16>(static_cast<float>(y[j]) + static_cast<float>(proj[j]));
   return out;
 }
@@ -221,8 +218,8 @@ TORCH_LIBRARY_FRAGMENT(edge_infer, lib) {
       "decode_layer(Tensor x, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, "
       "Tensor block_table, Tensor ctx_lens, Tensor input_norm, Tensor post_norm, Tensor? q_norm, Tensor? k_norm, "
       "Tensor qkv_packed, Tensor qkv_sz, Tensor? qkv_bias, Tensor o_packed, Tensor o_sz, Tensor gate_up_packed, "
-      "Tensor gate_up_sz, Tensor down_packed, Tensor down_sz, int group, int heads, int kv_heads, int intermediate, "
-      "float eps, float scale) -> Tensor");
+      "Tensor gate_up_sz, Tensor down_packed, Tensor down_sz, int bits, int group, int heads, int kv_heads, "
+      "int intermediate, float eps, float scale, str isa) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(edge_infer, CPU, lib) { lib.impl("decode_layer", &edge_infer::decode_layer); }

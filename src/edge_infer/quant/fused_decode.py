@@ -1,18 +1,23 @@
-"""Decode steps of a W4A8 model with each decoder layer in one C++ call (``csrc/decode_layer.cpp``).
+"""Decode steps of an int8-activation model with each decoder layer in one C++ call (``csrc/decode_layer.cpp``).
 
 A decode step (one new token per sequence) of a small model is dominated by
 the ~150 small PyTorch operators around each layer's four matrix products,
-not by the products themselves once they run on the W4A8 kernel. The fused
+not by the products themselves once they run on the int8 kernels. The fused
 layer computes the same layer (models/llama.py's ``DecoderLayer``, rounding
-to bf16 at the same points) in one call. Prefill chunks, fp32 models,
-sliding windows and tinygemm/bf16 weights keep the PyTorch path.
+to bf16 at the same points) in one call, on the ISA variant the linears run
+on. Prefill chunks, fp32 models, sliding windows, mixed weight kinds and
+tinygemm/bf16 weights keep the PyTorch path.
 """
 from __future__ import annotations
 
 import torch
 
 from edge_infer.engine.attention import AttentionMetadata
-from edge_infer.quant.w4a8 import W4A8Kernel
+from edge_infer.quant.int8_kernels import Int8ActivationKernel
+
+
+def _layer_kernels(layer) -> tuple:
+    return tuple(lin.kernel for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down))
 
 
 def fusable(model) -> bool:
@@ -20,8 +25,9 @@ def fusable(model) -> bool:
     cfg = model.cfg
     if model.dtype != torch.bfloat16 or cfg.sliding_window is not None or cfg.head_dim % 16:
         return False
-    return all(isinstance(lin.kernel, W4A8Kernel)
-               for layer in model.layers for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down))
+    kernels = [k for layer in model.layers for k in _layer_kernels(layer)]
+    return (all(isinstance(k, Int8ActivationKernel) for k in kernels)
+            and len({(k.bits, k.group_size, k.variant) for k in kernels}) == 1)
 
 
 class FusedDecode:
@@ -29,17 +35,17 @@ class FusedDecode:
 
     def __init__(self, model) -> None:
         cfg = model.cfg
-        self.group_size = model.layers[0].qkv.kernel.group_size
+        first = model.layers[0].qkv.kernel
         self.layer_args = [
             (layer.input_norm, layer.post_attention_norm, layer.q_norm, layer.k_norm,
-             layer.qkv.kernel.packed, layer.qkv.kernel.scales_zeros, layer.qkv.bias,
-             layer.o_proj.kernel.packed, layer.o_proj.kernel.scales_zeros,
-             layer.gate_up.kernel.packed, layer.gate_up.kernel.scales_zeros,
-             layer.down.kernel.packed, layer.down.kernel.scales_zeros)
+             layer.qkv.kernel.packed, layer.qkv.kernel.scales, layer.qkv.bias,
+             layer.o_proj.kernel.packed, layer.o_proj.kernel.scales,
+             layer.gate_up.kernel.packed, layer.gate_up.kernel.scales,
+             layer.down.kernel.packed, layer.down.kernel.scales)
             for layer in model.layers
         ]
-        self.shape_args = (self.group_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size,
-                           cfg.rms_norm_eps, cfg.head_dim**-0.5)
+        self.shape_args = (first.bits, first.group_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                           cfg.intermediate_size, cfg.rms_norm_eps, cfg.head_dim**-0.5, first.variant)
 
     @staticmethod
     def accepts(x: torch.Tensor, meta: AttentionMetadata) -> bool:

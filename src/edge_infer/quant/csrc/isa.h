@@ -1,0 +1,69 @@
+// The kernel interface every ISA variant implements, and the packed weight layouts they share.
+//
+// Plain C++ (no PyTorch): each variant lives in its own translation unit
+// compiled with its own instruction-set flags (isa_<variant>.cpp), so the
+// same objects link into the PyTorch extension (linear.cpp, decode_layer.cpp)
+// and into a standalone test harness (tests/quant/native/harness.cpp), which
+// also runs the ARM variant under qemu. isa_scalar.cpp is the reference:
+// every variant computes the same integer sums and the same float operations
+// in the same order, so their outputs are bit-identical to it.
+//
+// Layouts (built by edge_infer/quant/w4a8.py and w8a8.py; 64-row tiles, padded with zero rows):
+//   W4A8 codes  uint8 [Np/64, Kp/8, 64, 4]: for 8 input columns k..k+7, row r's 4 bytes hold
+//               codes (k+i) | (k+4+i) << 4, i = 0..3; a code q stands for (q - 8) * scale + zero.
+//        sz     bf16  [Np/64, Kp/G, 2, 64]: each group's 64 scales, then its 64 zeros.
+//   W8A8 codes  int8  [Np/64, Kp/4, 64, 4]: for 4 input columns k..k+3, row r's 4 weights, each -127..127;
+//               a code q stands for q * scale.
+//        scales bf16  [Np/64, Kp/G, 64].
+//   W16A32      bf16 or fp16 [Np/64, K, 64]: column k's 64 weights, widened to fp32 in registers and
+//               multiplied with fp32 activations (no quantization: the checkpoint's 16-bit weights as they are).
+// One vector load thus feeds several rows at once with 4 or 8 columns each, and
+// the matching activations are broadcast: no horizontal sums anywhere.
+//
+// Activations are quantized per row and group of G columns, x = alpha * q with q
+// in -127..127. For one output row and one group, with exact int32 sums:
+//   W4A8: sum x w = alpha * scale * sum q code + (zero - 8 scale) * alpha * sum q
+//   W8A8: sum x w = alpha * scale * sum q code
+// W16A32 accumulates one fused multiply-add per column, in column order.
+#pragma once
+
+#include <cstdint>
+
+namespace edge_infer {
+
+constexpr int64_t kTileRows = 64;
+
+// m activation rows quantized to int8 per group of ``group`` columns.
+struct Int8Rows {
+  const int8_t* q;     // [m, k]
+  const float* alpha;  // [m, k / group]: NaN where the group held a NaN or an infinity
+  const int32_t* sum;  // [m, k / group]: the sum of q over the group
+  int64_t k, group;
+};
+
+struct IsaKernels {
+  const char* name;
+  // One row of k values (k a multiple of group, group a multiple of 16) -> q, alpha and sum per group.
+  void (*quantize_f32)(const float* x, int64_t k, int64_t group, int8_t* q, float* alpha, int32_t* sum);
+  void (*quantize_bf16)(const uint16_t* x, int64_t k, int64_t group, int8_t* q, float* alpha, int32_t* sum);
+  // One 64-row tile times m activation rows: out[i * 64 + r] for row r of the tile and activation row i.
+  void (*w4a8_tile)(const uint8_t* codes, const uint16_t* sz, const Int8Rows& x, int64_t m, float* out);
+  void (*w8a8_tile)(const int8_t* codes, const uint16_t* scales, const Int8Rows& x, int64_t m, float* out);
+  // One 64-row tile of 16-bit weights (bf16, or fp16 when ``fp16``) times m fp32 rows x [m, k]: out as above.
+  void (*w16_tile)(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m, float* out);
+  // Attention inner loops over ``count`` bf16 rows of n values (n a multiple of 16) ``stride`` apart (the keys
+  // or values of one cache block), in fp32: out[j] = q . k_j, and y += w[j] * v_j for j in order.
+  void (*dot_bf16)(const uint16_t* q, const uint16_t* k, int64_t stride, int64_t count, int64_t n, float* out);
+  void (*axpy_bf16)(const float* w, const uint16_t* v, int64_t stride, int64_t count, int64_t n, float* y);
+  // n fp32 values -> bf16, rounding to nearest even; NaN stays NaN (0x7FC0, as PyTorch converts it).
+  void (*round_bf16)(const float* x, int64_t n, uint16_t* out);
+};
+
+// The variant of this name built into this library, or nullptr (not this architecture, or its compiler
+// lacked the instruction set). Names: scalar, avx2, avx-vnni, avx512-vnni, neon-dotprod.
+const IsaKernels* find_isa(const char* name);
+
+// The names of the variants built into this library, nullptr-terminated.
+const char* const* built_isas();
+
+}  // namespace edge_infer

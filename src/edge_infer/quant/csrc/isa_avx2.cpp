@@ -1,0 +1,185 @@
+// AVX2 (vpmaddubsw + vpmaddwd) and, compiled again with EDGE_INFER_AVX_VNNI, AVX-VNNI (256-bit vpdpbusd).
+//
+// One ymm register holds 8 rows x 4 bytes of a tile, so a tile of 64 rows is 8 loads per 4 (int8) or
+// 8 (int4) input columns, each multiplied with the same broadcast activations. The 4-bit codes go into
+// the unsigned operand unchanged (no sign trick: the zero point is corrected once per group from the
+// activation sum), and the two nibbles' products are added in int16 before widening: at most
+// 2 * 15 * 127 per pair and product, 7620 for both, far from int16's limit.
+//
+// EDGE_INFER_VNNI_EVEX (tests only) spells the AVX-VNNI dot product with its AVX512-VL encoding, so the
+// variant's code can be checked on a CPU that has AVX512-VNNI but not AVX-VNNI.
+#include <immintrin.h>
+
+#include "isa_common.h"
+
+namespace edge_infer {
+namespace {
+
+#if defined(EDGE_INFER_AVX_VNNI)
+inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) {
+#if defined(EDGE_INFER_VNNI_EVEX)
+  return _mm256_dpbusd_epi32(acc, u, s);
+#else
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+#endif
+}
+
+// acc + sum of 4 products lo * a_lo and 4 products hi * a_hi per int32 lane.
+inline __m256i dot_nibbles(__m256i acc, __m256i lo, __m256i hi, __m256i a_lo, __m256i a_hi) {
+  return dpbusd(dpbusd(acc, lo, a_lo), hi, a_hi);
+}
+
+// acc + sum of 4 products (w + 128) * a per lane (vpdpbusd takes an unsigned operand): see kInt8Offset.
+inline __m256i dot_int8(__m256i acc, __m256i w, __m256i a) {
+  return dpbusd(acc, _mm256_xor_si256(w, _mm256_set1_epi8(-128)), a);
+}
+constexpr int32_t kInt8Offset = 128;
+#else
+inline __m256i dot_nibbles(__m256i acc, __m256i lo, __m256i hi, __m256i a_lo, __m256i a_hi) {
+  const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, a_lo), _mm256_maddubs_epi16(hi, a_hi));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+// vpmaddubsw takes unsigned x signed: |w| x (a with w's sign); |w|, |a| <= 127 keeps a pair within int16.
+inline __m256i dot_int8(__m256i acc, __m256i w, __m256i a) {
+  const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+constexpr int32_t kInt8Offset = 0;
+#endif
+
+inline __m256 load_bf16x8(const uint16_t* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+inline __m256i broadcast4(const int8_t* p) {
+  int32_t v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return _mm256_set1_epi32(v);
+}
+
+// Activation rows i .. i + kRows - 1 through the tile's rows r0 .. r0 + 8 kRegs - 1: out[p * 64 + r] for row i + p.
+// Two activation rows share each unpacked weight register (a prefill chunk); one row takes the whole tile.
+template <int kRows, int kRegs>
+void w4a8_rows(const uint8_t* codes, const uint16_t* sz, const Int8Rows& x, int64_t i, int r0, float* out) {
+  const int64_t groups = x.k / x.group;
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  __m256 acc[kRows][kRegs];
+  for (int p = 0; p < kRows; ++p)
+    for (int r = 0; r < kRegs; ++r) acc[p][r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i dot[kRows][kRegs];
+    for (int p = 0; p < kRows; ++p)
+      for (int r = 0; r < kRegs; ++r) dot[p][r] = _mm256_setzero_si256();
+    const uint8_t* w = codes + g * x.group * (kTileRows / 2) + 4 * r0;
+    for (int64_t c = g * x.group; c < (g + 1) * x.group; c += 8, w += 4 * kTileRows) {
+      __m256i a_lo[kRows], a_hi[kRows];
+      for (int p = 0; p < kRows; ++p) {
+        a_lo[p] = broadcast4(x.q + (i + p) * x.k + c);
+        a_hi[p] = broadcast4(x.q + (i + p) * x.k + c + 4);
+      }
+      for (int r = 0; r < kRegs; ++r) {
+        const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * r));
+        const __m256i lo = _mm256_and_si256(bytes, low), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+        for (int p = 0; p < kRows; ++p) dot[p][r] = dot_nibbles(dot[p][r], lo, hi, a_lo[p], a_hi[p]);
+      }
+    }
+    const uint16_t* s = sz + g * 2 * kTileRows + r0;
+    const __m256 eight = _mm256_set1_ps(8.f);
+    for (int p = 0; p < kRows; ++p) {
+      const float alpha = x.alpha[(i + p) * groups + g];
+      const __m256 al = _mm256_set1_ps(alpha);
+      const __m256 total = _mm256_set1_ps(alpha * static_cast<float>(x.sum[(i + p) * groups + g]));
+      for (int r = 0; r < kRegs; ++r) {
+        const __m256 scale = load_bf16x8(s + 8 * r), zero = load_bf16x8(s + kTileRows + 8 * r);
+        acc[p][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[p][r]), _mm256_mul_ps(scale, al), acc[p][r]);
+        acc[p][r] = _mm256_fmadd_ps(_mm256_fnmadd_ps(eight, scale, zero), total, acc[p][r]);
+      }
+    }
+  }
+  for (int p = 0; p < kRows; ++p)
+    for (int r = 0; r < kRegs; ++r) _mm256_storeu_ps(out + p * kTileRows + r0 + 8 * r, acc[p][r]);
+}
+
+void w4a8_tile(const uint8_t* codes, const uint16_t* sz, const Int8Rows& x, int64_t m, float* out) {
+  int64_t i = 0;
+  for (; i + 1 < m; i += 2)  // pairs of rows, half a tile at a time (16 accumulators would not fit 16 registers)
+    for (int r0 = 0; r0 < kTileRows; r0 += 32) w4a8_rows<2, 4>(codes, sz, x, i, r0, out + i * kTileRows);
+  for (; i < m; ++i) w4a8_rows<1, 8>(codes, sz, x, i, 0, out + i * kTileRows);
+}
+
+// Activation rows i .. i + kRows - 1 through the tile's rows r0 .. r0 + 8 kRegs - 1, as w4a8_rows.
+template <int kRows, int kRegs>
+void w8a8_rows(const int8_t* codes, const uint16_t* scales, const Int8Rows& x, int64_t i, int r0, float* out) {
+  const int64_t groups = x.k / x.group;
+  __m256 acc[kRows][kRegs];
+  for (int p = 0; p < kRows; ++p)
+    for (int r = 0; r < kRegs; ++r) acc[p][r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i dot[kRows][kRegs];
+    for (int p = 0; p < kRows; ++p)
+      for (int r = 0; r < kRegs; ++r) dot[p][r] = _mm256_setzero_si256();
+    const int8_t* w = codes + g * x.group * kTileRows + 4 * r0;
+    for (int64_t c = g * x.group; c < (g + 1) * x.group; c += 4, w += 4 * kTileRows) {
+      __m256i a[kRows];
+      for (int p = 0; p < kRows; ++p) a[p] = broadcast4(x.q + (i + p) * x.k + c);
+      for (int r = 0; r < kRegs; ++r) {
+        const __m256i weights = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * r));
+        for (int p = 0; p < kRows; ++p) dot[p][r] = dot_int8(dot[p][r], weights, a[p]);
+      }
+    }
+    for (int p = 0; p < kRows; ++p) {
+      const __m256i offset = _mm256_set1_epi32(kInt8Offset * x.sum[(i + p) * groups + g]);
+      const __m256 al = _mm256_set1_ps(x.alpha[(i + p) * groups + g]);
+      for (int r = 0; r < kRegs; ++r) {
+        const __m256 scale = load_bf16x8(scales + g * kTileRows + r0 + 8 * r);
+        const __m256i exact = _mm256_sub_epi32(dot[p][r], offset);
+        acc[p][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), _mm256_mul_ps(scale, al), acc[p][r]);
+      }
+    }
+  }
+  for (int p = 0; p < kRows; ++p)
+    for (int r = 0; r < kRegs; ++r) _mm256_storeu_ps(out + p * kTileRows + r0 + 8 * r, acc[p][r]);
+}
+
+void w8a8_tile(const int8_t* codes, const uint16_t* scales, const Int8Rows& x, int64_t m, float* out) {
+  int64_t i = 0;
+  for (; i + 1 < m; i += 2)
+    for (int r0 = 0; r0 < kTileRows; r0 += 32) w8a8_rows<2, 4>(codes, scales, x, i, r0, out + i * kTileRows);
+  for (; i < m; ++i) w8a8_rows<1, 8>(codes, scales, x, i, 0, out + i * kTileRows);
+}
+
+// 8 weights of one column widened to fp32: bf16 by a shift, fp16 by F16C's vcvtph2ps.
+template <bool kFp16>
+inline __m256 widen8(const uint16_t* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if (kFp16) return _mm256_cvtph_ps(raw);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+template <bool kFp16>
+void w16_rows(const uint16_t* w, const float* x, int64_t k, int64_t m, float* out) {
+  for (int64_t i = 0; i < m; ++i, out += kTileRows, x += k) {
+    __m256 acc[8];
+    for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < k; ++c) {
+      const __m256 a = _mm256_broadcast_ss(x + c);
+      for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(widen8<kFp16>(w + c * kTileRows + 8 * r), a, acc[r]);
+    }
+    for (int r = 0; r < 8; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
+  }
+}
+
+void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m, float* out) {
+  fp16 ? w16_rows<true>(w, x, k, m, out) : w16_rows<false>(w, x, k, m, out);
+}
+
+}  // namespace
+}  // namespace edge_infer
+
+#if defined(EDGE_INFER_AVX_VNNI)
+EDGE_INFER_ISA_TABLE(kAvxVnni, "avx-vnni")
+#else
+EDGE_INFER_ISA_TABLE(kAvx2, "avx2")
+#endif

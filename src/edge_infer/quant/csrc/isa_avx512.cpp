@@ -1,0 +1,143 @@
+// AVX512-VNNI: one zmm register holds 16 rows x 4 bytes of a tile, so a tile of 64 rows is 4 loads per
+// 4 (int8) or 8 (int4) input columns, each fed to vpdpbusd (64 multiply-adds) with the same broadcast
+// activations. vpdpbusd takes unsigned x signed bytes: the 4-bit codes go in unchanged (their zero
+// point is corrected once per group from the activation sum); int8 weights go in as w + 128, and
+// 128 times the activation sum is taken off once per group.
+#include <immintrin.h>
+
+#include "isa_common.h"
+
+namespace edge_infer {
+namespace {
+
+inline __m512 load_bf16x16(const uint16_t* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+inline __m512i broadcast4(const int8_t* p) {
+  int32_t v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return _mm512_set1_epi32(v);
+}
+
+// Activation rows i .. i + kRows - 1 through the whole tile: out[p * 64 + r] for row i + p. Several rows of a
+// prefill chunk share each unpacked weight register (32 registers hold 4 rows' accumulators).
+template <int kRows>
+void w4a8_rows(const uint8_t* codes, const uint16_t* sz, const Int8Rows& x, int64_t i, float* out) {
+  const int64_t groups = x.k / x.group;
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  __m512 acc[kRows][4];
+  for (int p = 0; p < kRows; ++p)
+    for (int r = 0; r < 4; ++r) acc[p][r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i dot[kRows][4];
+    for (int p = 0; p < kRows; ++p)
+      for (int r = 0; r < 4; ++r) dot[p][r] = _mm512_setzero_si512();
+    const uint8_t* w = codes + g * x.group * (kTileRows / 2);
+    for (int64_t c = g * x.group; c < (g + 1) * x.group; c += 8, w += 4 * kTileRows) {
+      __m512i a_lo[kRows], a_hi[kRows];
+      for (int p = 0; p < kRows; ++p) {
+        a_lo[p] = broadcast4(x.q + (i + p) * x.k + c);
+        a_hi[p] = broadcast4(x.q + (i + p) * x.k + c + 4);
+      }
+      for (int r = 0; r < 4; ++r) {
+        const __m512i bytes = _mm512_loadu_si512(w + 64 * r);
+        const __m512i lo = _mm512_and_si512(bytes, low), hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
+        for (int p = 0; p < kRows; ++p) {
+          dot[p][r] = _mm512_dpbusd_epi32(dot[p][r], lo, a_lo[p]);
+          dot[p][r] = _mm512_dpbusd_epi32(dot[p][r], hi, a_hi[p]);
+        }
+      }
+    }
+    const uint16_t* s = sz + g * 2 * kTileRows;
+    const __m512 eight = _mm512_set1_ps(8.f);
+    for (int p = 0; p < kRows; ++p) {
+      const float alpha = x.alpha[(i + p) * groups + g];
+      const __m512 al = _mm512_set1_ps(alpha);
+      const __m512 total = _mm512_set1_ps(alpha * static_cast<float>(x.sum[(i + p) * groups + g]));
+      for (int r = 0; r < 4; ++r) {
+        const __m512 scale = load_bf16x16(s + 16 * r), zero = load_bf16x16(s + kTileRows + 16 * r);
+        acc[p][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[p][r]), _mm512_mul_ps(scale, al), acc[p][r]);
+        acc[p][r] = _mm512_fmadd_ps(_mm512_fnmadd_ps(eight, scale, zero), total, acc[p][r]);
+      }
+    }
+  }
+  for (int p = 0; p < kRows; ++p)
+    for (int r = 0; r < 4; ++r) _mm512_storeu_ps(out + p * kTileRows + 16 * r, acc[p][r]);
+}
+
+void w4a8_tile(const uint8_t* codes, const uint16_t* sz, const Int8Rows& x, int64_t m, float* out) {
+  int64_t i = 0;
+  for (; i + 3 < m; i += 4) w4a8_rows<4>(codes, sz, x, i, out + i * kTileRows);
+  for (; i < m; ++i) w4a8_rows<1>(codes, sz, x, i, out + i * kTileRows);
+}
+
+// Activation rows i .. i + kRows - 1 through the whole tile, as w4a8_rows.
+template <int kRows>
+void w8a8_rows(const int8_t* codes, const uint16_t* scales, const Int8Rows& x, int64_t i, float* out) {
+  const int64_t groups = x.k / x.group;
+  const __m512i flip = _mm512_set1_epi8(-128);
+  __m512 acc[kRows][4];
+  for (int p = 0; p < kRows; ++p)
+    for (int r = 0; r < 4; ++r) acc[p][r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i dot[kRows][4];
+    for (int p = 0; p < kRows; ++p)
+      for (int r = 0; r < 4; ++r) dot[p][r] = _mm512_setzero_si512();
+    const int8_t* w = codes + g * x.group * kTileRows;
+    for (int64_t c = g * x.group; c < (g + 1) * x.group; c += 4, w += 4 * kTileRows) {
+      __m512i a[kRows];
+      for (int p = 0; p < kRows; ++p) a[p] = broadcast4(x.q + (i + p) * x.k + c);
+      for (int r = 0; r < 4; ++r) {
+        const __m512i weights = _mm512_xor_si512(_mm512_loadu_si512(w + 64 * r), flip);
+        for (int p = 0; p < kRows; ++p) dot[p][r] = _mm512_dpbusd_epi32(dot[p][r], weights, a[p]);
+      }
+    }
+    for (int p = 0; p < kRows; ++p) {
+      const __m512i offset = _mm512_set1_epi32(128 * x.sum[(i + p) * groups + g]);
+      const __m512 al = _mm512_set1_ps(x.alpha[(i + p) * groups + g]);
+      for (int r = 0; r < 4; ++r) {
+        const __m512 scale = load_bf16x16(scales + g * kTileRows + 16 * r);
+        acc[p][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dot[p][r], offset)), _mm512_mul_ps(scale, al),
+                                    acc[p][r]);
+      }
+    }
+  }
+  for (int p = 0; p < kRows; ++p)
+    for (int r = 0; r < 4; ++r) _mm512_storeu_ps(out + p * kTileRows + 16 * r, acc[p][r]);
+}
+
+void w8a8_tile(const int8_t* codes, const uint16_t* scales, const Int8Rows& x, int64_t m, float* out) {
+  int64_t i = 0;
+  for (; i + 3 < m; i += 4) w8a8_rows<4>(codes, scales, x, i, out + i * kTileRows);
+  for (; i < m; ++i) w8a8_rows<1>(codes, scales, x, i, out + i * kTileRows);
+}
+
+// 16 weights of one column widened to fp32: bf16 by a shift, fp16 by vcvtph2ps.
+template <bool kFp16>
+inline __m512 widen16(const uint16_t* p) {
+  if (kFp16) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return load_bf16x16(p);
+}
+
+template <bool kFp16>
+void w16_rows(const uint16_t* w, const float* x, int64_t k, int64_t m, float* out) {
+  for (int64_t i = 0; i < m; ++i, out += kTileRows, x += k) {
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t c = 0; c < k; ++c) {
+      const __m512 a = _mm512_set1_ps(x[c]);
+      for (int r = 0; r < 4; ++r) acc[r] = _mm512_fmadd_ps(widen16<kFp16>(w + c * kTileRows + 16 * r), a, acc[r]);
+    }
+    for (int r = 0; r < 4; ++r) _mm512_storeu_ps(out + 16 * r, acc[r]);
+  }
+}
+
+void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m, float* out) {
+  fp16 ? w16_rows<true>(w, x, k, m, out) : w16_rows<false>(w, x, k, m, out);
+}
+
+}  // namespace
+}  // namespace edge_infer
+
+EDGE_INFER_ISA_TABLE(kAvx512Vnni, "avx512-vnni")

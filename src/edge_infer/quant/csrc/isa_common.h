@@ -1,0 +1,136 @@
+// The parts every ISA variant shares, written once as plain loops and compiled into each variant's
+// translation unit with that variant's flags (the compiler vectorizes them there).
+//
+// Everything is in an anonymous namespace: translation units compiled with different instruction sets
+// must not share an inline function, or the linker could keep the AVX-512 copy for every caller.
+// No standard-library functions either (compiler builtins instead), for the same reason. Floating point
+// is written out operation by operation (__builtin_fmaf where the vector code fuses; the build passes
+// -ffp-contract=off), so that every variant rounds alike and matches the scalar reference bit for bit.
+#pragma once
+
+#include <cstdint>
+
+#include "isa.h"
+
+namespace edge_infer {
+namespace {
+
+inline float bf16_to_float(uint16_t v) {
+  const uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// IEEE half -> float, exactly (subnormals, infinities and NaNs included).
+inline float fp16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal: normalize
+    exp = 113;
+    while (!(man & 0x400)) man <<= 1, --exp;
+    bits = sign | (exp << 23) | ((man & 0x3FF) << 13);
+  }
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+inline float to_float(float v) { return v; }
+inline float to_float(uint16_t v) { return bf16_to_float(v); }
+
+// One row of k values -> int8 codes, scale and code sum per group (see isa.h).
+// A group with a NaN or an infinity gets scale NaN and codes 0, so every output it reaches is NaN.
+template <typename T>
+void quantize_row(const T* x, int64_t k, int64_t group, int8_t* q, float* alpha, int32_t* sum) {
+  for (int64_t g0 = 0; g0 < k; g0 += group) {
+    const T* v = x + g0;
+    float amax = 0.f;
+    int finite = 1;
+    for (int64_t i = 0; i < group; ++i) {
+      const float a = __builtin_fabsf(to_float(v[i]));
+      amax = a > amax ? a : amax;
+      finite &= a <= 3.40282347e38f;  // false for NaN and infinity
+    }
+    const int64_t g = g0 / group;
+    if (!finite) {
+      __builtin_memset(q + g0, 0, group);
+      alpha[g] = __builtin_nanf("");
+      sum[g] = 0;
+      continue;
+    }
+    const float a = amax / 127.f;
+    const float inv = a >= 1.17549435e-38f ? 1.f / a : 0.f;  // an all-(near-)zero group: codes 0
+    int32_t s = 0;
+    for (int64_t i = 0; i < group; ++i) {
+      // Round to nearest even (the default mode); |to_float(v[i]) * inv| <= 127 by construction.
+      const int32_t c = static_cast<int32_t>(__builtin_nearbyintf(to_float(v[i]) * inv));
+      q[g0 + i] = static_cast<int8_t>(c);
+      s += c;
+    }
+    alpha[g] = a;
+    sum[g] = s;
+  }
+}
+
+void quantize_f32(const float* x, int64_t k, int64_t group, int8_t* q, float* alpha, int32_t* sum) {
+  quantize_row(x, k, group, q, alpha, sum);
+}
+
+void quantize_bf16(const uint16_t* x, int64_t k, int64_t group, int8_t* q, float* alpha, int32_t* sum) {
+  quantize_row(x, k, group, q, alpha, sum);
+}
+
+// Each dot product in 16 independent fp32 lanes, then a fixed pairwise reduction (written out, so that it
+// unrolls): the same sums on every variant.
+void dot_bf16(const uint16_t* q, const uint16_t* k, int64_t stride, int64_t count, int64_t n, float* out) {
+  for (int64_t r = 0; r < count; ++r, k += stride) {
+    float lanes[16] = {};
+    for (int64_t i = 0; i < n; i += 16)
+      for (int j = 0; j < 16; ++j) lanes[j] = __builtin_fmaf(bf16_to_float(q[i + j]), bf16_to_float(k[i + j]), lanes[j]);
+    for (int j = 0; j < 8; ++j) lanes[j] += lanes[j + 8];
+    for (int j = 0; j < 4; ++j) lanes[j] += lanes[j + 4];
+    for (int j = 0; j < 2; ++j) lanes[j] += lanes[j + 2];
+    out[r] = lanes[0] + lanes[1];
+  }
+}
+
+void axpy_bf16(const float* w, const uint16_t* v, int64_t stride, int64_t count, int64_t n, float* y) {
+  for (int64_t r = 0; r < count; ++r, v += stride)
+    for (int64_t i = 0; i < n; ++i) y[i] = __builtin_fmaf(w[r], bf16_to_float(v[i]), y[i]);
+}
+
+void round_bf16(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    __builtin_memcpy(&bits, x + i, sizeof bits);
+    const uint16_t rounded = static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+    out[i] = x[i] != x[i] ? static_cast<uint16_t>(0x7FC0) : rounded;
+  }
+}
+
+// The float part of one group for one output row: dot is the exact int32 sum of q * code.
+inline float w4a8_group(float acc, int32_t dot, float scale, float zero, float alpha, float total) {
+  acc = __builtin_fmaf(static_cast<float>(dot), scale * alpha, acc);
+  return __builtin_fmaf(__builtin_fmaf(-8.f, scale, zero), total, acc);
+}
+
+inline float w8a8_group(float acc, int32_t dot, float scale, float alpha) {
+  return __builtin_fmaf(static_cast<float>(dot), scale * alpha, acc);
+}
+
+}  // namespace
+}  // namespace edge_infer
+
+// Defines the variant's table from the tile kernels its translation unit implements.
+#define EDGE_INFER_ISA_TABLE(symbol, isa_name)                                                             \
+  namespace edge_infer {                                                                                   \
+  extern const IsaKernels symbol = {isa_name, quantize_f32, quantize_bf16, w4a8_tile, w8a8_tile,        \
+                                    w16_tile, dot_bf16,     axpy_bf16,     round_bf16};                   \
+  }

@@ -1,0 +1,109 @@
+// ARM NEON with the dot-product extension (sdot, Armv8.2-A+dotprod: Cortex-A76/Pi 5 and later, Apple M1+).
+//
+// One q register holds 4 rows x 4 bytes of a tile; vdotq_laneq_s32 multiplies it with 4 activations
+// taken from one lane of a 16-byte activation register, so a 16-byte activation load serves 16 input
+// columns of all 64 rows. sdot is signed x signed: 4-bit codes (0..15) and int8 weights go in as they
+// are, and the result is the same exact int32 sum the x86 variants form. Floats accumulate in memory
+// (16 registers would not leave room for the 16 int32 accumulators); they are touched once per group.
+//
+// i8mm (smmla) is not used: it multiplies 2x8 by 8x2 blocks, which pays for two or more activation
+// rows, and no ARM machine was at hand to measure whether it pays for prefill.
+#include <arm_neon.h>
+
+#include "isa_common.h"
+
+namespace edge_infer {
+namespace {
+
+inline float32x4_t load_bf16x4(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
+
+// acc[r] = fma rounds of one group for the 64 rows (see w4a8_group / w8a8_group in isa_common.h).
+inline void finish_group(float* acc, const int32x4_t* dot, const uint16_t* scale, const uint16_t* zero, float alpha,
+                         float total) {
+  const float32x4_t al = vdupq_n_f32(alpha), tot = vdupq_n_f32(total), eight = vdupq_n_f32(8.f);
+  for (int r = 0; r < 16; ++r) {
+    const float32x4_t s = load_bf16x4(scale + 4 * r);
+    float32x4_t a = vfmaq_f32(vld1q_f32(acc + 4 * r), vcvtq_f32_s32(dot[r]), vmulq_f32(s, al));
+    if (zero != nullptr) a = vfmaq_f32(a, vfmsq_f32(load_bf16x4(zero + 4 * r), eight, s), tot);
+    vst1q_f32(acc + 4 * r, a);
+  }
+}
+
+void w4a8_tile(const uint8_t* codes, const uint16_t* sz, const Int8Rows& x, int64_t m, float* out) {
+  const int64_t groups = x.k / x.group;
+  const uint8x16_t low = vdupq_n_u8(0x0F);
+  for (int64_t i = 0; i < m; ++i, out += kTileRows) {
+    const int8_t* q = x.q + i * x.k;
+    for (int r = 0; r < kTileRows; ++r) out[r] = 0.f;
+    for (int64_t g = 0; g < groups; ++g) {
+      int32x4_t dot[16];
+      for (int r = 0; r < 16; ++r) dot[r] = vdupq_n_s32(0);
+      const uint8_t* w = codes + g * x.group * (kTileRows / 2);
+      for (int64_t c = g * x.group; c < (g + 1) * x.group; c += 16, w += 8 * kTileRows) {
+        const int8x16_t a = vld1q_s8(q + c);  // lanes 0, 1: columns c..c+7; lanes 2, 3: c+8..c+15
+        for (int r = 0; r < 16; ++r) {
+          const uint8x16_t first = vld1q_u8(w + 16 * r), second = vld1q_u8(w + 4 * kTileRows + 16 * r);
+          dot[r] = vdotq_laneq_s32(dot[r], vreinterpretq_s8_u8(vandq_u8(first, low)), a, 0);
+          dot[r] = vdotq_laneq_s32(dot[r], vreinterpretq_s8_u8(vshrq_n_u8(first, 4)), a, 1);
+          dot[r] = vdotq_laneq_s32(dot[r], vreinterpretq_s8_u8(vandq_u8(second, low)), a, 2);
+          dot[r] = vdotq_laneq_s32(dot[r], vreinterpretq_s8_u8(vshrq_n_u8(second, 4)), a, 3);
+        }
+      }
+      const float alpha = x.alpha[i * groups + g];
+      const uint16_t* s = sz + g * 2 * kTileRows;
+      finish_group(out, dot, s, s + kTileRows, alpha, alpha * static_cast<float>(x.sum[i * groups + g]));
+    }
+  }
+}
+
+void w8a8_tile(const int8_t* codes, const uint16_t* scales, const Int8Rows& x, int64_t m, float* out) {
+  const int64_t groups = x.k / x.group;
+  for (int64_t i = 0; i < m; ++i, out += kTileRows) {
+    const int8_t* q = x.q + i * x.k;
+    for (int r = 0; r < kTileRows; ++r) out[r] = 0.f;
+    for (int64_t g = 0; g < groups; ++g) {
+      int32x4_t dot[16];
+      for (int r = 0; r < 16; ++r) dot[r] = vdupq_n_s32(0);
+      const int8_t* w = codes + g * x.group * kTileRows;
+      for (int64_t c = g * x.group; c < (g + 1) * x.group; c += 16, w += 16 * kTileRows) {
+        const int8x16_t a = vld1q_s8(q + c);  // lane j: columns c + 4j .. c + 4j + 3
+        for (int r = 0; r < 16; ++r) {
+          dot[r] = vdotq_laneq_s32(dot[r], vld1q_s8(w + 16 * r), a, 0);
+          dot[r] = vdotq_laneq_s32(dot[r], vld1q_s8(w + 4 * kTileRows + 16 * r), a, 1);
+          dot[r] = vdotq_laneq_s32(dot[r], vld1q_s8(w + 8 * kTileRows + 16 * r), a, 2);
+          dot[r] = vdotq_laneq_s32(dot[r], vld1q_s8(w + 12 * kTileRows + 16 * r), a, 3);
+        }
+      }
+      finish_group(out, dot, scales + g * kTileRows, nullptr, x.alpha[i * groups + g], 0.f);
+    }
+  }
+}
+
+// 4 weights of one column widened to fp32: bf16 by a shift, fp16 by fcvtl.
+template <bool kFp16>
+inline float32x4_t widen4(const uint16_t* p) {
+  if (kFp16) return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
+  return load_bf16x4(p);
+}
+
+template <bool kFp16>
+void w16_rows(const uint16_t* w, const float* x, int64_t k, int64_t m, float* out) {
+  for (int64_t i = 0; i < m; ++i, out += kTileRows, x += k) {
+    float32x4_t acc[16];
+    for (int r = 0; r < 16; ++r) acc[r] = vdupq_n_f32(0.f);
+    for (int64_t c = 0; c < k; ++c) {
+      const float32x4_t a = vdupq_n_f32(x[c]);
+      for (int r = 0; r < 16; ++r) acc[r] = vfmaq_f32(acc[r], widen4<kFp16>(w + c * kTileRows + 4 * r), a);
+    }
+    for (int r = 0; r < 16; ++r) vst1q_f32(out + 4 * r, acc[r]);
+  }
+}
+
+void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m, float* out) {
+  fp16 ? w16_rows<true>(w, x, k, m, out) : w16_rows<false>(w, x, k, m, out);
+}
+
+}  // namespace
+}  // namespace edge_infer
+
+EDGE_INFER_ISA_TABLE(kNeonDotprod, "neon-dotprod")

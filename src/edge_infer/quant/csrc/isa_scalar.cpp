@@ -1,0 +1,61 @@
+// The scalar reference: the expected result of every ISA variant, read straight off the layouts in isa.h.
+// Not a serving path (the planner never picks it); the tests and the harness compare each variant with it.
+#include "isa_common.h"
+
+namespace edge_infer {
+namespace {
+
+void w4a8_tile(const uint8_t* codes, const uint16_t* sz, const Int8Rows& x, int64_t m, float* out) {
+  const int64_t groups = x.k / x.group;
+  for (int64_t i = 0; i < m; ++i) {
+    const int8_t* q = x.q + i * x.k;
+    for (int64_t r = 0; r < kTileRows; ++r) {
+      float acc = 0.f;
+      for (int64_t g = 0; g < groups; ++g) {
+        int32_t dot = 0;
+        for (int64_t c = g * x.group; c < (g + 1) * x.group; ++c) {
+          const uint8_t byte = codes[(c / 8) * 4 * kTileRows + r * 4 + c % 4];
+          dot += q[c] * ((c % 8 < 4 ? byte : byte >> 4) & 15);
+        }
+        const uint16_t* group_sz = sz + g * 2 * kTileRows;
+        const float alpha = x.alpha[i * groups + g];
+        acc = w4a8_group(acc, dot, bf16_to_float(group_sz[r]), bf16_to_float(group_sz[kTileRows + r]), alpha,
+                         alpha * static_cast<float>(x.sum[i * groups + g]));
+      }
+      out[i * kTileRows + r] = acc;
+    }
+  }
+}
+
+void w8a8_tile(const int8_t* codes, const uint16_t* scales, const Int8Rows& x, int64_t m, float* out) {
+  const int64_t groups = x.k / x.group;
+  for (int64_t i = 0; i < m; ++i) {
+    const int8_t* q = x.q + i * x.k;
+    for (int64_t r = 0; r < kTileRows; ++r) {
+      float acc = 0.f;
+      for (int64_t g = 0; g < groups; ++g) {
+        int32_t dot = 0;
+        for (int64_t c = g * x.group; c < (g + 1) * x.group; ++c) dot += q[c] * codes[(c / 4) * 4 * kTileRows + r * 4 + c % 4];
+        acc = w8a8_group(acc, dot, bf16_to_float(scales[g * kTileRows + r]), x.alpha[i * groups + g]);
+      }
+      out[i * kTileRows + r] = acc;
+    }
+  }
+}
+
+void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m, float* out) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t r = 0; r < kTileRows; ++r) {
+      float acc = 0.f;
+      for (int64_t c = 0; c < k; ++c) {
+        const uint16_t v = w[c * kTileRows + r];
+        acc = __builtin_fmaf(fp16 ? fp16_to_float(v) : bf16_to_float(v), x[i * k + c], acc);
+      }
+      out[i * kTileRows + r] = acc;
+    }
+}
+
+}  // namespace
+}  // namespace edge_infer
+
+EDGE_INFER_ISA_TABLE(kScalar, "scalar")

@@ -1,0 +1,171 @@
+// int4 or int8 weights x int8 activations (W4A8, W8A8) and 16-bit weights x fp32 activations (W16A32) linears,
+// through the ISA variant the caller names.
+//
+// PyTorch's CPU int4 kernel dequantizes every weight to float before it
+// multiplies, which makes a single-token product compute-bound (about 19 G
+// weights/s per core on an AVX-512 machine, far under memory bandwidth). These
+// kernels keep the weights as integers and multiply them with int8-quantized
+// activations on integer dot-product instructions (isa_*.cpp), so a
+// matrix-vector product runs at the speed the packed bytes stream from memory.
+// Which variant runs is chosen in Python from the CPU capability model
+// (hardware/kernels.py), so that EDGE_INFER_CPU_FEATURES masks reach it.
+#include "linear.h"
+
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace edge_infer {
+
+const IsaKernels& isa_named(const std::string& name) {
+  const IsaKernels* isa = find_isa(name.c_str());
+  TORCH_CHECK(isa != nullptr, "edge_infer: the ", name, " kernel variant is not built into this library");
+  return *isa;
+}
+
+PackedWeight check_packed(const char* what, int64_t bits, const at::Tensor& codes, const at::Tensor& scales, int64_t k,
+                          int64_t group, int64_t n) {
+  TORCH_CHECK(bits == 4 || bits == 8, what, ": weights are 4 or 8 bits, not ", bits);
+  const int64_t per_step = bits == 4 ? 8 : 4;  // input columns per 4 bytes of a row
+  TORCH_CHECK(codes.dim() == 4 && codes.size(2) == kTileRows && codes.size(3) == 4 &&
+                  codes.scalar_type() == (bits == 4 ? at::kByte : at::kChar) && codes.is_contiguous(),
+              what, ": packed codes must be contiguous ", bits == 4 ? "uint8 [Np/64, Kp/8, 64, 4]" : "int8 [Np/64, Kp/4, 64, 4]");
+  TORCH_CHECK(group > 0 && group % 16 == 0, what, ": group size ", group, " is not a multiple of 16");
+  TORCH_CHECK(codes.size(1) * per_step == k && k % group == 0,
+              what, ": the input has ", k, " columns; the weight packs ", codes.size(1) * per_step, " in groups of ", group);
+  const int64_t tiles = codes.size(0);
+  TORCH_CHECK(n > (tiles - 1) * kTileRows && n <= tiles * kTileRows, what, ": ", n, " outputs do not fit ", tiles, " row tiles");
+  const int64_t per_group = bits == 4 ? 2 : 1;  // scales (and zeros) per row and group
+  TORCH_CHECK(scales.scalar_type() == at::kBFloat16 && scales.is_contiguous() &&
+                  scales.numel() == tiles * (k / group) * per_group * kTileRows,
+              what, ": scales must be contiguous bf16 ", bits == 4 ? "[Np/64, Kp/G, 2, 64]" : "[Np/64, Kp/G, 64]");
+  return {bits, codes.data_ptr(), reinterpret_cast<const uint16_t*>(scales.data_ptr<at::BFloat16>()), k, group, n};
+}
+
+namespace {
+
+constexpr int64_t kRowBlock = 16;  // activation rows per tile call: keeps the float scratch in L1
+
+void quantize(const IsaKernels& isa, const float* x, int64_t k, int64_t group, int8_t* q, float* alpha, int32_t* sum) {
+  isa.quantize_f32(x, k, group, q, alpha, sum);
+}
+
+void quantize(const IsaKernels& isa, const at::BFloat16* x, int64_t k, int64_t group, int8_t* q, float* alpha,
+              int32_t* sum) {
+  isa.quantize_bf16(reinterpret_cast<const uint16_t*>(x), k, group, q, alpha, sum);
+}
+
+void store(const IsaKernels&, const float* x, int64_t n, float* out) { std::copy(x, x + n, out); }
+
+void store(const IsaKernels& isa, const float* x, int64_t n, at::BFloat16* out) {
+  isa.round_bf16(x, n, reinterpret_cast<uint16_t*>(out));
+}
+
+}  // namespace
+
+template <typename T>
+void int8_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64_t m, T* out) {
+  const int64_t k = w.k, groups = k / w.group, tiles = (w.n + kTileRows - 1) / kTileRows;
+  std::vector<int8_t> q(m * k);
+  std::vector<float> alpha(m * groups);
+  std::vector<int32_t> sum(m * groups);
+  for (int64_t i = 0; i < m; ++i)
+    quantize(isa, x + i * k, k, w.group, q.data() + i * k, alpha.data() + i * groups, sum.data() + i * groups);
+  const int64_t tile_codes = kTileRows * k / (w.bits == 4 ? 2 : 1);  // bytes of one tile's codes
+  const int64_t tile_scales = groups * (w.bits == 4 ? 2 : 1) * kTileRows;
+  // Each thread takes whole row tiles and runs every activation row through a tile while it is in cache.
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    float scratch[kRowBlock * kTileRows];
+    for (int64_t t = begin; t < end; ++t) {
+      const uint8_t* codes = static_cast<const uint8_t*>(w.codes) + t * tile_codes;
+      const uint16_t* scales = w.scales + t * tile_scales;
+      const int64_t rows = std::min(kTileRows, w.n - t * kTileRows);
+      for (int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
+        const int64_t block = std::min(kRowBlock, m - i0);
+        const Int8Rows a{q.data() + i0 * k, alpha.data() + i0 * groups, sum.data() + i0 * groups, k, w.group};
+        if (w.bits == 4)
+          isa.w4a8_tile(codes, scales, a, block, scratch);
+        else
+          isa.w8a8_tile(reinterpret_cast<const int8_t*>(codes), scales, a, block, scratch);
+        for (int64_t i = 0; i < block; ++i) store(isa, scratch + i * kTileRows, rows, out + (i0 + i) * w.n + t * kTileRows);
+      }
+    }
+  });
+}
+
+template void int8_matmul<float>(const IsaKernels&, const PackedWeight&, const float*, int64_t, float*);
+template void int8_matmul<at::BFloat16>(const IsaKernels&, const PackedWeight&, const at::BFloat16*, int64_t,
+                                        at::BFloat16*);
+
+namespace {
+
+// x [M, Kp] (bf16 or fp32) -> [M, out_features] in x's dtype.
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, int64_t bits,
+                       int64_t group, int64_t out_features, const std::string& isa) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "int8_linear: x must be a contiguous [M, K] tensor");
+  const PackedWeight w = check_packed("int8_linear", bits, codes, scales, x.size(1), group, out_features);
+  const IsaKernels& kernels = isa_named(isa);
+  at::Tensor y = at::empty({x.size(0), out_features}, x.options());
+  if (x.scalar_type() == at::kBFloat16) {
+    int8_matmul(kernels, w, x.data_ptr<at::BFloat16>(), x.size(0), y.data_ptr<at::BFloat16>());
+  } else {
+    TORCH_CHECK(x.scalar_type() == at::kFloat, "int8_linear: activations must be bf16 or fp32, got ", x.scalar_type());
+    int8_matmul(kernels, w, x.data_ptr<float>(), x.size(0), y.data_ptr<float>());
+  }
+  return y;
+}
+
+// x [M, K] fp32 -> [M, out_features] fp32, for 16-bit weights [Np/64, K, 64] (bf16 or fp16) widened in the kernel.
+at::Tensor w16_linear(const at::Tensor& x, const at::Tensor& w, int64_t out_features, const std::string& isa) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat,
+              "w16_linear: x must be a contiguous fp32 [M, K] tensor");
+  TORCH_CHECK(w.dim() == 3 && w.size(2) == kTileRows && w.is_contiguous() &&
+                  (w.scalar_type() == at::kBFloat16 || w.scalar_type() == at::kHalf),
+              "w16_linear: weights must be contiguous bf16 or fp16 [Np/64, K, 64]");
+  const int64_t m = x.size(0), k = x.size(1), tiles = w.size(0);
+  TORCH_CHECK(w.size(1) == k, "w16_linear: the input has ", k, " columns; the weight ", w.size(1));
+  TORCH_CHECK(out_features > (tiles - 1) * kTileRows && out_features <= tiles * kTileRows,
+              "w16_linear: ", out_features, " outputs do not fit ", tiles, " row tiles");
+  const IsaKernels& kernels = isa_named(isa);
+  const bool fp16 = w.scalar_type() == at::kHalf;
+  const uint16_t* weights = static_cast<const uint16_t*>(w.data_ptr());
+  const float* xp = x.data_ptr<float>();
+  at::Tensor y = at::empty({m, out_features}, x.options());
+  float* out = y.data_ptr<float>();
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    float scratch[kRowBlock * kTileRows];
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t rows = std::min(kTileRows, out_features - t * kTileRows);
+      for (int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
+        const int64_t block = std::min(kRowBlock, m - i0);
+        kernels.w16_tile(weights + t * k * kTileRows, fp16, xp + i0 * k, k, block, scratch);
+        for (int64_t i = 0; i < block; ++i)
+          std::copy(scratch + i * kTileRows, scratch + i * kTileRows + rows, out + (i0 + i) * out_features + t * kTileRows);
+      }
+    }
+  });
+  return y;
+}
+
+std::vector<std::string> isa_variants() {
+  std::vector<std::string> names;
+  for (const char* const* name = built_isas(); *name != nullptr; ++name) names.emplace_back(*name);
+  return names;
+}
+
+}  // namespace
+
+}  // namespace edge_infer
+
+TORCH_LIBRARY_FRAGMENT(edge_infer, lib) {
+  lib.def("int8_linear(Tensor x, Tensor codes, Tensor scales, int bits, int group, int out_features, str isa) -> Tensor");
+  lib.def("w16_linear(Tensor x, Tensor w, int out_features, str isa) -> Tensor");
+  lib.def("isa_variants() -> str[]", &edge_infer::isa_variants);  // no tensor to dispatch on: one kernel for all
+}
+
+TORCH_LIBRARY_IMPL(edge_infer, CPU, lib) {
+  lib.impl("int8_linear", &edge_infer::int8_linear);
+  lib.impl("w16_linear", &edge_infer::w16_linear);
+}

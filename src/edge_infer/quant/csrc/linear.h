@@ -1,0 +1,33 @@
+// The PyTorch side of the int8-activation linears, shared by the linear op (linear.cpp) and the fused
+// decode layer (decode_layer.cpp): checking packed weights and running one through an ISA variant.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+
+#include "isa.h"
+
+namespace edge_infer {
+
+// The variant of this name, refused by name (TORCH_CHECK) when this library lacks it.
+const IsaKernels& isa_named(const std::string& name);
+
+// A packed weight (layouts in isa.h) as the kernels read it.
+struct PackedWeight {
+  int64_t bits;  // 4 (W4A8) or 8 (W8A8)
+  const void* codes;
+  const uint16_t* scales;  // bf16: W4A8 scales and zeros, W8A8 scales
+  int64_t k, group, n;     // padded input columns, group size, outputs
+};
+
+// Refuses (TORCH_CHECK, naming ``what``) packed tensors that do not take k input columns in groups of
+// ``group`` and give n outputs.
+PackedWeight check_packed(const char* what, int64_t bits, const at::Tensor& codes, const at::Tensor& scales, int64_t k,
+                          int64_t group, int64_t n);
+
+// out[m, n] = x[m, k] W^T; T is float or at::BFloat16.
+template <typename T>
+void int8_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64_t m, T* out);
+
+}  // namespace edge_infer

@@ -1,0 +1,48 @@
+"""edge-infer's own int8-activation kernels (``csrc/``): the ISA variant this CPU runs, and the library.
+
+The variant is chosen from the CPU capability model (``hardware.kernels``,
+masks included) among those the built library holds, and passed to every
+call, so ``EDGE_INFER_CPU_FEATURES=avx2`` on an AVX-512 machine runs the
+AVX2 code. The library is built on first use (``native_build``). Anything
+missing is refused by name: there is no silent fall back to another kernel.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from edge_infer.errors import KernelUnavailableError
+from edge_infer.hardware.cpu import detect
+from edge_infer.hardware.kernels import KERNELS
+from edge_infer.quant import native_build
+
+
+def missing_requirement(kernel: str = "cpu-w4a8") -> str | None:
+    """Why ``kernel`` (cpu-w4a8 or cpu-w8a8) cannot run here, or None when it can."""
+    reason = KERNELS[kernel].missing(detect())
+    if reason is not None:
+        return f"{reason}; use cpu_int4"
+    return native_build.missing_toolchain()
+
+
+def require(kernel: str) -> str:
+    """Build (once) and load the library; the variant ``kernel`` runs on here. Refuses by name."""
+    reason = missing_requirement(kernel)
+    if reason is not None:
+        raise KernelUnavailableError(f"{kernel}: {reason}")
+    variant = KERNELS[kernel].variant(detect(), built_variants())
+    if variant is None:
+        raise KernelUnavailableError(f"{kernel}: the built kernel library ({', '.join(built_variants())}) holds no "
+                                     f"variant this CPU runs; use cpu_int4")
+    return variant.name
+
+
+@functools.lru_cache(maxsize=1)
+def built_variants() -> tuple[str, ...]:
+    """The ISA variants in the library, loading it (and building it first if needed)."""
+    library = native_build.library_path()
+    if not library.exists():
+        native_build.build(library)
+    torch.ops.load_library(str(library))
+    return tuple(torch.ops.edge_infer.isa_variants())

@@ -1,0 +1,173 @@
+"""Building edge-infer's native kernels (``csrc/``): sources and flags per ISA variant, the cache, the build.
+
+The ISA variants (``csrc/isa_*.cpp``) are plain C++, each compiled on its own
+with its instruction-set flags; the PyTorch binding (``linear.cpp``,
+``decode_layer.cpp``) is compiled with the baseline flags and linked with
+them. A variant the compiler cannot build (an old compiler without
+``-mavxvnni``, say) is left out and named in the log; the scalar reference
+and the binding must build.
+
+Torch-free, so the planner can refuse before loading when the library is
+neither built nor buildable. The library is compiled on first use in a
+child process (a C++ compiler and ``ninja`` needed, 20-40 s on 2 cores) and
+cached under ``EDGE_INFER_KERNEL_CACHE`` or ``~/.cache/edge-infer/kernels``,
+keyed by a hash of the sources, the flags, the architecture and the torch
+version. The tests compile the same objects into a standalone harness
+(``compile_isa_objects``), natively and cross-compiled for ARM.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import platform
+import shutil
+import subprocess
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from edge_infer.errors import KernelUnavailableError
+
+log = logging.getLogger(__name__)
+CSRC = Path(__file__).with_name("csrc")
+
+
+@dataclass(frozen=True)
+class IsaSource:
+    variant: str  # as csrc/isa.h names it
+    source: str
+    flags: tuple[str, ...]
+
+
+# Every variant rounds alike only without implicit contraction into fused multiply-adds (isa_common.h).
+COMMON_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-ffp-contract=off", "-fno-math-errno")
+_AVX2 = ("-mavx2", "-mfma", "-mf16c")
+ISA_SOURCES = {
+    "x86_64": (
+        IsaSource("scalar", "isa_scalar.cpp", ()),
+        IsaSource("avx2", "isa_avx2.cpp", _AVX2),
+        IsaSource("avx-vnni", "isa_avx2.cpp", (*_AVX2, "-mavxvnni", "-DEDGE_INFER_AVX_VNNI")),
+        IsaSource("avx512-vnni", "isa_avx512.cpp", (*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")),
+    ),
+    "aarch64": (
+        IsaSource("scalar", "isa_scalar.cpp", ()),
+        IsaSource("neon-dotprod", "isa_neon.cpp", ("-march=armv8.2-a+dotprod",)),
+    ),
+}
+REGISTRY = "isa_registry.cpp"
+BINDING_SOURCES = ("linear.cpp", "decode_layer.cpp")
+LIBRARY_NAME = "edge_infer_native.so"
+VARIANTS_FILE = "variants.json"  # the variants the build holds, readable without loading the library
+
+
+def arch() -> str:
+    machine = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+
+
+def compiler() -> str:
+    return os.environ.get("CXX", "c++")
+
+
+def missing_toolchain() -> str | None:
+    """Why the library can be neither loaded nor built here, or None."""
+    if library_path().exists():  # built before: nothing else needed
+        return None
+    if arch() not in ISA_SOURCES:
+        return f"edge-infer's int8 kernels have no implementation for {arch()}"
+    if shutil.which(compiler()) is None:
+        return "no C++ compiler (c++ or $CXX) to build edge-infer's int8 kernels; install g++ or use cpu_int4"
+    try:
+        import ninja  # noqa: F401 - PyTorch's extension builder runs its executable
+    except ImportError:
+        return "edge-infer's int8 kernels are built with ninja: pip install ninja, or use cpu_int4"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def library_path() -> Path:
+    """Where the library built from these sources and flags for this torch and architecture lives."""
+    sources = ISA_SOURCES.get(arch(), ())
+    key = hashlib.sha256(f"{metadata.version('torch')} {arch()} {COMMON_FLAGS} {sources}".encode())
+    for path in sorted(p for p in CSRC.iterdir() if p.suffix in (".cpp", ".h")):
+        key.update(path.name.encode() + path.read_bytes())
+    cache = Path(os.environ.get("EDGE_INFER_KERNEL_CACHE", Path.home() / ".cache" / "edge-infer" / "kernels"))
+    return cache / f"native-{key.hexdigest()[:16]}" / LIBRARY_NAME
+
+
+def built_variants() -> tuple[str, ...] | None:
+    """The ISA variants in the built library, or None before it is built."""
+    listing = library_path().with_name(VARIANTS_FILE)
+    return tuple(json.loads(listing.read_text())) if listing.exists() else None
+
+
+def compile_isa_objects(out_dir: Path, sources: tuple[IsaSource, ...], cxx: str | None = None,
+                        extra_flags: tuple[str, ...] = ()) -> tuple[list[Path], list[str]]:
+    """Compile the registry and each variant's source into ``out_dir``: (objects, variants built).
+
+    A variant that fails to compile is skipped with a warning (its registry entry stays null); the scalar
+    reference and the registry must compile.
+    """
+    cxx = cxx or compiler()
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def compile_one(source: str, flags: tuple[str, ...], obj: Path) -> subprocess.CompletedProcess:
+        cmd = [cxx, *COMMON_FLAGS, *extra_flags, *flags, "-c", str(CSRC / source), "-o", str(obj)]
+        return subprocess.run(cmd, capture_output=True, text=True)
+
+    objects, built = [], []
+    registry = out_dir / "isa_registry.o"
+    for src, flags, obj, required in [(REGISTRY, (), registry, True)] + [
+            (s.source, s.flags, out_dir / f"isa_{s.variant}.o", s.variant == "scalar") for s in sources]:
+        run = compile_one(src, flags, obj)
+        if run.returncode != 0:
+            if required:
+                raise KernelUnavailableError(f"compiling {src} failed:\n{run.stderr[-3000:]}")
+            log.warning("the %s kernel variant does not compile here (left out): %s", obj.stem[4:], run.stderr[-500:])
+            continue
+        objects.append(obj)
+        if obj != registry:
+            built.append(obj.stem[4:])
+    return objects, built
+
+
+def build(library: Path) -> None:
+    """Compile in a child process: the builder's imports (~5 MB of RssAnon) and the compiler stay out of
+    this one, whose memory the plan counts."""
+    import sys
+
+    import ninja
+
+    log.info("building edge-infer's int8 kernels into %s (once per source version, 20-40 s)", library.parent)
+    # The builder runs `ninja` from PATH; a venv's python started by its full path may not have it there.
+    env = dict(os.environ, PATH=ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", ""))
+    script = "import sys; from edge_infer.quant.native_build import compile_library; compile_library(sys.argv[1])"
+    run = subprocess.run([sys.executable, "-c", script, str(library)], env=env, capture_output=True, text=True)
+    if run.returncode != 0 or not library.exists():
+        raise KernelUnavailableError(f"building edge-infer's int8 kernels failed (use cpu_int4 meanwhile):\n{run.stderr[-3000:]}")
+
+
+def compile_library(library: str) -> None:
+    """(The build child.) Compile into a private directory, then publish with an atomic rename, so that
+    a process starting meanwhile never loads a half-written file and a killed build leaves no lock."""
+    import tempfile
+
+    from torch.utils.cpp_extension import load
+
+    target = Path(library)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=target.parent, prefix="build-"))
+    try:
+        objects, built = compile_isa_objects(work / "isa", ISA_SOURCES[arch()])
+        # -fopenmp: at::parallel_for runs on the OpenMP pool PyTorch already started (same libgomp soname).
+        load(name=target.stem, sources=[str(CSRC / s) for s in BINDING_SOURCES], extra_cflags=["-O3", "-fopenmp"],
+             extra_ldflags=[*map(str, objects), "-fopenmp"], build_directory=str(work), is_python_module=False,
+             verbose=False)
+        (work / VARIANTS_FILE).write_text(json.dumps(built))
+        os.replace(work / VARIANTS_FILE, target.with_name(VARIANTS_FILE))
+        os.replace(work / target.name, target)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

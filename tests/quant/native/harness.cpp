@@ -1,0 +1,322 @@
+// Standalone test of the ISA variants (csrc/isa.h), without PyTorch: `harness VARIANT...`.
+//
+// For every variant named, random cases (all group sizes, symmetric and asymmetric int4, int8, one and
+// several activation rows, zero padding rows and columns, all-zero groups, NaN and infinity, fp32 and
+// bf16 activations; bf16 and fp16 weights widened to fp32) must give exactly the scalar reference's
+// bits, and the scalar reference must lie within the int8 activation rounding bound (fp32 rounding for
+// widened weights) of the exact product. Prints one line per variant and a
+// checksum of the reference's outputs (the same on every machine: the tests compare x86 with ARM);
+// exits non-zero after the first failures. Built by tests/quant/test_isa_variants.py, natively and, for ARM,
+// cross-compiled and run under qemu-aarch64.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "isa.h"
+
+using edge_infer::Int8Rows;
+using edge_infer::IsaKernels;
+using edge_infer::kTileRows;
+
+namespace {
+
+struct Rng {  // splitmix64: the same cases on every machine
+  uint64_t state;
+  uint64_t next() {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  int below(int n) { return static_cast<int>(next() % static_cast<uint64_t>(n)); }
+  float uniform() { return static_cast<float>(next() >> 40) / static_cast<float>(1 << 24) * 2.f - 1.f; }
+};
+
+uint16_t to_bf16(float f) {  // round to nearest even
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
+float from_bf16(uint16_t v) {
+  const uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+int failures = 0;
+uint64_t checksum = 0xCBF29CE484222325ull;  // FNV-1a over the reference's outputs: equal across machines
+
+void mix(float v) {
+  uint32_t bits = 0x7FC00000u;  // every NaN alike (payloads differ between architectures)
+  if (!std::isnan(v)) std::memcpy(&bits, &v, sizeof bits);
+  for (int i = 0; i < 4; ++i) checksum = (checksum ^ ((bits >> (8 * i)) & 0xFF)) * 0x100000001B3ull;
+}
+
+bool same(float a, float b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
+
+void fail(const char* variant, const char* what, int item, float got, float want) {
+  if (failures++ < 5) std::printf("FAIL %s: %s, item %d: %.9g, expected %.9g\n", variant, what, item, got, want);
+}
+
+struct Case {
+  int bits, m, group, groups;
+  bool symmetric, bf16_input, special;  // special: an all-zero group, and NaN / infinity in some rows
+};
+
+struct Quantized {
+  std::vector<int8_t> q;
+  std::vector<float> alpha;
+  std::vector<int32_t> sum;
+};
+
+Quantized quantize(const IsaKernels& isa, const Case& c, const std::vector<float>& x, const std::vector<uint16_t>& xb) {
+  const int64_t k = static_cast<int64_t>(c.group) * c.groups;
+  Quantized out{std::vector<int8_t>(c.m * k), std::vector<float>(c.m * c.groups), std::vector<int32_t>(c.m * c.groups)};
+  for (int i = 0; i < c.m; ++i) {
+    int8_t* q = out.q.data() + i * k;
+    float* alpha = out.alpha.data() + i * c.groups;
+    int32_t* sum = out.sum.data() + i * c.groups;
+    if (c.bf16_input)
+      isa.quantize_bf16(xb.data() + i * k, k, c.group, q, alpha, sum);
+    else
+      isa.quantize_f32(x.data() + i * k, k, c.group, q, alpha, sum);
+  }
+  return out;
+}
+
+// One case: a random tile (some rows zero, as padding rows are), random activations, every variant against
+// the scalar reference, and the reference against the exact product.
+void run_case(const std::vector<const IsaKernels*>& variants, const Case& c, Rng& rng) {
+  const int64_t k = static_cast<int64_t>(c.group) * c.groups;
+  // Random draws one per statement: the order of a call's arguments differs between compilers.
+  const int partial = rng.below(2);
+  const int real_rows = kTileRows - partial * rng.below(kTileRows / 2);  // often a partial tile
+  const int real_cols = static_cast<int>(k) - rng.below(c.group);       // often padded columns
+  std::vector<uint8_t> codes(c.bits == 4 ? kTileRows * k / 2 : kTileRows * k, 0);
+  std::vector<uint16_t> sz(c.groups * (c.bits == 4 ? 2 : 1) * kTileRows, 0);
+  std::vector<double> w(kTileRows * k, 0.0);  // the weights the codes stand for
+  for (int r = 0; r < real_rows; ++r) {
+    for (int g = 0; g < c.groups; ++g) {
+      const float mantissa = 0.5f + 0.5f * std::fabs(rng.uniform());
+      const float scale = from_bf16(to_bf16(std::ldexp(mantissa, -4 - rng.below(6))));
+      const float zero = c.symmetric || c.bits == 8 ? 0.f : from_bf16(to_bf16(scale * 8.f * rng.uniform()));
+      if (c.bits == 4) {
+        sz[g * 2 * kTileRows + r] = to_bf16(scale);
+        sz[g * 2 * kTileRows + kTileRows + r] = to_bf16(zero);
+      } else {
+        sz[g * kTileRows + r] = to_bf16(scale);
+      }
+      for (int col = g * c.group; col < (g + 1) * c.group && col < real_cols; ++col) {
+        if (c.bits == 4) {
+          const int code = rng.below(16);
+          uint8_t& byte = codes[(col / 8) * 4 * kTileRows + r * 4 + col % 4];
+          byte |= static_cast<uint8_t>(col % 8 < 4 ? code : code << 4);
+          w[r * k + col] = (code - 8) * static_cast<double>(scale) + zero;
+        } else {
+          const int code = rng.below(255) - 127;
+          codes[(col / 4) * 4 * kTileRows + r * 4 + col % 4] = static_cast<uint8_t>(static_cast<int8_t>(code));
+          w[r * k + col] = code * static_cast<double>(scale);
+        }
+      }
+    }
+  }
+  std::vector<float> x(c.m * k, 0.f);
+  std::vector<uint16_t> xb(c.m * k, 0);
+  for (int i = 0; i < c.m; ++i)
+    for (int col = 0; col < real_cols; ++col) {
+      const float u = rng.uniform();
+      const float v = std::ldexp(u, rng.below(8) - 4);
+      xb[i * k + col] = to_bf16(v);
+      x[i * k + col] = c.bf16_input ? from_bf16(xb[i * k + col]) : v;
+    }
+  if (c.special) {
+    for (int col = 0; col < c.group; ++col) x[col] = 0.f, xb[col] = 0;  // row 0, group 0: all zero
+    if (c.m > 1) x[1 * k + 3] = NAN, xb[1 * k + 3] = 0x7FC0;
+    if (c.m > 2) x[2 * k + k - 1] = -INFINITY, xb[2 * k + k - 1] = 0xFF80;
+  }
+
+  const IsaKernels& ref = *variants[0];
+  const Quantized qr = quantize(ref, c, x, xb);
+  const Int8Rows rows_ref{qr.q.data(), qr.alpha.data(), qr.sum.data(), k, c.group};
+  std::vector<float> want(c.m * kTileRows);
+  if (c.bits == 4)
+    ref.w4a8_tile(codes.data(), sz.data(), rows_ref, c.m, want.data());
+  else
+    ref.w8a8_tile(reinterpret_cast<const int8_t*>(codes.data()), sz.data(), rows_ref, c.m, want.data());
+
+  for (float v : want) mix(v);
+  // The reference against the exact product: within half an int8 step per group times the group's sum |w|.
+  for (int i = 0; i < c.m; ++i) {
+    bool poisoned = false;
+    for (int64_t col = 0; col < k; ++col) poisoned |= !std::isfinite(x[i * k + col]);
+    for (int r = 0; r < kTileRows; ++r) {
+      const float got = want[i * kTileRows + r];
+      if (poisoned) {
+        if (!std::isnan(got) && r < real_rows) fail(ref.name, "a NaN or infinite activation must give NaN", r, got, NAN);
+        continue;
+      }
+      double exact = 0.0, bound = 0.0;
+      for (int g = 0; g < c.groups; ++g) {
+        double amax = 0.0, wsum = 0.0;
+        for (int col = g * c.group; col < (g + 1) * c.group; ++col) {
+          exact += x[i * k + col] * w[r * k + col];
+          amax = std::fmax(amax, std::fabs(x[i * k + col]));
+          wsum += std::fabs(w[r * k + col]);
+        }
+        bound += amax / 127.0 / 2.0 * wsum;
+      }
+      bound = bound * (1.0 + 1e-5) + std::fabs(exact) * 1e-5 + 1e-6;  // plus fp32 rounding of the float steps
+      if (std::fabs(got - exact) > bound) fail(ref.name, "outside the int8 rounding bound", r, got, static_cast<float>(exact));
+    }
+  }
+
+  for (size_t v = 1; v < variants.size(); ++v) {
+    const IsaKernels& isa = *variants[v];
+    const Quantized qv = quantize(isa, c, x, xb);
+    for (size_t j = 0; j < qr.q.size(); ++j)
+      if (qv.q[j] != qr.q[j]) fail(isa.name, "activation codes", static_cast<int>(j), qv.q[j], qr.q[j]);
+    for (size_t j = 0; j < qr.alpha.size(); ++j) {
+      if (!same(qv.alpha[j], qr.alpha[j])) fail(isa.name, "activation scales", static_cast<int>(j), qv.alpha[j], qr.alpha[j]);
+      if (qv.sum[j] != qr.sum[j]) fail(isa.name, "activation sums", static_cast<int>(j), qv.sum[j], qr.sum[j]);
+    }
+    std::vector<float> got(c.m * kTileRows, -1.f);
+    if (c.bits == 4)
+      isa.w4a8_tile(codes.data(), sz.data(), rows_ref, c.m, got.data());
+    else
+      isa.w8a8_tile(reinterpret_cast<const int8_t*>(codes.data()), sz.data(), rows_ref, c.m, got.data());
+    for (size_t j = 0; j < got.size(); ++j)
+      if (!same(got[j], want[j])) fail(isa.name, c.bits == 4 ? "w4a8 tile" : "w8a8 tile", static_cast<int>(j), got[j], want[j]);
+  }
+}
+
+// 16-bit weights (bf16 or fp16) widened to fp32: every variant bit-identical to the reference, the reference
+// within fp32 rounding of the exact product.
+void run_w16_case(const std::vector<const IsaKernels*>& variants, bool fp16, int m, Rng& rng) {
+  const int k = 1 + rng.below(300);
+  std::vector<uint16_t> w(kTileRows * k);
+  std::vector<double> wd(kTileRows * k);
+  for (size_t j = 0; j < w.size(); ++j) {
+    const int sign = rng.below(2), exponent = 10 + rng.below(10), mantissa = rng.below(fp16 ? 1024 : 128);
+    if (fp16) {  // built from its fields and decoded independently of the kernels' conversion
+      w[j] = static_cast<uint16_t>(sign << 15 | exponent << 10 | mantissa);
+      wd[j] = (sign ? -1 : 1) * std::ldexp(1.0 + mantissa / 1024.0, exponent - 15);
+    } else {
+      w[j] = static_cast<uint16_t>(sign << 15 | (exponent + 112) << 7 | mantissa);
+      wd[j] = (sign ? -1 : 1) * std::ldexp(1.0 + mantissa / 128.0, exponent - 15);
+    }
+  }
+  std::vector<float> x(m * k);
+  for (float& v : x) v = rng.uniform();
+  std::vector<float> want(m * kTileRows);
+  variants[0]->w16_tile(w.data(), fp16, x.data(), k, m, want.data());
+  for (float v : want) mix(v);
+  for (int i = 0; i < m; ++i)
+    for (int r = 0; r < kTileRows; ++r) {
+      double exact = 0.0, magnitude = 0.0;
+      for (int c = 0; c < k; ++c) {
+        exact += wd[c * kTileRows + r] * x[i * k + c];
+        magnitude += std::fabs(wd[c * kTileRows + r] * x[i * k + c]);
+      }
+      if (std::fabs(want[i * kTileRows + r] - exact) > magnitude * k * 0x1p-24 + 1e-30)
+        fail(variants[0]->name, "w16 outside fp32 rounding", r, want[i * kTileRows + r], static_cast<float>(exact));
+    }
+  for (size_t v = 1; v < variants.size(); ++v) {
+    std::vector<float> got(m * kTileRows, -1.f);
+    variants[v]->w16_tile(w.data(), fp16, x.data(), k, m, got.data());
+    for (size_t j = 0; j < got.size(); ++j)
+      if (!same(got[j], want[j])) fail(variants[v]->name, fp16 ? "w16 tile (fp16)" : "w16 tile (bf16)", static_cast<int>(j), got[j], want[j]);
+  }
+}
+
+// The attention helpers: the same fp32 sums on every variant.
+void run_vector_case(const std::vector<const IsaKernels*>& variants, Rng& rng) {
+  const int n = 16 * (1 + rng.below(16)), count = 1 + rng.below(16), stride = n + 16 * rng.below(3);
+  std::vector<uint16_t> q(n), rows(count * stride);
+  for (auto& v : q) v = to_bf16(rng.uniform() * 4.f);
+  for (auto& v : rows) v = to_bf16(rng.uniform());
+  std::vector<float> w(count);
+  for (float& v : w) v = rng.uniform();
+  std::vector<float> want(count), y_ref(n, 0.5f);
+  variants[0]->dot_bf16(q.data(), rows.data(), stride, count, n, want.data());
+  variants[0]->axpy_bf16(w.data(), rows.data(), stride, count, n, y_ref.data());
+  for (int r = 0; r < count; ++r) {  // the reference's dot products against double precision
+    double exact = 0.0, magnitude = 0.0;
+    for (int i = 0; i < n; ++i) {
+      exact += static_cast<double>(from_bf16(q[i])) * from_bf16(rows[r * stride + i]);
+      magnitude += std::fabs(static_cast<double>(from_bf16(q[i])) * from_bf16(rows[r * stride + i]));
+    }
+    if (std::fabs(want[r] - exact) > magnitude * n * 0x1p-24) fail(variants[0]->name, "dot_bf16 rounding", r, want[r], exact);
+  }
+  for (float v : want) mix(v);
+  for (float v : y_ref) mix(v);
+  std::vector<float> to_round(y_ref);
+  to_round[0] = NAN;
+  std::vector<uint16_t> rounded_ref(n);
+  variants[0]->round_bf16(to_round.data(), n, rounded_ref.data());
+  for (int i = 0; i < n; ++i)
+    if (rounded_ref[i] != (i == 0 ? 0x7FC0 : to_bf16(to_round[i]))) fail(variants[0]->name, "round_bf16", i, rounded_ref[i], 0);
+  for (size_t v = 1; v < variants.size(); ++v) {
+    std::vector<uint16_t> rounded(n);
+    variants[v]->round_bf16(to_round.data(), n, rounded.data());
+    if (rounded != rounded_ref) fail(variants[v]->name, "round_bf16", 0, 0, 0);
+    std::vector<float> got(count), y(n, 0.5f);
+    variants[v]->dot_bf16(q.data(), rows.data(), stride, count, n, got.data());
+    variants[v]->axpy_bf16(w.data(), rows.data(), stride, count, n, y.data());
+    for (int r = 0; r < count; ++r)
+      if (!same(got[r], want[r])) fail(variants[v]->name, "dot_bf16", r, got[r], want[r]);
+    for (int i = 0; i < n; ++i)
+      if (!same(y[i], y_ref[i])) fail(variants[v]->name, "axpy_bf16", i, y[i], y_ref[i]);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::printf("usage: %s VARIANT... (built here:", argv[0]);
+    for (const char* const* name = edge_infer::built_isas(); *name != nullptr; ++name) std::printf(" %s", *name);
+    std::printf(")\n");
+    return 2;
+  }
+  std::vector<const IsaKernels*> variants{edge_infer::find_isa("scalar")};
+  for (int i = 1; i < argc; ++i) {
+    const IsaKernels* isa = edge_infer::find_isa(argv[i]);
+    if (isa == nullptr) {
+      std::printf("FAIL %s: not built into this harness\n", argv[i]);
+      return 1;
+    }
+    variants.push_back(isa);
+  }
+  Rng rng{42};
+  int cases = 0;
+  for (int bits : {4, 8})
+    for (int group : {32, 64, 128, 256})
+      for (int symmetric = 0; symmetric < 2; ++symmetric)
+        for (int bf16_input = 0; bf16_input < 2; ++bf16_input)
+          for (int m : {1, 3, 6}) {
+            if (bits == 8 && !symmetric) continue;  // int8 weights are symmetric
+            const int groups = 1 + rng.below(3);
+            const bool special = m > 1 && rng.below(2) == 0;
+            const Case c{bits, m, group, groups, symmetric == 1, bf16_input == 1, special};
+            run_case(variants, c, rng);
+            ++cases;
+          }
+  for (int fp16 = 0; fp16 < 2; ++fp16)
+    for (int m : {1, 2, 5}) {
+      run_w16_case(variants, fp16 == 1, m, rng);
+      ++cases;
+    }
+  for (int i = 0; i < 32; ++i) run_vector_case(variants, rng);
+  for (size_t v = 0; v < variants.size(); ++v)
+    std::printf("%s %s: %d matrix cases, 32 vector cases%s\n", failures ? "FAIL" : "ok", variants[v]->name, cases,
+                v == 0 ? " (the reference, against exact products)" : " (bit-identical to the reference)");
+  std::printf("reference checksum %016llx\n", static_cast<unsigned long long>(checksum));
+  return failures ? 1 : 0;
+}
