@@ -100,7 +100,7 @@ def test_w8a8_is_closer_to_bf16_than_w4a8(make_core):
         pytest.skip(missing_requirement("cpu-w8a8"))
     demo = demo_model_dir()
     tok = Tokenizer(demo)
-    prompts = [tok.encode_chat([{"role": "user", "content": t}]) for t in DEFAULT_PROMPTS[::3]]
+    prompts = [tok.encode_chat([{"role": "user", "content": t}])[1] for t in DEFAULT_PROMPTS[::3]]
     eos = GenerationDefaults.from_dir(demo, tok.eos_token_id).eos_token_ids
     settings = dict(max_model_len=256, max_num_batched_tokens=256, eos_token_ids=eos)
     reference = make_core(demo, **settings)

@@ -105,7 +105,7 @@ class Frontend:
             "dtype": plan.settings["dtype"],
             "quantization": plan.settings["quantization"],
             "cpu_isa": plan.cpu.isa_summary if plan.cpu else None,
-            "kernels": {c.kind: c.kernel for c in plan.kernels.choices} if plan.kernels else None,
+            "kernels": {c.kind: c.label for c in plan.kernels.choices} if plan.kernels else None,
         }
 
     def default_params(self, **overrides: Any) -> SamplingParams:
