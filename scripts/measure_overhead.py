@@ -55,7 +55,7 @@ print(base, rss_anon_bytes())
 
 ACTIVATION_PROBE = """
 import sys
-from edge_infer.engine.config import EngineConfig, QuantConfig
+from edge_infer.config import EngineConfig, QuantConfig
 from edge_infer.engine.core import EngineCore
 from edge_infer.engine.protocol import EngineRequest
 from edge_infer.engine.sampling_params import SamplingParams

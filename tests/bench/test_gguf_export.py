@@ -9,7 +9,7 @@ import torch
 from edge_infer.bench.gguf_export import export_gguf, llama3_rope_factors, pairwise_rope_rows
 from edge_infer.errors import CheckpointError
 from edge_infer.models.config import ModelConfig
-from edge_infer.models.rope import apply_rotary, inverse_frequencies
+from edge_infer.models.layers.rope import apply_rotary, inverse_frequencies
 from testutil import write_hf_checkpoint
 
 from .engine_models import add_byte_level_tokenizer

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from edge_infer.engine.kv_cache import BlockAllocator, KVCache, KVLayout
+from edge_infer.engine.block_allocator import BlockAllocator
+from edge_infer.models.layers.kv_cache import KVCache, KVLayout
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.engine.scheduler import Scheduler
 from edge_infer.engine.sequence import Sequence, Status

@@ -9,7 +9,7 @@ import pytest
 
 from edge_infer import LLM, plan_text_session
 from edge_infer.cli import main as cli_main
-from edge_infer.engine.kv_cache import KVLayout
+from edge_infer.models.layers.kv_cache import KVLayout
 from edge_infer.hardware.cpu import detect, profile
 from edge_infer.hardware.kernels import KERNELS
 

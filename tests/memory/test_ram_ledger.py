@@ -103,7 +103,7 @@ def test_ledger_reserve_refuses_and_release_frees():
 def test_plan_command_prints_the_table_and_exits_by_admission(tmp_path, capsys):
     import argparse
 
-    from edge_infer.runtime.plan_cli import run_deploy_plan
+    from edge_infer.cli.plan_deploy import run_deploy_plan
 
     laptop_config(tmp_path, "7 GiB")
     path = str(tmp_path / "laptop-deploy.yaml")

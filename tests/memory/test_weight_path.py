@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from edge_infer import plan_text_session
-from edge_infer.engine.config import QuantConfig
+from edge_infer.config import QuantConfig
 from edge_infer.hardware.cpu import PROFILES, profile
 from edge_infer.hardware.kernels import KERNELS, QUANT_KERNELS
 from edge_infer.memory.weight_path import CANDIDATES, PRIORITIES

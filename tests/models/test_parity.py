@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from testutil import FAMILY_CONFIGS
-from edge_infer.engine.config import EngineConfig
+from edge_infer.config import EngineConfig
 from edge_infer.engine.core import EngineCore
 from edge_infer.engine.protocol import EngineRequest
 from edge_infer.engine.sampling_params import SamplingParams

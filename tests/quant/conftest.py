@@ -8,7 +8,7 @@ from typing import Callable
 
 import pytest
 
-from edge_infer.engine.config import QuantConfig
+from edge_infer.config import QuantConfig
 
 # qwen2: tied head, hidden 80 (not a multiple of any group size: padded); llama: separate head.
 TIED, UNTIED = "qwen2", "llama"
@@ -62,7 +62,7 @@ def make_core() -> Callable:
 
 @pytest.fixture
 def greedy() -> Callable:
-    from edge_infer.quant.fidelity import greedy_tokens
+    from edge_infer.bench.fidelity_metrics import greedy_tokens
 
     def run(core, prompt: list[int], n: int = 12) -> list[int]:
         return greedy_tokens(core, prompt, n, stop_at_eos=False)

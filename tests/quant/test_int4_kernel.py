@@ -12,7 +12,7 @@ import testutil
 from edge_infer.hardware.cpu import detect
 
 from edge_infer.models.weights import WeightSpec
-from edge_infer.engine.config import QuantConfig
+from edge_infer.config import QuantConfig
 from edge_infer.quant.kernel import Int4Kernel
 from edge_infer.quant.quantize import dequantize_rows, pack_nibbles, quantize_rows, unpack_nibbles
 from edge_infer.quant.sizes import GROUP_SIZES, quantized_nbytes, linear_nbytes

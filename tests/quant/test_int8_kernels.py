@@ -9,9 +9,9 @@ import torch
 import testutil
 from testutil import on_variant, require_built, runnable_variants
 
-from edge_infer.engine.attention import AttentionMetadata, build_seq_attention
-from edge_infer.engine.config import QuantConfig
-from edge_infer.engine.kv_cache import KVCache, KVLayout
+from edge_infer.models.layers.attention import AttentionMetadata, build_seq_attention
+from edge_infer.config import QuantConfig
+from edge_infer.models.layers.kv_cache import KVCache, KVLayout
 from edge_infer.quant.native import missing_requirement
 from edge_infer.quant.quantize import dequantize_rows
 from edge_infer.quant.sizes import GROUP_SIZES, quantized_nbytes

@@ -50,7 +50,7 @@ def packed(core):
 
 
 def test_blocked_repack_bounds_the_planned_load_transient_on_a_real_shape():
-    from edge_infer.engine.config import QuantConfig
+    from edge_infer.config import QuantConfig
     from edge_infer.models.config import ModelConfig
     from edge_infer.models.synth import model_config
     from edge_infer.models.weights import weight_specs

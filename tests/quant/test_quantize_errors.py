@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from edge_infer.cli import main
-from edge_infer.engine.config import QuantConfig
+from edge_infer.config import QuantConfig
 from edge_infer.errors import CheckpointError, InvalidRequestError
 from edge_infer.memory.plan import plan_text_session
 from edge_infer.quant.export import quantize_checkpoint

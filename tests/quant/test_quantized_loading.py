@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from edge_infer.engine.config import QuantConfig
-from edge_infer.models.linear import DenseKernel
+from edge_infer.config import QuantConfig
+from edge_infer.models.layers.linear import DenseKernel
 from edge_infer.quant.export import quantize_checkpoint
 from edge_infer.quant.install import SCALE_SUFFIX, ZERO_SUFFIX
 from edge_infer.quant.kernel import Int4Kernel

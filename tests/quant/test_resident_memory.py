@@ -14,7 +14,7 @@ MiB = 1 << 20
 MEASURE = """
 import json, sys
 import torch
-from edge_infer.engine.config import QuantConfig
+from edge_infer.config import QuantConfig
 from edge_infer.engine.core import load_model
 from edge_infer.memory.measure import malloc_trim, rss_anon_bytes
 from edge_infer.memory.plan import plan_text_session

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from edge_infer.engine.config import EngineConfig
+from edge_infer.config import EngineConfig
 from edge_infer.errors import InvalidRequestError
 from edge_infer.models.qwen3_tts.generate import SamplingParams
 from edge_infer.models.qwen3_tts.prompt import VoiceRequest, build_prompt, prompt_length
@@ -190,7 +190,7 @@ def w4a8_checkpoint(tmp_path_factory) -> Path:
 
 
 def test_a_w4a8_talker_runs_its_frame_steps_in_fused_layers(w4a8_checkpoint: Path) -> None:
-    from edge_infer.engine.config import QuantConfig
+    from edge_infer.config import QuantConfig
 
     eng = load_talker_engine(EngineConfig(
         model=str(w4a8_checkpoint), dtype="bfloat16", max_model_len=128, max_num_seqs=2, max_num_batched_tokens=64,

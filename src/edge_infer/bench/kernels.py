@@ -41,7 +41,7 @@ def _cases(rows: int, cols: int, group: int) -> list[tuple[str, str, Callable[[]
 
     from edge_infer.hardware.cpu import detect
     from edge_infer.hardware.kernels import KERNELS
-    from edge_infer.models.linear import DenseKernel, OneDnnBf16Kernel, onednn_bf16_available
+    from edge_infer.models.layers.linear import DenseKernel, OneDnnBf16Kernel, onednn_bf16_available
     from edge_infer.quant.kernel import Int4Kernel
     from edge_infer.quant.quantize import quantize_rows
 

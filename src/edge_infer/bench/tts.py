@@ -25,7 +25,7 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 
-from edge_infer.engine.config import QUANTIZATION_CHOICES
+from edge_infer.config import QUANTIZATION_CHOICES
 
 DEFAULT_BANDS = "short:25,medium:75,long:200"
 # About five frames (0.4 s) of speech per word; the text grows with the band.

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from edge_infer.engine.config import PRIORITIES, QUANT_METHODS, QUANTIZATION_CHOICES, QuantConfig
+from edge_infer.config import PRIORITIES, QUANT_METHODS, QUANTIZATION_CHOICES, QuantConfig
 
 
 def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True) -> None:

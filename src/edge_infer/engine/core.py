@@ -14,8 +14,8 @@ from typing import Callable
 
 import torch
 
-from edge_infer.engine.config import EngineConfig
-from edge_infer.engine.kv_cache import KVCache, KVLayout
+from edge_infer.config import EngineConfig
+from edge_infer.models.layers.kv_cache import KVCache, KVLayout
 from edge_infer.engine.protocol import CoreStats, EngineRequest, ReadyInfo, TokenDelta
 from edge_infer.engine.runner import ModelRunner
 from edge_infer.engine.sampler import sample_row
@@ -25,7 +25,7 @@ from edge_infer.engine.sequence import Sequence
 from edge_infer.errors import CheckpointError
 from edge_infer.memory.measure import malloc_trim
 from edge_infer.models.config import ModelConfig
-from edge_infer.models.linear import make_kernel, onednn_bf16_available
+from edge_infer.models.layers.linear import make_kernel, onednn_bf16_available
 from edge_infer.models.llama import DecoderLM
 from edge_infer.models.checkpoint import check_checkpoint
 from edge_infer.models.loader import TORCH_DTYPES, LinearInstaller, install_dense, load_weights
@@ -75,6 +75,10 @@ def load_model(config: EngineConfig, progress: Callable[[int, int], None] | None
         if weight_backend(config) != "onednn":
             raise CheckpointError("packed_head needs the oneDNN bf16 kernel (dtype bfloat16 on a CPU with bf16 support)")
         model.lm_head.kernel = make_kernel(model.embed, "onednn")
+    if config.quant is not None:
+        from edge_infer.quant.fused_decode import offer
+
+        offer(model, config.quant)
     return model
 
 

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
-from edge_infer.engine.config import EngineConfig
+from edge_infer.config import EngineConfig
 from edge_infer.engine.protocol import EngineRequest
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.errors import CheckpointError, InvalidRequestError, PlanRefusedError
 from edge_infer.memory.plan import TextPlan, plan_text_session
+from edge_infer.models.checkpoint import demo_model_dir
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.generation_config import GenerationDefaults
 from edge_infer.models.tokenizer import Tokenizer
@@ -25,10 +26,6 @@ _CHARS_PER_NORMALIZED_CHAR = 4
 
 # A prompt: text, token ids, or {"prompt": ...} / {"prompt_token_ids": [...]}.
 PromptInput = Union[str, list[int], dict[str, Any]]
-
-
-def demo_model_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "assets" / "demo-model"
 
 
 def resolve_model(model: str | Path | None) -> str:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from edge_infer.engine.attention import AttentionMetadata, build_seq_attention
-from edge_infer.engine.kv_cache import KVCache
+from edge_infer.models.layers.attention import AttentionMetadata, build_seq_attention
+from edge_infer.models.layers.kv_cache import KVCache
 from edge_infer.engine.scheduler import ScheduledSeq
 from edge_infer.models.llama import DecoderLM
 

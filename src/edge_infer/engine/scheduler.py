@@ -18,7 +18,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from edge_infer.engine.kv_cache import BlockAllocator, KVLayout
+from edge_infer.engine.block_allocator import BlockAllocator
+from edge_infer.models.layers.kv_cache import KVLayout
 from edge_infer.engine.sequence import Sequence, Status
 
 

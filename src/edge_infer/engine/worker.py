@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from edge_infer import errors
-from edge_infer.engine.config import EngineConfig
+from edge_infer.config import EngineConfig
 from edge_infer.engine.protocol import ReadyInfo
 
 log = logging.getLogger(__name__)

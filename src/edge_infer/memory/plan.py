@@ -16,8 +16,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from edge_infer.engine.config import DTYPES, QUANT_METHODS, EngineConfig, QuantConfig
-from edge_infer.engine.kv_cache import DEFAULT_BLOCK_SIZE, KVLayout
+from edge_infer.config import DTYPES, QUANT_METHODS, EngineConfig, QuantConfig
+from edge_infer.models.layers.kv_cache import DEFAULT_BLOCK_SIZE, KVLayout
 from edge_infer.errors import InvalidRequestError
 from edge_infer.hardware.cpu import CpuCapabilities, detect
 from edge_infer.hardware.kernels import KernelSelection, auto_dtype, select_kernels

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from edge_infer.engine.config import PRIORITIES, QuantConfig
+from edge_infer.config import PRIORITIES, QuantConfig
 from edge_infer.hardware.cpu import CpuCapabilities
 from edge_infer.hardware.kernels import KERNELS, QUANT_KERNELS
 

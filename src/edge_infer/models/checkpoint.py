@@ -67,3 +67,8 @@ def check_checkpoint(cfg: ModelConfig, model_dir: str | Path, specs: list[Weight
             f"({cfg.architecture}, {cfg.num_hidden_layers} layers); is the download complete?"
         )
     return index
+
+
+def demo_model_dir() -> Path:
+    """The embedded demo model (src/edge_infer/assets/demo-model, trained by scripts/train_demo.py)."""
+    return Path(__file__).resolve().parent.parent / "assets" / "demo-model"

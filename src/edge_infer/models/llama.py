@@ -7,23 +7,21 @@ so a layer runs four matrix products.
 """
 from __future__ import annotations
 
-import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edge_infer.engine.attention import AttentionMetadata, paged_attention, write_kv
+from edge_infer.models.layers.attention import AttentionMetadata, paged_attention, write_kv
 from edge_infer.models.config import ModelConfig
-from edge_infer.models.linear import DenseKernel, Linear
-from edge_infer.models.rope import RotaryTable, apply_rotary
+from edge_infer.models.layers.linear import DenseKernel, Linear
+from edge_infer.models.layers.rope import RotaryTable, apply_rotary
 from edge_infer.models.weights import WeightSpec, weight_specs
 
 if TYPE_CHECKING:
-    from edge_infer.engine.kv_cache import KVCache
+    from edge_infer.models.layers.kv_cache import KVCache
 
-log = logging.getLogger(__name__)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -96,8 +94,10 @@ class DecoderLM(nn.Module):
         self.final_norm: torch.Tensor | None = None
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rope = RotaryTable(cfg.head_dim, cfg.rope_theta, max_positions, cfg.rope_scaling)
-        # Decode steps in fused layer calls when every layer holds int8-activation weights (quant/fused_decode.py):
-        # decided at the first decode, after loading; set False to measure the PyTorch path.
+        # Decode steps in fused layer calls: whoever installs the weight kernels may set ``fused_factory``
+        # (quant.fused_decode.build), asked at the first decode whether it can fuse this model; None keeps
+        # the PyTorch layers. ``fused_decode`` False measures the PyTorch path anyway.
+        self.fused_factory: Callable[["DecoderLM"], Any] | None = None
         self.fused_decode: bool | None = None
         self._fused = None
 
@@ -160,25 +160,13 @@ class DecoderLM(nn.Module):
         """Run the decoder layers over input embeddings ``[T, hidden]``; returns hidden states."""
         cos, sin = self.rope.lookup(positions, x.dtype)
         if self.fused_decode is None:
-            self.fused_decode = self._build_fused()
+            self._fused = self.fused_factory(self) if self.fused_factory is not None else None
+            self.fused_decode = self._fused is not None
         if self.fused_decode and self._fused.accepts(x, meta):
             return self._fused(x, cos, sin, meta, kv_cache)
         for n, layer in enumerate(self.layers):
             x = layer(x, cos, sin, meta, kv_cache.k[n], kv_cache.v[n])
         return x
-
-    def _build_fused(self) -> bool:
-        # By name: a model without W4A8 weights must not import the kernel module.
-        if not any(lin.kernel is not None and lin.kernel.name in ("cpu-w4a8", "cpu-w8a8") for _, lin in self.linears()):
-            return False
-        from edge_infer.quant.fused_decode import FusedDecode, fusable
-
-        if not fusable(self):
-            log.info("int8-activation weights, but decode steps run layer by layer in PyTorch: the fused layer needs "
-                     "bf16 activations, every linear on one int8 kernel, a head_dim multiple of 16 and no sliding window")
-            return False
-        self._fused = FusedDecode(self)
-        return True
 
     def forward(
         self,

@@ -15,7 +15,7 @@ import torch
 
 from edge_infer.errors import CheckpointError
 from edge_infer.models.checkpoint import TensorInfo, read_tensor_index
-from edge_infer.models.linear import Linear, make_kernel
+from edge_infer.models.layers.linear import Linear, make_kernel
 
 # Rows copied per step are chosen so a block holds about this many bytes.
 BLOCK_BYTES = 16 << 20

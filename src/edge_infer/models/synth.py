@@ -9,9 +9,7 @@ tokens) and the family's chat template.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,7 +82,7 @@ def _styles(chatml_template: str) -> dict[str, FamilyStyle]:
 
 
 def _base_tokenizer_dir() -> Path:
-    from edge_infer.engine.frontend import demo_model_dir
+    from edge_infer.models.checkpoint import demo_model_dir
 
     return demo_model_dir()
 
@@ -227,27 +225,3 @@ def _source_shapes(spec, cfg) -> list[tuple[int, ...]]:
     else:  # gate_up
         rows = [cfg.intermediate_size, cfg.intermediate_size]
     return [(r, *spec.shape[1:]) for r in rows]
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("out", help="directory to write (created if missing)")
-    parser.add_argument("--family", required=True, choices=FAMILIES + ("qwen3-tts",))
-    parser.add_argument("--preset", default="tiny", help=f"shape preset: {', '.join(PRESETS)} (qwen3-tts: tiny, qwen3-tts-0.6b)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-    parser.add_argument("--shard-bytes", type=int, default=2 << 30, help="split weights into shards of at most this size")
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        if args.family == "qwen3-tts":
-            from edge_infer.models.qwen3_tts.synth import write_random_checkpoint
-
-            write_random_checkpoint(args.out, preset=args.preset, seed=args.seed)
-        else:
-            write_checkpoint(args.out, args.family, args.preset, args.seed, args.dtype, args.shard_bytes)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"wrote {args.family} ({args.preset}) checkpoint to {args.out}")
-    return 0

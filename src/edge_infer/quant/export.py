@@ -27,7 +27,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from edge_infer.engine.config import QuantConfig
+from edge_infer.config import QuantConfig
 from edge_infer.errors import CheckpointError, InvalidRequestError
 from edge_infer.models.checkpoint import check_checkpoint, safetensors_files
 from edge_infer.models.config import ModelConfig

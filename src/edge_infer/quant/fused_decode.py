@@ -10,10 +10,32 @@ tinygemm/bf16 weights keep the PyTorch path.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
-from edge_infer.engine.attention import AttentionMetadata
+from edge_infer.models.layers.attention import AttentionMetadata
 from edge_infer.quant.int8_kernels import Int8ActivationKernel
+
+
+log = logging.getLogger(__name__)
+
+
+def offer(model, quant) -> None:
+    """Let ``model`` fuse its decode steps when ``quant`` runs int8 activations (it decides at its first decode)."""
+    if quant is not None and quant.int8_activations:
+        model.fused_factory = build
+
+
+def build(model) -> "FusedDecode | None":
+    """The fused decode of ``model`` (a ``DecoderLM``: its ``fused_factory``), or None to keep the PyTorch layers."""
+    if not any(isinstance(lin.kernel, Int8ActivationKernel) for _, lin in model.linears()):
+        return None
+    if not fusable(model):
+        log.info("int8-activation weights, but decode steps run layer by layer in PyTorch: the fused layer needs "
+                 "bf16 activations, every linear on one int8 kernel, a head_dim multiple of 16 and no sliding window")
+        return None
+    return FusedDecode(model)
 
 
 def _layer_kernels(layer) -> tuple:

@@ -15,9 +15,9 @@ from typing import Iterator
 
 import torch
 
-from edge_infer.engine.config import QuantConfig
+from edge_infer.config import QuantConfig
 from edge_infer.errors import CheckpointError
-from edge_infer.models.linear import Linear
+from edge_infer.models.layers.linear import Linear
 from edge_infer.models.loader import CheckpointReader, LinearInstaller
 from edge_infer.quant.kernel import Int4Kernel, require_int4_kernel
 from edge_infer.quant.quantize import QuantizedRows, dequantize_rows, quantize_rows, unpack_nibbles

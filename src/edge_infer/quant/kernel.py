@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from edge_infer.errors import KernelUnavailableError
-from edge_infer.models.linear import WeightKernel
+from edge_infer.models.layers.linear import WeightKernel
 from edge_infer.quant.sizes import ROW_MULTIPLE, padded
 
 BLOCK_ALIGN = 64  # the largest row tile of any layout; blocks of rows start at multiples of it

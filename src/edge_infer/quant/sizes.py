@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from edge_infer.engine.config import QuantConfig
+from edge_infer.config import QuantConfig
 from edge_infer.errors import CheckpointError, InvalidRequestError
 from edge_infer.models.weights import WeightSpec
 

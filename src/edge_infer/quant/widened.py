@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from edge_infer.errors import CheckpointError
-from edge_infer.models.linear import Linear
+from edge_infer.models.layers.linear import Linear
 from edge_infer.models.loader import CheckpointReader
 from edge_infer.quant import native
 from edge_infer.quant.install import row_block_pieces

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edge_infer.engine.config import QUANTIZATION_CHOICES, EngineConfig, QuantConfig
-from edge_infer.engine.kv_cache import DEFAULT_BLOCK_SIZE, KVLayout
+from edge_infer.config import QUANTIZATION_CHOICES, EngineConfig, QuantConfig
+from edge_infer.models.layers.kv_cache import DEFAULT_BLOCK_SIZE, KVLayout
 from edge_infer.hardware.cpu import detect
 from edge_infer.hardware.kernels import select_kernels
 from edge_infer.memory.plan import activation_bytes, activation_calibration, resolve_dtype, runtime_overhead

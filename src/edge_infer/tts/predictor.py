@@ -13,8 +13,8 @@ from typing import Callable
 
 import torch
 
-from edge_infer.engine.attention import AttentionMetadata, build_seq_attention
-from edge_infer.engine.kv_cache import KVCache, KVLayout
+from edge_infer.models.layers.attention import AttentionMetadata, build_seq_attention
+from edge_infer.models.layers.kv_cache import KVCache, KVLayout
 from edge_infer.models.llama import rms_norm
 from edge_infer.tts.talker_model import PredictorDecoder
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from edge_infer.engine.config import EngineConfig
-from edge_infer.engine.kv_cache import KVCache, KVLayout
+from edge_infer.config import EngineConfig
+from edge_infer.models.layers.kv_cache import KVCache, KVLayout
 from edge_infer.engine.runner import prepare_step
 from edge_infer.engine.sampling_params import SamplingParams as EngineSamplingParams
 from edge_infer.engine.scheduler import Scheduler

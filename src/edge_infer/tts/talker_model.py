@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from edge_infer.memory.measure import malloc_trim
-from edge_infer.engine.config import EngineConfig
+from edge_infer.config import EngineConfig
 from edge_infer.models.config import ModelConfig
-from edge_infer.models.linear import Linear
+from edge_infer.models.layers.linear import Linear
 from edge_infer.models.llama import DecoderLM, rms_norm
 from edge_infer.models.checkpoint import read_tensor_index
 from edge_infer.models.loader import TORCH_DTYPES, LinearInstaller, load_weights
@@ -146,6 +146,10 @@ def load_paged_talker(model_dir: str | Path, config: Qwen3TTSConfig, engine: Eng
                                  talker.num_code_groups)
     for model in (decoder, predictor):
         load_weights(model, model_dir, dtype, install_linear, release=malloc_trim)
+        if engine.quant is not None:
+            from edge_infer.quant.fused_decode import offer
+
+            offer(model, engine.quant)
     # Everything else in model.safetensors belongs to the decoders (or to voice cloning's speaker encoder).
     others = tuple(name for name in read_tensor_index(model_dir) if not name.startswith(TEXT_SIDE))
     text = build_and_load(lambda: TextSide(config), model_dir, ignore=others, dtype=dtype)

@@ -21,7 +21,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.deploy_config:
-        from edge_infer.runtime.plan_cli import run_deploy_plan
+        from edge_infer.cli.plan_deploy import run_deploy_plan
 
         return run_deploy_plan(args)
     from edge_infer.engine.frontend import resolve_model

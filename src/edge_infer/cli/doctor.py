@@ -52,7 +52,7 @@ def _torch_view() -> dict[str, Any]:
     """What the installed PyTorch dispatches to here (imports torch: only the doctor does this)."""
     import torch
 
-    from edge_infer.models.linear import onednn_bf16_available
+    from edge_infer.models.layers.linear import onednn_bf16_available
     from edge_infer.quant.kernel import tile_rows
 
     return {"version": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),

@@ -36,7 +36,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from edge_infer.engine.config import QuantConfig
+    from edge_infer.config import QuantConfig
     from edge_infer.errors import EdgeInferError
     from edge_infer.quant.export import quantize_checkpoint
 

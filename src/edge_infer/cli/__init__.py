@@ -13,14 +13,14 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("edge_infer.server.cli", "OpenAI-compatible HTTP server"),
-    "generate": ("edge_infer.engine.cli", "generate text for one prompt"),
-    "chat": ("edge_infer.engine.chat_cli", "interactive chat in the terminal"),
-    "plan": ("edge_infer.memory.cli", "memory plan before loading (text model or deploy config)"),
-    "doctor": ("edge_infer.hardware.cli", "what this machine can run: CPU features, memory, the kernel of each choice"),
-    "synth": ("edge_infer.models.synth", "write a random checkpoint of a supported family"),
-    "quantize": ("edge_infer.quant.cli", "write a cpu_int4 (W4A16) checkpoint"),
-    "tts": ("edge_infer.tts.cli", "speak text to a WAV file with a Qwen3-TTS checkpoint"),
+    "serve": ("edge_infer.cli.serve", "OpenAI-compatible HTTP server"),
+    "generate": ("edge_infer.cli.generate", "generate text for one prompt"),
+    "chat": ("edge_infer.cli.chat", "interactive chat in the terminal"),
+    "plan": ("edge_infer.cli.plan", "memory plan before loading (text model or deploy config)"),
+    "doctor": ("edge_infer.cli.doctor", "what this machine can run: CPU features, memory, the kernel of each choice"),
+    "synth": ("edge_infer.cli.synth", "write a random checkpoint of a supported family"),
+    "quantize": ("edge_infer.cli.quantize", "write a cpu_int4 (4-bit) or cpu_int8 (8-bit) checkpoint"),
+    "tts": ("edge_infer.cli.tts", "speak text to a WAV file with a Qwen3-TTS checkpoint"),
     "bench": ("edge_infer.bench.cli", "measurement harness (grid, pp-tg, init-memory, ...)"),
 }
 
@@ -60,7 +60,3 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (| head): not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
