@@ -6,7 +6,7 @@ default (dtype, context length, KV budget) and admits or refuses them. An
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 DTYPES = ("bfloat16", "float32")
@@ -30,11 +30,6 @@ class QuantConfig:
     # A kernel choice, not a weight format: int8 activations through edge-infer's kernels (quant/int8_kernels.py)
     # instead of PyTorch's tinygemm with activations in the model dtype.
     int8_activations: bool = False
-    # Alternatives of two memory levers, reachable only to measure them as A/B
-    # (benchmarks/specs/levers-*): "whole" repacks each linear from a full fp32 copy instead
-    # of in row blocks; keep_dense_copy keeps the row-major weight beside the packed one.
-    repack: str = "blocked"
-    keep_dense_copy: bool = False
 
     @classmethod
     def named(cls, name: str, **settings: Any) -> "QuantConfig":
@@ -69,15 +64,9 @@ class EngineConfig:
     num_threads: int | None = None
     seed: int = 0
     eos_token_ids: tuple[int, ...] = ()
-    # Alternatives of two memory levers, for A/B measurements (benchmarks/specs/levers-*):
-    # RoPE tables for the model's max_position_embeddings instead of max_model_len,
-    # and no malloc_trim after loading.
-    rope_model_positions: bool = False
-    trim_after_load: bool = True
     # A tied model's output head read from a second, oneDNN-packed copy of the embedding table:
     # faster decode (the head is read whole every token) for vocab x hidden more bytes.
     packed_head: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

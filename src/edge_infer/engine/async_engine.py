@@ -2,7 +2,7 @@
 
 A reader thread waits on the core's output pipe and on the worker's pidfd and
 hands messages to the event loop. Each request has a ``RequestStream`` (what
-the consumer reads), a ``RequestText`` (detokenization and stop strings) and
+the consumer reads), a ``RequestFold`` (the request's output: text, stop strings, logprobs) and
 a ``RequestRecord`` (what happened, kept after the end for inspection).
 
 If the worker dies, every unfinished stream ends with an ``error`` event at
@@ -23,9 +23,9 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from edge_infer.engine.detokenizer import RequestText
 from edge_infer.engine.frontend import Frontend, PreparedPrompt
 from edge_infer.engine.protocol import CoreStats, ReadyInfo, TokenDelta
+from edge_infer.engine.request_fold import RequestFold
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.engine.streams import RequestStream, StreamEvent
 from edge_infer.engine.worker import CoreClient
@@ -77,7 +77,7 @@ class RequestRecord:
 @dataclass
 class _Active:
     stream: RequestStream
-    text: RequestText
+    fold: RequestFold
     record: RequestRecord
     uses_credits: bool
     abort_ack: asyncio.Future | None = None
@@ -187,7 +187,8 @@ class AsyncEngine:
         stream = RequestStream(rid, max_chunks, lambda n, rid=rid: self._grant(rid, n))
         record = RequestRecord(rid, session_id, list(request.prompt_token_ids))
         self._remember(record)
-        self._active[rid] = _Active(stream, RequestText(self.frontend.tokenizer, request.params), record, max_chunks is not None)
+        self._active[rid] = _Active(stream, RequestFold.start(self.frontend.tokenizer, request.params), record,
+                                    max_chunks is not None)
         self._client.send(("add", request))
         return stream
 
@@ -288,37 +289,29 @@ class AsyncEngine:
             return
         if active.stream.ended:
             return
-        update = active.text.apply(delta)
-        record.num_preemptions = delta.num_preemptions
+        fold = active.fold
+        step = fold.apply(delta)
         now = time.time()
-        if delta.token_id is not None:
-            record.output_token_ids.append(delta.token_id)
-            record.first_token_at = record.first_token_at or now
-            logprobs = None if delta.logprob is None else [(delta.logprob, delta.top_logprobs or [])]
-            self._emit(active, StreamEvent("token", delta.request_id, update.text, [delta.token_id], logprobs, time=now))
-        elif update.text:
-            self._emit(active, StreamEvent("token", delta.request_id, update.text, time=now))
-        record.text = active.text.text
-        if delta.error:
-            record.error = delta.error
-            record.finished, record.finish_reason, record.finished_at = True, "error", now
-            self._emit(active, StreamEvent("error", delta.request_id, error=delta.error, finish_reason="error"))
+        record.num_preemptions, record.output_token_ids, record.first_token_at = (
+            fold.num_preemptions, fold.token_ids, fold.first_token_at)
+        if step.token_ids:
+            self._emit(active, StreamEvent("token", delta.request_id, step.text, step.token_ids, step.logprobs or None, time=now))
+        elif step.text:
+            self._emit(active, StreamEvent("token", delta.request_id, step.text, time=now))
+        record.text = fold.text.text
+        if not step.finished:
+            return
+        record.finished, record.finish_reason, record.stop_reason, record.finished_at = True, step.finish_reason, step.stop_reason, now
+        if step.error:
+            record.error = step.error
+            self._emit(active, StreamEvent("error", delta.request_id, error=step.error, finish_reason="error"))
+        else:
+            self._emit(active, StreamEvent("finished", delta.request_id, finish_reason=step.finish_reason,
+                                           stop_reason=step.stop_reason))
+        if step.abort_in_core:
+            self._client.send(("abort", [delta.request_id]))  # the core still runs it; its ack clears it
+        else:
             self._active.pop(delta.request_id, None)
-        elif update.finished:
-            record.finished, record.finish_reason, record.stop_reason, record.finished_at = (
-                True,
-                update.finish_reason,
-                update.stop_reason,
-                now,
-            )
-            self._emit(
-                active,
-                StreamEvent("finished", delta.request_id, finish_reason=update.finish_reason, stop_reason=update.stop_reason),
-            )
-            if update.stop_string_hit:
-                self._client.send(("abort", [delta.request_id]))  # the core still runs it; its ack clears it
-            else:
-                self._active.pop(delta.request_id, None)
 
     def _emit(self, active: _Active, event: StreamEvent) -> None:
         active.stream.push(event)

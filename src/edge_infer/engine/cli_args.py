@@ -34,22 +34,14 @@ def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True
     g.add_argument("--num-threads", type=int, default=None, help="compute threads (default: the CPUs this process may use)")
     g.add_argument("--weight-backend", default="auto", choices=["auto", "onednn", "dense", "w16"], help=argparse.SUPPRESS)
     g.add_argument("--worker", default="process", choices=["process", "thread"], help=argparse.SUPPRESS)
-    # The alternatives of the memory levers, only to measure each lever as an A/B (docs/quantization.md).
-    g.add_argument("--rope-model-positions", action="store_true", help=argparse.SUPPRESS)
-    g.add_argument("--no-trim", action="store_true", help=argparse.SUPPRESS)
-    g.add_argument("--int4-keep-dense-copy", action="store_true", help=argparse.SUPPRESS)
-    g.add_argument("--int4-repack", default="blocked", choices=["blocked", "whole"], help=argparse.SUPPRESS)
 
 
 def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments for plan_text_session / LLM from parsed flags."""
     quant: Any = args.quantization
-    int4_levers = args.int4_keep_dense_copy or args.int4_repack != "blocked"
-    if quant in QUANT_METHODS and (args.group_size or args.asym or args.quantize_head or int4_levers):
-        quant = QuantConfig.named(
-            quant, group_size=args.group_size or 128, symmetric=not args.asym, quantize_head=args.quantize_head,
-            repack=args.int4_repack, keep_dense_copy=args.int4_keep_dense_copy,
-        )
+    if quant in QUANT_METHODS and (args.group_size or args.asym or args.quantize_head):
+        quant = QuantConfig.named(quant, group_size=args.group_size or 128, symmetric=not args.asym,
+                                  quantize_head=args.quantize_head)
     return dict(
         dtype=args.dtype,
         max_model_len=args.max_model_len,
@@ -60,7 +52,5 @@ def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
         priority=args.priority,
         num_threads=args.num_threads,
         weight_backend=args.weight_backend,
-        rope_model_positions=args.rope_model_positions,
-        trim_after_load=not args.no_trim,
         packed_head=args.packed_head,
     )

@@ -61,14 +61,14 @@ def linear_installer(config: EngineConfig) -> LinearInstaller:
 
 def load_model(config: EngineConfig, progress: Callable[[int, int], None] | None = None) -> DecoderLM:
     cfg = ModelConfig.from_dir(config.model)
-    model = DecoderLM(cfg, cfg.max_position_embeddings if config.rope_model_positions else config.max_model_len)
+    model = DecoderLM(cfg, config.max_model_len)
     check_checkpoint(cfg, config.model, model.weight_specs())
     quantized_head = config.quant is not None and config.quant.quantize_head
     widened = config.weight_backend == "w16"  # 16-bit weights kept as stored, the table too (quant/widened.py)
     load_weights(
         model, config.model, TORCH_DTYPES[config.dtype], linear_installer(config), progress,
         head_from_embedding=(quantized_head or widened) and cfg.tie_word_embeddings,
-        release=malloc_trim if config.trim_after_load else None,
+        release=malloc_trim,
         table_dtype_as_stored=widened,
     )
     if config.packed_head and cfg.tie_word_embeddings and not quantized_head:
@@ -97,7 +97,7 @@ class EngineCore:
             dtype_bytes=dtype.itemsize,
             block_size=config.block_size,
         )
-        trimmed = malloc_trim() if config.trim_after_load else 0
+        trimmed = malloc_trim()
         self.cache = KVCache(self.layout, self.layout.blocks_for_budget(config.kv_cache_memory_bytes), dtype)
         self.scheduler = Scheduler(self.layout, self.cache.num_blocks, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.cache)

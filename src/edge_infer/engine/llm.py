@@ -10,28 +10,14 @@ keeps it in this process, for tests and debugging).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from edge_infer.engine.detokenizer import RequestText
 from edge_infer.engine.frontend import Frontend, PreparedPrompt, PromptInput
+from edge_infer.engine.request_fold import RequestFold
 from edge_infer.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from edge_infer.engine.protocol import TokenDelta
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.engine.worker import CoreClient
-
-
-@dataclass
-class _Sample:
-    """One of the n completions of one prompt, as it accumulates."""
-
-    text: RequestText
-    logprobs: list[dict[int, Logprob]] | None
-    cumulative_logprob: float = 0.0
-    first_token_time: float | None = None
-    num_preemptions: int = 0
-    error: str | None = None
 
 
 class LLM:
@@ -93,7 +79,7 @@ class LLM:
     ) -> list[RequestOutput]:
         prompt_list = self._as_list(prompts)
         prepared = [self.frontend.prepare(p) for p in prompt_list]
-        return self._run(prepared, sampling_params)
+        return self._run(prepared, sampling_params, use_tqdm)
 
     def chat(
         self,
@@ -107,7 +93,7 @@ class LLM:
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         kwargs = dict(chat_template_kwargs or {}, tools=tools, add_generation_prompt=add_generation_prompt)
         prepared = [self.frontend.prepare_chat(conv, **kwargs) for conv in conversations]
-        return self._run(prepared, sampling_params)
+        return self._run(prepared, sampling_params, use_tqdm)
 
     def close(self) -> None:
         if self._client is not None:
@@ -145,12 +131,14 @@ class LLM:
             raise ValueError(f"got {len(sampling_params)} SamplingParams for {count} prompts")
         return list(sampling_params)
 
-    def _run(self, prepared: list[PreparedPrompt], sampling_params) -> list[RequestOutput]:
+    def _run(self, prepared: list[PreparedPrompt], sampling_params, use_tqdm: bool) -> list[RequestOutput]:
+        from tqdm import tqdm
+
         params = self._params_for(sampling_params, len(prepared))
         batch_id = self._counter
         self._counter += 1
         requests = []
-        samples: dict[str, _Sample] = {}
+        samples: dict[str, RequestFold] = {}
         layout: list[list[str]] = []
         for i, (prompt, p) in enumerate(zip(prepared, params)):
             ids = []
@@ -159,55 +147,39 @@ class LLM:
                 sub = p.clone(n=1, seed=None if p.seed is None else p.seed + k)
                 rid = f"{batch_id}-{i}-{k}"
                 requests.append(self.frontend.request(rid, prompt, sub))
-                samples[rid] = _Sample(RequestText(self.frontend.tokenizer, sub), [] if sub.logprobs is not None else None)
+                samples[rid] = RequestFold.start(self.frontend.tokenizer, sub)
                 ids.append(rid)
             layout.append(ids)
         arrival = time.time()
         for req in requests:
             self._client.send(("add", req))
         pending = set(samples)
+        bar = tqdm(total=len(pending), desc="generating", unit="sample", disable=not use_tqdm)
         while pending:
             for msg in self._client.receive(timeout_s=1.0):
                 if msg[0] != "deltas":
                     continue
                 for delta in msg[1]:
-                    if delta.request_id in pending and self._apply(samples[delta.request_id], delta):
+                    if delta.request_id not in pending:
+                        continue
+                    step = samples[delta.request_id].apply(delta)
+                    if step.abort_in_core:
+                        self._client.send(("abort", [delta.request_id]))
+                    if step.finished:
                         pending.discard(delta.request_id)
+                        bar.update(1)
+        bar.close()
         return [self._output(prepared[i], ids, samples, arrival) for i, ids in enumerate(layout)]
 
-    def _apply(self, sample: _Sample, delta: TokenDelta) -> bool:
-        """Fold a delta in; True when the sample is complete."""
-        if delta.token_id is not None and sample.first_token_time is None:
-            sample.first_token_time = time.time()
-        update = sample.text.apply(delta)
-        sample.num_preemptions = delta.num_preemptions
-        if delta.token_id is not None and sample.logprobs is not None and delta.logprob is not None:
-            sample.cumulative_logprob += delta.logprob
-            entry = {delta.token_id: Logprob(delta.logprob)}
-            for rank, (tid, lp) in enumerate(delta.top_logprobs or [], start=1):
-                entry.setdefault(tid, Logprob(lp, rank))
-            sample.logprobs.append(entry)
-        if delta.error:
-            sample.error = delta.error
-        if update.stop_string_hit:
-            self._client.send(("abort", [delta.request_id]))
-        return update.finished
-
-    def _output(self, prompt: PreparedPrompt, ids: list[str], samples: dict[str, _Sample], arrival: float) -> RequestOutput:
-        outs = []
-        for index, rid in enumerate(ids):
-            s = samples[rid]
-            outs.append(
-                CompletionOutput(
-                    index=index,
-                    text=s.text.text,
-                    token_ids=list(s.text.token_ids),
-                    cumulative_logprob=s.cumulative_logprob if s.logprobs is not None else None,
-                    logprobs=s.logprobs,
-                    finish_reason=s.text.finish_reason,
-                    stop_reason=s.text.stop_reason,
-                )
+    def _output(self, prompt: PreparedPrompt, ids: list[str], samples: dict[str, RequestFold], arrival: float) -> RequestOutput:
+        outs = [
+            CompletionOutput(
+                index=index, text=s.text.text, token_ids=list(s.token_ids), cumulative_logprob=s.cumulative_logprob,
+                logprobs=None if s.logprobs is None else [_logprob_entry(tid, lp) for tid, lp in zip(s.token_ids, s.logprobs)],
+                finish_reason=s.finish_reason, stop_reason=s.text.stop_reason,
             )
+            for index, s in ((i, samples[rid]) for i, rid in enumerate(ids))
+        ]
         first = samples[ids[0]]
         errors = [samples[r].error for r in ids if samples[r].error]
         return RequestOutput(
@@ -216,6 +188,15 @@ class LLM:
             prompt_token_ids=prompt.token_ids,
             outputs=outs,
             finished=True,
-            metrics=RequestMetrics(arrival, first.first_token_time, time.time(), first.num_preemptions),
+            metrics=RequestMetrics(arrival, first.first_token_at, time.time(), first.num_preemptions),
             error=errors[0] if errors else None,
         )
+
+
+def _logprob_entry(token_id: int, logprobs: tuple[float, list[tuple[int, float]]]) -> dict[int, Logprob]:
+    """The chosen token's logprob and its ranked alternatives (vLLM's shape)."""
+    chosen, top = logprobs
+    entry = {token_id: Logprob(chosen)}
+    for rank, (tid, lp) in enumerate(top, start=1):
+        entry.setdefault(tid, Logprob(lp, rank))
+    return entry

@@ -10,37 +10,27 @@ is not imported.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from edge_infer.config import DTYPES, QUANT_METHODS, EngineConfig, QuantConfig
-from edge_infer.models.layers.kv_cache import DEFAULT_BLOCK_SIZE, KVLayout
+from edge_infer.config import QUANT_METHODS, EngineConfig, QuantConfig
 from edge_infer.errors import InvalidRequestError
 from edge_infer.hardware.cpu import CpuCapabilities, detect
-from edge_infer.hardware.kernels import KernelSelection, auto_dtype, select_kernels
+from edge_infer.hardware.kernels import KernelSelection, select_kernels
 from edge_infer.hardware.memory import available_memory_bytes
+from edge_infer.memory.sizing import (
+    CHECKPOINT_DTYPE_BYTES, MiB, activation_bytes, load_transient_bytes, resolve_dtype, runtime_overhead, weight_bytes,
+)
 from edge_infer.models.checkpoint import check_checkpoint
 from edge_infer.models.config import ModelConfig
+from edge_infer.models.layers.kv_cache import DEFAULT_BLOCK_SIZE, KVLayout
 from edge_infer.models.weights import weight_specs
-
-MiB = 1 << 20
 DEFAULT_MAX_MODEL_LEN = 4096
 DEFAULT_MAX_NUM_SEQS = 8
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
 # Share of the memory left after everything else that a default KV budget may take.
 DEFAULT_KV_SHARE = 0.5
-# Bytes copied per step while loading (models.loader.BLOCK_BYTES).
-LOAD_BLOCK_BYTES = 16 * MiB
-CHECKPOINT_DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2}
-
-
-@lru_cache(maxsize=1)
-def runtime_overhead() -> dict[str, Any]:
-    """Per-process baselines measured once on this machine class (scripts/measure_overhead.py)."""
-    return json.loads((Path(__file__).with_name("overhead.json")).read_text())
 
 
 @dataclass
@@ -65,6 +55,7 @@ class TextPlan:
     engine_config: EngineConfig | None = None
     cpu: CpuCapabilities | None = None
     kernels: KernelSelection | None = None
+    model_config: ModelConfig | None = None  # config.json as parsed once, for the frontend
 
     def item(self, name: str) -> int:
         return next(i.bytes for i in self.items if i.name == name)
@@ -132,89 +123,6 @@ class TextPlan:
         return "\n".join(lines)
 
 
-def resolve_dtype(requested: str | None, notes: list[str], quantization: str | None = None,
-                  cpu: CpuCapabilities | None = None) -> str:
-    """The engine dtype; ``auto`` picks what is fast for the kernel ``quantization`` runs on, on ``cpu``."""
-    if requested in (None, "auto"):
-        dtype, why = auto_dtype(cpu or detect(), quantization)
-        notes.append(f"dtype auto -> {dtype}: {why}")
-        return dtype
-    aliases = {"bf16": "bfloat16", "fp32": "float32", "float": "float32"}
-    dtype = aliases.get(requested, requested)
-    if dtype not in DTYPES:
-        raise InvalidRequestError(f"dtype {requested!r} is not supported; use one of auto, {', '.join(DTYPES)}")
-    return dtype
-
-
-def weight_bytes(cfg: ModelConfig, dtype_bytes: int, quant: QuantConfig | None, widened: bool = False) -> tuple[int, int]:
-    """(resident weight bytes, largest linear repacked from its row-major form while loading); ``widened``: a
-    16-bit checkpoint on the W16A32 kernel (packed a block of rows at a time: no linear is held whole)."""
-    total = 0
-    largest_linear = 0
-    for spec in weight_specs(cfg):
-        plain = spec.numel * dtype_bytes
-        if widened:
-            from edge_infer.quant.sizes import widened_spec_nbytes
-
-            total += widened_spec_nbytes(spec, dtype_bytes, cfg.tie_word_embeddings)
-            continue
-        if quant is None:
-            total += plain
-            largest_linear = max(largest_linear, plain if spec.is_linear else 0)
-            continue
-        from edge_infer.quant.sizes import is_quantized, spec_nbytes
-
-        total += spec_nbytes(spec, quant, dtype_bytes, cfg.tie_word_embeddings)
-        if spec.is_linear and not is_quantized(spec, quant, cfg.tie_word_embeddings):
-            largest_linear = max(largest_linear, plain)  # e.g. an unquantized output head
-    return total, largest_linear
-
-
-def activation_tensor_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
-    """Bytes per token of the tensors a step keeps alive at once, by shape alone.
-
-    The residual stream and its normed copy, q/k/v and their rotated copies,
-    the attention output, gate/up, the activated product and the down
-    projection. Kernels add scratch on top (oneDNN accumulates in fp32,
-    RMSNorm works in fp32, the allocator rounds up): the measured factor
-    ``activation_per_token_factor`` in overhead.json scales this to what a
-    step really takes.
-    """
-    h, i = cfg.hidden_size, cfg.intermediate_size
-    return dtype_bytes * (4 * h + 3 * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size + 4 * i)
-
-
-def activation_calibration(quantization: str | None) -> tuple[float, int, float]:
-    """(per-token factor, fixed bytes, bytes per attention-mask element) measured for the linears'
-    kernel: dense/oneDNN, or the quantized kernels' (measured with cpu_int4: the int8 kernels allocate the
-    same tensors, plus int8 copies of their inputs that are smaller than those)."""
-    calib = runtime_overhead()
-    prefix = "cpu_int4_" if quantization else ""
-    return (calib[prefix + "activation_per_token_factor"], int(calib[prefix + "activation_fixed_bytes"]),
-            calib["activation_mask_bytes_per_element"])
-
-
-def activation_bytes(
-    cfg: ModelConfig, dtype_bytes: int, tokens: int, max_num_seqs: int, max_model_len: int,
-    quantization: str | None = None,
-) -> int:
-    """Transient bytes of one step of ``tokens`` tokens, calibrated by measurement.
-
-    Per token: the shape-derived tensors times the measured kernel factor.
-    Attention: the fused kernel works in blocks; what scales is the mask of
-    one chunk against the context (booleans, which attention turns into a
-    float bias: the measured bytes per element). Logits: fp32 rows for every sequence that
-    samples, plus the sampler's working copies of one row. Fixed: the
-    measured allocator and thread scratch of a step.
-    """
-    factor, fixed, mask_element = activation_calibration(quantization)
-    per_token = int(factor * activation_tensor_bytes(cfg, dtype_bytes))
-    chunk = min(tokens, max_model_len)
-    mask = int(mask_element * chunk * max_model_len * (cfg.num_attention_heads // cfg.num_key_value_heads))
-    logits = 4 * cfg.vocab_size * (max_num_seqs + 4)
-    return per_token * tokens + mask + logits + fixed
-
-
 def plan_text_session(
     model: str | Path,
     max_model_len: int | None = None,
@@ -229,8 +137,6 @@ def plan_text_session(
     seed: int = 0,
     eos_token_ids: tuple[int, ...] = (),
     frontend: str = "library",
-    rope_model_positions: bool = False,
-    trim_after_load: bool = True,
     packed_head: bool = False,
     cpu: CpuCapabilities | None = None,
     priority: str | None = None,
@@ -249,19 +155,64 @@ def plan_text_session(
         settings = dict(max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         kv_cache_memory_bytes=kv_cache_memory_bytes, dtype=dtype, available_bytes=available_bytes,
                         weight_backend=weight_backend, num_threads=num_threads, seed=seed, eos_token_ids=eos_token_ids,
-                        frontend=frontend, rope_model_positions=rope_model_positions, trim_after_load=trim_after_load,
-                        packed_head=packed_head)
+                        frontend=frontend, packed_head=packed_head)
         stored_format = (cfg.quantization_config or {}).get("quant_method")
         return plan_auto(plan_text_session, model_dir, priority, cpu or detect(), stored_format, **settings)
+    if frontend not in ("library", "server"):
+        raise InvalidRequestError(f"frontend must be 'library' or 'server', got {frontend!r}")
+    r = _resolve(cfg, model_dir, quantization, dtype, cpu or detect(), weight_backend, packed_head, priority,
+                 max_model_len, max_num_seqs, max_num_batched_tokens)
+    items, layout = _size_items(r, model_dir, frontend)
+    available = available_bytes if available_bytes is not None else available_memory_bytes()
+    kv_blocks = _kv_blocks(r, layout, items, available, kv_cache_memory_bytes)
+    items.insert(2, _kv_item(layout, kv_blocks))
+    plan = _admit(r, model_dir, items, layout, available)
+    if plan.admitted:
+        plan.engine_config = EngineConfig(
+            model=model_dir, dtype=r.dtype, max_model_len=r.max_model_len, max_num_seqs=r.max_num_seqs,
+            max_num_batched_tokens=r.max_num_batched_tokens, kv_cache_memory_bytes=kv_blocks * layout.bytes_per_block,
+            block_size=layout.block_size, quant=r.quant, weight_backend="w16" if r.widened else weight_backend,
+            num_threads=num_threads, seed=seed, eos_token_ids=tuple(eos_token_ids), packed_head=r.packed_head,
+        )
+    return plan
+
+
+@dataclass
+class _Resolved:
+    """The settings a plan runs with, and what resolving them said (notes, refusals, levers)."""
+
+    cfg: ModelConfig
+    tensors: dict
+    cpu: CpuCapabilities
+    quant: QuantConfig | None
+    dtype: str
+    kernels: KernelSelection
+    widened: bool  # 16-bit weights kept as stored, on the W16A32 kernel
+    stored_16bit: str | None
+    packed_head: bool
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    notes: list[str]
+    reasons: list[str]
+    levers: list[str]
+
+    @property
+    def dtype_bytes(self) -> int:
+        return 2 if self.dtype == "bfloat16" else 4
+
+
+def _resolve(cfg: ModelConfig, model_dir: str, quantization: str | QuantConfig | None, dtype: str | None,
+             cpu: CpuCapabilities, weight_backend: str, packed_head: bool, priority: str | None,
+             max_model_len: int | None, max_num_seqs: int | None, max_num_batched_tokens: int | None) -> _Resolved:
+    """The dtype, quantization and kernels (refused where this CPU cannot run them) and the batch shape."""
     tensors = check_checkpoint(cfg, model_dir, weight_specs(cfg))
     notes: list[str] = []
     reasons: list[str] = []
     levers: list[str] = []
-    cpu = cpu or detect()
     quant = _resolve_quant(quantization, cfg)
     dtype_explicit = dtype not in (None, "auto")
     dtype = resolve_dtype(dtype, notes, quant.name if quant else None, cpu)
-    dtype_bytes = 2 if dtype == "bfloat16" else 4
     stored_16bit = _stored_16bit(cfg, tensors)
     from edge_infer.quant import native_build
 
@@ -282,7 +233,6 @@ def plan_text_session(
             kernels = select_kernels(cpu, dtype, None, tied=cfg.tie_word_embeddings, packed_head=packed_head,
                                      weight_backend="dense", dtype_explicit=dtype_explicit)
             notes.append(f"the checkpoint's {stored_16bit} weights are held in float32, twice their bytes: {why}")
-    widened = kernels.kernel_for("decoder linears") == "cpu-w16a32"
 
     model_max = cfg.max_position_embeddings
     if max_model_len is None:
@@ -306,125 +256,107 @@ def plan_text_session(
             f"one step could not give every running sequence its token"
         )
         levers.append(f"--max-num-seqs {max_num_batched_tokens} or --max-num-batched-tokens {max_num_seqs}")
+    packed_head = packed_head and cfg.tie_word_embeddings and not (quant is not None and quant.quantize_head)
+    return _Resolved(cfg, tensors, cpu, quant, dtype, kernels, kernels.kernel_for("decoder linears") == "cpu-w16a32",
+                     stored_16bit, packed_head, max_model_len, max_num_seqs, max_num_batched_tokens, notes, reasons, levers)
 
-    layout = KVLayout(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, dtype_bytes, DEFAULT_BLOCK_SIZE)
+
+def _size_items(r: _Resolved, model_dir: str, frontend: str) -> tuple[list[PlanItem], KVLayout]:
+    """Every item but the KV cache (its blocks depend on what is left), and the KV layout."""
+    cfg = r.cfg
     overhead = runtime_overhead()
     tokenizer_json = Path(model_dir) / "tokenizer.json"
     tok_bytes = int(overhead["tokenizer_bytes_per_json_byte"] * (tokenizer_json.stat().st_size if tokenizer_json.exists() else 0))
-    if frontend not in ("library", "server"):
-        raise InvalidRequestError(f"frontend must be 'library' or 'server', got {frontend!r}")
     frontend_bytes = overhead["server_frontend_bytes" if frontend == "server" else "frontend_bytes"]
     overhead_bytes = frontend_bytes + overhead["worker_bytes"] + tok_bytes
-    weights, largest_linear = weight_bytes(cfg, dtype_bytes, quant, widened)
-    packed_head = packed_head and cfg.tie_word_embeddings and not (quant is not None and quant.quantize_head)
-    if packed_head:
-        weights += cfg.vocab_size * cfg.hidden_size * dtype_bytes  # the head's own copy beside the embedding
-    # The measuring-only alternative sizes RoPE for every position the model allows.
-    rope_positions = model_max if rope_model_positions else max_model_len
-    rope = 2 * rope_positions * cfg.head_dim * 4
-    acts = activation_bytes(cfg, dtype_bytes, max_num_batched_tokens, max_num_seqs, max_model_len,
-                            quant.name if quant is not None else None)
-    src_bytes = max((CHECKPOINT_DTYPE_BYTES.get(t.dtype, 4) for t in tensors.values()), default=4)
-    # One block being converted, plus the largest linear held twice while it is repacked.
-    transient = min(LOAD_BLOCK_BYTES, largest_linear * src_bytes // dtype_bytes) + largest_linear
-    if quant is not None:  # quantized linears are quantized and packed a block of rows at a time
-        from edge_infer.quant.sizes import repack_transient_bytes
+    weights, largest_linear = weight_bytes(cfg, r.dtype_bytes, r.quant, r.widened)
+    if r.packed_head:
+        weights += cfg.vocab_size * cfg.hidden_size * r.dtype_bytes  # the head's own copy beside the embedding
+    rope = 2 * r.max_model_len * cfg.head_dim * 4
+    acts = activation_bytes(cfg, r.dtype_bytes, r.max_num_batched_tokens, r.max_num_seqs, r.max_model_len,
+                            r.quant.name if r.quant is not None else None)
+    src_bytes = max((CHECKPOINT_DTYPE_BYTES.get(t.dtype, 4) for t in r.tensors.values()), default=4)
+    transient = load_transient_bytes(cfg, r.quant, r.widened, largest_linear, src_bytes, r.dtype_bytes)
+    file_bytes = sum(t.file.stat().st_size for t in {t.file: t for t in r.tensors.values()}.values())
+    layout = KVLayout(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, r.dtype_bytes, DEFAULT_BLOCK_SIZE)
+    weights_note = _weights_note(cfg, r.dtype, r.quant, r.packed_head, r.widened and r.stored_16bit)
+    return [
+        PlanItem("runtime overhead", overhead_bytes, "anon", "steady", f"{frontend} frontend + worker + tokenizer (measured once)"),
+        PlanItem("weights", weights, "anon", "steady", weights_note),
+        PlanItem("rope tables", rope, "anon", "steady", f"cos+sin fp32 for {r.max_model_len} positions"),
+        PlanItem("activations", acts, "anon", "steady", f"one step of {r.max_num_batched_tokens} tokens, {r.max_num_seqs} logit rows"),
+        PlanItem("load transient", transient, "anon", "load", "one block being converted + the largest linear being repacked"),
+        PlanItem("checkpoint pages", file_bytes, "file", "load", "memory-mapped while loading; page cache, released after"),
+    ], layout
 
-        transient = max(transient, repack_transient_bytes(weight_specs(cfg), quant, cfg.tie_word_embeddings, src_bytes))
-    if widened:  # 16-bit rows packed a block at a time
-        from edge_infer.quant.sizes import widened_transient_bytes
 
-        transient = max(transient, widened_transient_bytes(weight_specs(cfg)))
-    file_bytes = sum(t.file.stat().st_size for t in {t.file: t for t in tensors.values()}.values())
-
-    one_seq_blocks = layout.blocks_for_tokens(max_model_len)
-    others = overhead_bytes + weights + rope + acts
-    available = available_bytes if available_bytes is not None else available_memory_bytes()
-    if kv_cache_memory_bytes is None:
-        wanted = layout.blocks_for_tokens(max_model_len) * max_num_seqs
+def _kv_blocks(r: _Resolved, layout: KVLayout, items: list[PlanItem], available: int, budget: int | None) -> int:
+    """KV blocks: the budget's whole blocks, or by default room for every sequence at full length, at most half
+    of the memory the other steady items leave; refusals when one full-length sequence does not fit."""
+    one_seq_blocks = layout.blocks_for_tokens(r.max_model_len)
+    if budget is None:
+        others = sum(i.bytes for i in items if i.phase == "steady")
+        wanted = one_seq_blocks * r.max_num_seqs
         share = int(max(0, available - others) * DEFAULT_KV_SHARE) // layout.bytes_per_block
         kv_blocks = max(min(wanted, share), one_seq_blocks)
-        notes.append(
+        r.notes.append(
             f"kv_cache_memory_bytes defaulted to {kv_blocks * layout.bytes_per_block:,} "
             f"({kv_blocks * layout.block_size} tokens; at most half of the memory left after the rest)"
         )
     else:
-        kv_blocks = layout.blocks_for_budget(int(kv_cache_memory_bytes))
-        if kv_blocks * layout.bytes_per_block != kv_cache_memory_bytes:
-            notes.append(
-                f"kv_cache_memory_bytes={kv_cache_memory_bytes:,} holds {kv_blocks} whole blocks of "
+        kv_blocks = layout.blocks_for_budget(int(budget))
+        if kv_blocks * layout.bytes_per_block != budget:
+            r.notes.append(
+                f"kv_cache_memory_bytes={budget:,} holds {kv_blocks} whole blocks of "
                 f"{layout.bytes_per_block:,} bytes: {kv_blocks * layout.bytes_per_block:,} bytes are allocated"
             )
-    kv_bytes = kv_blocks * layout.bytes_per_block
     kv_tokens = kv_blocks * layout.block_size
     if kv_blocks < one_seq_blocks:
-        reasons.append(
-            f"the KV budget holds {kv_tokens} tokens, less than one sequence of max_model_len={max_model_len} "
+        r.reasons.append(
+            f"the KV budget holds {kv_tokens} tokens, less than one sequence of max_model_len={r.max_model_len} "
             f"({one_seq_blocks * layout.bytes_per_block:,} bytes needed)"
         )
-        levers.append(f"--kv-cache-memory-bytes {one_seq_blocks * layout.bytes_per_block} (one full-length sequence)")
-        levers.append(f"--max-model-len {max(layout.block_size, kv_tokens)} (what this KV budget holds)")
-    elif kv_tokens < max_model_len * max_num_seqs:
-        notes.append(
-            f"KV cache holds {kv_tokens} tokens: {kv_tokens // max_model_len} of {max_num_seqs} sequences at full "
+        r.levers.append(f"--kv-cache-memory-bytes {one_seq_blocks * layout.bytes_per_block} (one full-length sequence)")
+        r.levers.append(f"--max-model-len {max(layout.block_size, kv_tokens)} (what this KV budget holds)")
+    elif kv_tokens < r.max_model_len * r.max_num_seqs:
+        r.notes.append(
+            f"KV cache holds {kv_tokens} tokens: {kv_tokens // r.max_model_len} of {r.max_num_seqs} sequences at full "
             f"length at once; beyond that, newer sequences wait or are preempted and recomputed"
         )
+    return kv_blocks
 
-    items = [
-        PlanItem("runtime overhead", overhead_bytes, "anon", "steady", f"{frontend} frontend + worker + tokenizer (measured once)"),
-        PlanItem("weights", weights, "anon", "steady", _weights_note(cfg, dtype, quant, packed_head, widened and stored_16bit)),
-        PlanItem("kv cache", kv_bytes, "anon", "steady", f"{kv_blocks} blocks x {layout.bytes_per_block:,} B = {kv_tokens} tokens"),
-        PlanItem("rope tables", rope, "anon", "steady", f"cos+sin fp32 for {rope_positions} positions"),
-        PlanItem("activations", acts, "anon", "steady", f"one step of {max_num_batched_tokens} tokens, {max_num_seqs} logit rows"),
-        PlanItem("load transient", transient, "anon", "load", "one block being converted + the largest linear being repacked"),
-        PlanItem("checkpoint pages", file_bytes, "file", "load", "memory-mapped while loading; page cache, released after"),
-    ]
+
+def _kv_item(layout: KVLayout, kv_blocks: int) -> PlanItem:
+    return PlanItem("kv cache", kv_blocks * layout.bytes_per_block, "anon", "steady",
+                    f"{kv_blocks} blocks x {layout.bytes_per_block:,} B = {kv_blocks * layout.block_size} tokens")
+
+
+def _admit(r: _Resolved, model_dir: str, items: list[PlanItem], layout: KVLayout, available: int) -> TextPlan:
+    """The plan: admitted when nothing refused it and its peak fits what is available."""
+    kv = next(i for i in items if i.name == "kv cache")
+    q = r.quant
     plan = TextPlan(
         model=model_dir,
         settings={
-            "dtype": dtype,
-            "quantization": None if quant is None else f"{quant.name} g{quant.group_size} {'sym' if quant.symmetric else 'asym'}{' +head' if quant.quantize_head else ''}",
-            "max_model_len": max_model_len,
-            "max_num_seqs": max_num_seqs,
-            "max_num_batched_tokens": max_num_batched_tokens,
-            "kv_cache_memory_bytes": kv_bytes,
-            "kv_cache_tokens": kv_tokens,
-            "architecture": cfg.architecture,
+            "dtype": r.dtype,
+            "quantization": None if q is None else f"{q.name} g{q.group_size} {'sym' if q.symmetric else 'asym'}{' +head' if q.quantize_head else ''}",
+            "max_model_len": r.max_model_len,
+            "max_num_seqs": r.max_num_seqs,
+            "max_num_batched_tokens": r.max_num_batched_tokens,
+            "kv_cache_memory_bytes": kv.bytes,
+            "kv_cache_tokens": kv.bytes // layout.bytes_per_block * layout.block_size,
+            "architecture": r.cfg.architecture,
         },
-        items=items,
-        available_bytes=available,
-        admitted=False,
-        notes=notes,
-        cpu=cpu,
-        kernels=kernels,
+        items=items, available_bytes=available, admitted=False, notes=r.notes, cpu=r.cpu, kernels=r.kernels,
+        model_config=r.cfg,
     )
     if plan.peak_bytes > available:
-        reasons.append(
+        r.reasons.append(
             f"peak {plan.peak_bytes / MiB:,.1f} MiB (steady {plan.steady_bytes / MiB:,.1f} MiB, load {plan.load_peak_bytes / MiB:,.1f} MiB) "
             f"exceeds the {available / MiB:,.1f} MiB available"
         )
-        levers += _memory_levers(plan, cfg, quant, layout, one_seq_blocks)
-    plan.reasons = reasons
-    plan.levers = levers
-    plan.admitted = not reasons
-    if plan.admitted:
-        plan.engine_config = EngineConfig(
-            model=model_dir,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            kv_cache_memory_bytes=kv_bytes,
-            block_size=layout.block_size,
-            quant=quant,
-            weight_backend="w16" if widened else weight_backend,
-            num_threads=num_threads,
-            seed=seed,
-            eos_token_ids=tuple(eos_token_ids),
-            rope_model_positions=rope_model_positions,
-            trim_after_load=trim_after_load,
-            packed_head=packed_head,
-        )
+        r.levers += _memory_levers(plan, q, layout, layout.blocks_for_tokens(r.max_model_len))
+    plan.reasons, plan.levers, plan.admitted = r.reasons, r.levers, not r.reasons
     return plan
 
 
@@ -462,11 +394,12 @@ def _weights_note(cfg: ModelConfig, dtype: str, quant: QuantConfig | None, packe
     if quant is None:
         return f"{dtype}, {head}"
     if quant.quantize_head:
-        head = "int4 head, embedding rows read from it" if cfg.tie_word_embeddings else f"int4 head, {dtype} embedding"
+        head = (f"{quant.bits}-bit head, embedding rows read from it" if cfg.tie_word_embeddings
+                else f"{quant.bits}-bit head, {dtype} embedding")
     return f"{quant.name} g{quant.group_size} linears, {dtype} norms, {head}"
 
 
-def _memory_levers(plan: TextPlan, cfg: ModelConfig, quant: QuantConfig | None, layout: KVLayout, one_seq_blocks: int) -> list[str]:
+def _memory_levers(plan: TextPlan, quant: QuantConfig | None, layout: KVLayout, one_seq_blocks: int) -> list[str]:
     out = []
     kv = plan.item("kv cache")
     if kv > one_seq_blocks * layout.bytes_per_block:

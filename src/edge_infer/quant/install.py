@@ -132,13 +132,9 @@ def quantized_installer(quant: QuantConfig, fallback: LinearInstaller) -> Linear
             return
         rows, cols = linear.out_features, linear.in_features
         kernel = kernel_class(rows, cols, quant.group_size, dtype)
-        block_rows = rows if quant.repack == "whole" else repack_block_rows(cols, quant.group_size)
-        dense = torch.empty(rows, cols, dtype=dtype) if quant.keep_dense_copy else None
+        block_rows = repack_block_rows(cols, quant.group_size)
         for start, block in quantized_blocks(reader, sources, rows, cols, quant, block_rows):
             kernel.write_rows(start, block.codes, block.scales, block.zeros)
-            if dense is not None:
-                dense[start : start + block.codes.shape[0]] = dequantize_rows(block, quant.group_size, cols)
-        kernel.dense_copy = dense
         linear.kernel = kernel
 
     return install

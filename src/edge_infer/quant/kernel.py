@@ -60,8 +60,6 @@ class PackedWeights(WeightKernel):
         self.in_features = in_features
         self.group_size = group_size
         self.cols_padded = padded(in_features, group_size)
-        # Only in the measuring-only keep_dense_copy alternative: the row-major weight kept beside.
-        self.dense_copy: torch.Tensor | None = None
 
     def padded_input(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., in_features]`` as a contiguous ``[rows, cols_padded]`` matrix."""
@@ -77,8 +75,6 @@ class PackedWeights(WeightKernel):
     @property
     def nbytes(self) -> int:
         n = sum(t.numel() * t.element_size() for t in self.resident())
-        if self.dense_copy is not None:
-            n += self.dense_copy.numel() * self.dense_copy.element_size()
         return n
 
 

@@ -41,7 +41,6 @@ INT8_KERNEL_ROW_MULTIPLE = 64
 INT8_KERNEL_SCALE_BYTES = 2
 # Version of the on-disk layout written by `edge-infer quantize` (docs/quantization.md).
 FORMAT_VERSION = 1
-REPACK_MODES = ("blocked", "whole")
 # Group sizes only `edge-infer quantize --simulate` takes (the kernel cannot run them): one
 # group per row, or one per whole matrix (a deliberately bad quantizer, to check that fidelity ranks).
 ROW_GROUP = 0
@@ -69,8 +68,6 @@ def check_quant_config(quant: QuantConfig) -> None:
             f"{quant.name} group size {quant.group_size} is not supported by its kernel; "
             f"use one of {', '.join(map(str, GROUP_SIZES))} (128 is the usual choice)"
         )
-    if quant.repack not in REPACK_MODES:
-        raise InvalidRequestError(f"cpu_int4 repack mode {quant.repack!r} is not one of {', '.join(REPACK_MODES)}")
 
 
 def padded(n: int, multiple: int) -> int:
@@ -115,14 +112,10 @@ def spec_nbytes(spec: WeightSpec, quant: QuantConfig, dtype_bytes: int, tied: bo
 
 
 def linear_nbytes(spec: WeightSpec, quant: QuantConfig, dtype_bytes: int) -> int:
-    """Resident bytes of a quantized linear: packed codes, scales and zeros
-    (and, for the measuring-only ``keep_dense_copy`` alternative, the dense copy)."""
+    """Resident bytes of a quantized linear: packed codes, scales and zeros."""
     check_quant_config(quant)
     rows, cols = spec.shape
-    total = quantized_nbytes(rows, cols, quant, dtype_bytes)
-    if quant.keep_dense_copy:
-        total += rows * cols * dtype_bytes
-    return total
+    return quantized_nbytes(rows, cols, quant, dtype_bytes)
 
 
 def repack_block_rows(cols: int, group_size: int) -> int:
@@ -132,17 +125,13 @@ def repack_block_rows(cols: int, group_size: int) -> int:
 
 
 def repack_transient_bytes(specs: list[WeightSpec], quant: QuantConfig, tied: bool, source_bytes: int) -> int:
-    """Load-time working memory beyond the resident weights while quantizing or repacking.
-
-    Blocked (default): one block of rows. ``whole`` (the measuring-only
-    alternative): the largest quantized linear at once.
-    """
+    """Load-time working memory beyond the resident weights while quantizing or repacking: one block of rows."""
     quantized = [s for s in specs if is_quantized(s, quant, tied)]
     if not quantized:
         return 0
+
     def block_rows(spec: WeightSpec) -> int:
-        rows = packed_rows(spec.shape[0], quant)
-        return rows if quant.repack == "whole" else min(rows, repack_block_rows(spec.shape[1], quant.group_size))
+        return min(packed_rows(spec.shape[0], quant), repack_block_rows(spec.shape[1], quant.group_size))
 
     per_element = 2 * source_bytes + REPACK_BYTES_PER_ELEMENT
     return max(block_rows(s) * padded(s.shape[1], quant.group_size) for s in quantized) * per_element
@@ -211,9 +200,8 @@ def resolve_checkpoint_quant(requested: QuantConfig | str | None, raw: dict[str,
     if isinstance(requested, str) and requested in kernels:
         return replace(stored, int8_activations=requested != METHOD)
     if isinstance(requested, QuantConfig) and requested.name in kernels:
-        # Loading-time alternatives (repack, keep_dense_copy) and the kernel may differ; the format may not.
-        loading = dict(repack=stored.repack, keep_dense_copy=stored.keep_dense_copy, int8_activations=stored.int8_activations)
-        if replace(requested, **loading) != stored:
+        # The kernel may differ; the format may not.
+        if replace(requested, int8_activations=stored.int8_activations) != stored:
             raise InvalidRequestError(
                 f"this checkpoint was quantized with group size {stored.group_size}, "
                 f"{'symmetric' if stored.symmetric else 'asymmetric'}, quantize_head={stored.quantize_head}; "

@@ -20,7 +20,7 @@ from edge_infer.runtime.contracts import Payload
 from edge_infer.runtime.executors import ExecutorOptions, ReservationPlan, StageExecutor, StageRequestError, StepOutput
 
 if TYPE_CHECKING:  # pragma: no cover
-    from edge_infer.engine.detokenizer import RequestText
+    from edge_infer.engine.request_fold import RequestFold
     from edge_infer.memory.plan import TextPlan
     from edge_infer.runtime.config import StageConfig
 
@@ -37,7 +37,7 @@ class TextEngineOptions(ExecutorOptions):
 class _Request:
     params: dict[str, Any]
     prompt_ids: list[int] = field(default_factory=list)
-    text: "RequestText | None" = None
+    fold: "RequestFold | None" = None
 
 
 def _plan(stage: StageConfig) -> TextPlan:
@@ -103,8 +103,8 @@ class TextEngineExecutor(StageExecutor):
             raise StageRequestError(request_id, str(exc)) from exc
 
     def end_input(self, request_id: str) -> None:
-        from edge_infer.engine.detokenizer import RequestText
         from edge_infer.engine.frontend import PreparedPrompt
+        from edge_infer.engine.request_fold import RequestFold
         from edge_infer.engine.sampling_params import SamplingParams
 
         req = self.requests[request_id]
@@ -114,7 +114,7 @@ class TextEngineExecutor(StageExecutor):
             engine_request = self.frontend.request(request_id, PreparedPrompt(None, req.prompt_ids), params)
         except EdgeInferError as exc:
             raise StageRequestError(request_id, str(exc)) from exc
-        req.text = RequestText(self.frontend.tokenizer, engine_request.params)
+        req.fold = RequestFold.start(self.frontend.tokenizer, engine_request.params)
         problem = self.core.add_request(engine_request)
         if problem is not None:
             raise StageRequestError(request_id, problem.error)
@@ -126,26 +126,26 @@ class TextEngineExecutor(StageExecutor):
         out: list[StepOutput] = []
         for delta in self.core.step():
             req = self.requests.get(delta.request_id)
-            if req is None or req.text is None:
+            if req is None or req.fold is None:
                 continue
-            if delta.error:
+            step = req.fold.apply(delta)
+            if step.error:
                 del self.requests[delta.request_id]
-                out.append(StepOutput(delta.request_id, None, finished=True, error=delta.error))
+                out.append(StepOutput(delta.request_id, None, finished=True, error=step.error))
                 continue
-            update = req.text.apply(delta)
             chunks = []
-            if update.token_ids:
-                chunks.append(Payload("token_ids/1", np.asarray(update.token_ids, dtype=np.int64)))
+            if step.token_ids:
+                chunks.append(Payload("token_ids/1", np.asarray(step.token_ids, dtype=np.int64)))
             if self.opts.emit_text:
-                text = update.text
+                text = step.text
                 chunks += [Payload("text/1", text[i : i + MAX_TEXT_CHUNK_CHARS]) for i in range(0, len(text), MAX_TEXT_CHUNK_CHARS)]
-            if update.finished:
-                if update.stop_string_hit:
+            if step.finished:
+                if step.abort_in_core:
                     self.core.abort([delta.request_id])
                 del self.requests[delta.request_id]
             for i, chunk in enumerate(chunks):
-                out.append(StepOutput(delta.request_id, chunk, finished=update.finished and i == len(chunks) - 1))
-            if update.finished and not chunks:
+                out.append(StepOutput(delta.request_id, chunk, finished=step.finished and i == len(chunks) - 1))
+            if step.finished and not chunks:
                 out.append(StepOutput(delta.request_id, None, finished=True))
         return out
 

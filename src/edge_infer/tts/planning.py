@@ -28,7 +28,7 @@ from edge_infer.config import QUANTIZATION_CHOICES, EngineConfig, QuantConfig
 from edge_infer.models.layers.kv_cache import DEFAULT_BLOCK_SIZE, KVLayout
 from edge_infer.hardware.cpu import detect
 from edge_infer.hardware.kernels import select_kernels
-from edge_infer.memory.plan import activation_bytes, activation_calibration, resolve_dtype, runtime_overhead
+from edge_infer.memory.sizing import activation_bytes, activation_calibration, resolve_dtype, runtime_overhead
 from edge_infer.models.checkpoint import read_tensor_index
 from edge_infer.models.qwen3_tts.code2wav_shapes import NOT_FOR_DECODING, decode_activation_bytes, decode_state_bytes
 from edge_infer.models.qwen3_tts.config import Code2WavConfig, Qwen3TTSConfig, load_code2wav_config, load_config

@@ -1,4 +1,10 @@
-"""Text of one request: incremental decoding and stop strings.
+"""One request's output as its frontend folds the core's deltas in: the one place that does it.
+
+``RequestFold`` is used by every frontend of the engine core (``LLM``,
+``AsyncEngine`` under ``LocalTextEngine`` and the server, the text stage of
+the omni runtime): it decodes text incrementally, matches stop strings,
+collects token ids, logprobs, timing and errors, and says when a stop string
+ended a request the core is still running (the caller aborts it there).
 
 Stop strings are matched on the decoded text, so they are found even when
 they span token boundaries. While a request runs, the last
@@ -8,7 +14,8 @@ once streamed cannot be taken back.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from edge_infer.engine.protocol import TokenDelta
 from edge_infer.engine.sampling_params import SamplingParams
@@ -75,3 +82,62 @@ class RequestText:
         out = self.text[self.released : end]
         self.released = max(self.released, end)
         return TextUpdate(out, new_ids, self.finished, self.finish_reason, self.stop_reason, stop_hit and not delta.finished)
+
+
+# One generated token's logprob and its top alternatives (token id, logprob).
+TokenLogprobs = tuple[float, list[tuple[int, float]]]
+
+
+@dataclass
+class FoldStep:
+    """What one core delta changed, for the consumer."""
+
+    text: str  # newly releasable text
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs]  # for token_ids, when the request asked for logprobs
+    finished: bool
+    finish_reason: str | None
+    stop_reason: int | str | None
+    error: str | None
+    abort_in_core: bool  # a stop string ended the request; the core still runs it until told
+
+
+@dataclass
+class RequestFold:
+    text: RequestText
+    logprobs: list[TokenLogprobs] | None = None  # one per generated token, when asked for
+    first_token_at: float | None = None
+    num_preemptions: int = 0
+    error: str | None = None
+    token_ids: list[int] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, tokenizer: Tokenizer | None, params: SamplingParams) -> "RequestFold":
+        return cls(RequestText(tokenizer, params), [] if params.logprobs is not None else None)
+
+    @property
+    def finished(self) -> bool:
+        return self.text.finished or self.error is not None
+
+    @property
+    def finish_reason(self) -> str | None:
+        return "error" if self.error is not None else self.text.finish_reason
+
+    @property
+    def cumulative_logprob(self) -> float | None:
+        return None if self.logprobs is None else sum(lp for lp, _ in self.logprobs)
+
+    def apply(self, delta: TokenDelta) -> FoldStep:
+        self.num_preemptions = delta.num_preemptions
+        update = self.text.apply(delta)
+        logprobs: list[TokenLogprobs] = []
+        if delta.token_id is not None:
+            self.token_ids.append(delta.token_id)
+            self.first_token_at = self.first_token_at or time.time()
+            if self.logprobs is not None and delta.logprob is not None:
+                logprobs.append((delta.logprob, list(delta.top_logprobs or [])))
+                self.logprobs += logprobs
+        if delta.error and self.error is None:
+            self.error = delta.error
+        return FoldStep(update.text, update.token_ids, logprobs, update.finished or self.error is not None,
+                        self.finish_reason, update.stop_reason, self.error, update.stop_string_hit)

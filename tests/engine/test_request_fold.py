@@ -1,7 +1,7 @@
 """Request text from token deltas: characters split across tokens, and the end of a request."""
 from __future__ import annotations
 
-from edge_infer.engine.detokenizer import RequestText
+from edge_infer.engine.request_fold import RequestText
 from edge_infer.engine.protocol import TokenDelta
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.models.tokenizer import Tokenizer
