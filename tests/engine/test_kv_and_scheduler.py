@@ -13,7 +13,8 @@ LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=8, dtype_bytes=4, block
 
 
 def seq(rid: str, prompt_len: int, max_tokens: int = 100) -> Sequence:
-    return Sequence(rid, list(range(1, prompt_len + 1)), SamplingParams(max_tokens=max_tokens), frozenset(), None, 0.0)
+    return Sequence(request_id=rid, prompt_token_ids=list(range(1, prompt_len + 1)),
+                    params=SamplingParams(max_tokens=max_tokens), arrival_time=0.0)
 
 
 def test_budget_becomes_whole_blocks_allocated_once():
@@ -55,7 +56,7 @@ def test_chunked_prefill_respects_the_token_budget():
     steps = []
     while s.num_computed < s.num_tokens:
         batch = sched.schedule()
-        steps.append([(b.seq.request_id, b.num_new, b.samples) for b in batch])
+        steps.append([(b.seq.request_id, b.num_new, b.reaches_last_token) for b in batch])
         for b in batch:
             b.seq.num_computed += b.num_new
     assert steps == [[("a", 8, False)], [("a", 8, False)], [("a", 4, True)]]

@@ -11,7 +11,8 @@ from edge_infer.engine.sequence import Sequence
 
 
 def seq(**params) -> Sequence:
-    s = Sequence("r", [1, 2, 3], SamplingParams(**params), frozenset({0}), None, 0.0)
+    s = Sequence(request_id="r", prompt_token_ids=[1, 2, 3], params=SamplingParams(**params), stop_ids=frozenset({0}),
+                 arrival_time=0.0)
     if params.get("seed") is not None:
         s.generator = torch.Generator().manual_seed(params["seed"])
     return s

@@ -238,10 +238,6 @@ class AsyncEngine:
             "ack_s": round(time.perf_counter() - t0, 4),
         }
 
-    @property
-    def num_active(self) -> int:
-        return len(self._active)
-
     async def refresh_stats(self) -> CoreStats:
         if self.healthy:
             self._client.send(("stats",))

@@ -16,7 +16,7 @@ import torch
 
 from edge_infer.config import EngineConfig
 from edge_infer.models.layers.kv_cache import KVCache, KVLayout
-from edge_infer.engine.protocol import CoreStats, EngineRequest, ReadyInfo, TokenDelta
+from edge_infer.engine.protocol import CoreStats, EngineRequest, ReadyInfo, TokenDelta, request_problem
 from edge_infer.engine.runner import ModelRunner
 from edge_infer.engine.sampler import sample_row
 from edge_infer.engine.scheduler import ScheduledSeq, Scheduler
@@ -129,16 +129,11 @@ class EngineCore:
         """Queue a request; returns an error delta instead of raising for bad input."""
         p = req.params
         n_prompt = len(req.prompt_token_ids)
-        limit = self.config.max_model_len
-        problem = None
         if req.request_id in self.sequences:
             problem = f"request id {req.request_id!r} is already in use"
-        elif n_prompt == 0:
-            problem = "the prompt is empty"
-        elif n_prompt + (p.max_tokens or 1) > limit:
-            problem = f"prompt ({n_prompt} tokens) + max_tokens ({p.max_tokens}) exceeds max_model_len ({limit})"
-        elif max(req.prompt_token_ids) >= self.model.cfg.vocab_size or min(req.prompt_token_ids) < 0:
-            problem = f"prompt token ids must be in [0, {self.model.cfg.vocab_size})"
+        else:
+            problem = request_problem(req.prompt_token_ids, p.max_tokens or 1, self.config.max_model_len,
+                                      self.model.cfg.vocab_size)
         if problem is not None:
             return TokenDelta(req.request_id, finished=True, finish_reason="error", error=problem, num_prompt_tokens=n_prompt)
         stop_ids = set(p.stop_token_ids or ())
@@ -182,7 +177,7 @@ class EngineCore:
             raise RuntimeError("score() needs an idle engine")
         if not 0 < len(token_ids) <= self.config.max_model_len:
             raise ValueError(f"score() takes 1..{self.config.max_model_len} tokens, got {len(token_ids)}")
-        seq = Sequence("score", list(token_ids), self.scheduler_params, frozenset(), None, time.time())
+        seq = Sequence(request_id="score", prompt_token_ids=list(token_ids), params=self.scheduler_params)
         rows = []
         try:
             while seq.num_computed < seq.num_tokens:
@@ -269,7 +264,6 @@ class EngineCore:
         s = self.stats
         s.num_waiting = len(self.scheduler.waiting)
         s.num_running = len(self.scheduler.running)
-        s.num_paused = sum(1 for q in self.scheduler.running if q.paused)
         s.kv_blocks_used = self.scheduler.allocator.num_used
         s.num_preemptions = self.scheduler.num_preemptions
         return s

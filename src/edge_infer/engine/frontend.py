@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from edge_infer.config import EngineConfig
-from edge_infer.engine.protocol import EngineRequest
+from edge_infer.engine.protocol import EngineRequest, request_problem
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.errors import CheckpointError, InvalidRequestError, PlanRefusedError
 from edge_infer.memory.plan import TextPlan, plan_text_session
@@ -70,12 +70,13 @@ class Frontend:
         self.defaults = defaults
         self.specials_in_content = False  # the server's --parse-special-tokens-in-content
         self.engine_config: EngineConfig = plan.engine_config
+        self.vocab_size = plan.model_config.vocab_size
 
     @classmethod
     def create(cls, model: str | Path | None = None, skip_tokenizer_init: bool = False, **settings: Any) -> "Frontend":
         """Resolve, tokenize and plan; raises PlanRefusedError when the plan does not fit."""
         model_dir = resolve_model(model)
-        ModelConfig.from_dir(model_dir)  # a broken or unsupported config is the first thing to report
+        ModelConfig.from_dir(model_dir)  # a directory that is not a checkpoint is the first thing to report
         tokenizer = None if skip_tokenizer_init else Tokenizer(model_dir)
         defaults = GenerationDefaults.from_dir(model_dir, tokenizer.eos_token_id if tokenizer else None)
         plan = plan_text_session(model_dir, eos_token_ids=defaults.eos_token_ids, **settings)
@@ -151,20 +152,11 @@ class Frontend:
     def request(
         self, request_id: str, prompt: PreparedPrompt, params: SamplingParams, credits: int | None = None
     ) -> EngineRequest:
-        """Validate against the context limit and build the core request."""
-        n = len(prompt.token_ids)
+        """Validate (protocol.request_problem) and build the core request; max_tokens defaults to what fits."""
         limit = self.max_model_len
-        if n == 0:
-            raise InvalidRequestError("the prompt is empty (0 tokens)")
-        if n >= limit:
-            raise InvalidRequestError(
-                f"the prompt has {n} tokens but max_model_len is {limit}; shorten the prompt or raise --max-model-len"
-            )
         if params.max_tokens is None:
-            params = params.clone(max_tokens=limit - n)
-        elif n + params.max_tokens > limit:
-            raise InvalidRequestError(
-                f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) = {n + params.max_tokens} exceeds "
-                f"max_model_len ({limit}); lower max_tokens to at most {limit - n}"
-            )
+            params = params.clone(max_tokens=max(1, limit - len(prompt.token_ids)))
+        problem = request_problem(prompt.token_ids, params.max_tokens, limit, self.vocab_size)
+        if problem is not None:
+            raise InvalidRequestError(problem)
         return EngineRequest(request_id, prompt.token_ids, params, credits)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from edge_infer.engine.sampling_params import SamplingParams
 
@@ -21,6 +20,23 @@ class EngineRequest:
     # Tokens the core may produce ahead of the consumer; None = unbounded.
     credits: int | None = None
     arrival_time: float = field(default_factory=time.time)
+
+
+def request_problem(prompt_ids: list[int], max_tokens: int, max_model_len: int, vocab_size: int) -> str | None:
+    """Why a request cannot run, as the user should read it, or None. The frontends raise it before a request
+    leaves them; the core checks it again only because code may hand it requests directly."""
+    n = len(prompt_ids)
+    if n == 0:
+        return "the prompt is empty (0 tokens)"
+    if n >= max_model_len:
+        return f"the prompt has {n} tokens but max_model_len is {max_model_len}; shorten the prompt or raise --max-model-len"
+    if n + max_tokens > max_model_len:
+        return (f"prompt ({n} tokens) + max_tokens ({max_tokens}) = {n + max_tokens} exceeds max_model_len "
+                f"({max_model_len}); lower max_tokens to at most {max_model_len - n}")
+    high, low = max(prompt_ids), min(prompt_ids)
+    if high >= vocab_size or low < 0:
+        return f"prompt token id {high if high >= vocab_size else low} is outside the vocabulary (ids 0 to {vocab_size - 1})"
+    return None
 
 
 @dataclass
@@ -43,7 +59,6 @@ class TokenDelta:
 class CoreStats:
     num_waiting: int = 0
     num_running: int = 0
-    num_paused: int = 0
     kv_blocks_total: int = 0
     kv_blocks_used: int = 0
     num_preemptions: int = 0
@@ -67,4 +82,3 @@ class ReadyInfo:
     num_threads: int
     load_s: float
     trimmed_bytes: int
-    extra: dict[str, Any] = field(default_factory=dict)

@@ -45,7 +45,7 @@ def prepare_step(
         seqs.append(build_seq_attention(q_start, item.num_new, end, seq.blocks, block_size, group, sliding_window))
         if all_rows:
             rows.extend(range(q_start, len(positions)))
-        elif item.samples:
+        elif item.reaches_last_token:
             rows.append(len(positions) - 1)
             sampling.append(item)
     return StepBatch(

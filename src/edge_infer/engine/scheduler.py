@@ -14,7 +14,6 @@ is not scheduled.
 """
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -29,8 +28,8 @@ class ScheduledSeq:
     num_new: int  # tokens computed for it this step
 
     @property
-    def samples(self) -> bool:
-        """True when this step reaches the sequence's last token, so a new one is sampled."""
+    def reaches_last_token(self) -> bool:
+        """True when this step computes the sequence's last token, so a new one is sampled after it."""
         return self.seq.num_computed + self.num_new == self.seq.num_tokens
 
 
@@ -112,8 +111,6 @@ class Scheduler:
                 break
             self.waiting.popleft()
             seq.status = Status.RUNNING
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = time.time()
             self.running.append(seq)
             out.append(ScheduledSeq(seq, n))
             budget -= n

@@ -16,14 +16,14 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Sequence:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
-    stop_ids: frozenset[int]  # EOS (unless ignore_eos) and the request's stop_token_ids
-    credits: int | None
-    arrival_time: float
+    stop_ids: frozenset[int] = frozenset()  # EOS (unless ignore_eos) and the request's stop_token_ids
+    credits: int | None = None  # tokens it may produce ahead of its consumer; None: unbounded
+    arrival_time: float = field(default_factory=time.time)
     generator: torch.Generator | None = None
     output_token_ids: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose K/V are in the cache
@@ -32,7 +32,6 @@ class Sequence:
     num_preemptions: int = 0
     finish_reason: str | None = None
     stop_reason: int | None = None
-    first_scheduled_time: float | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -228,13 +228,6 @@ def known_contracts() -> list[str]:
     return sorted(CONTRACTS)
 
 
-def get_contract(contract: str) -> ContractSpec:
-    spec = CONTRACTS.get(contract)
-    if spec is None:
-        raise KeyError(f"unknown payload contract {contract!r}; known: {', '.join(known_contracts())}")
-    return spec
-
-
 def _check_metadata(spec: ContractSpec, meta: dict[str, Any]) -> list[Violation]:
     out = []
     for rule in spec.metadata:

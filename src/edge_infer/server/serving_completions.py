@@ -25,11 +25,7 @@ class CompletionJob:
 
 
 def prepare(service: TextService, req: CompletionRequest) -> CompletionJob:
-    prompts = []
-    for i, prompt in enumerate(req.prompts):
-        if isinstance(prompt, list) and max(prompt) >= service.vocab_size:
-            raise APIError(400, f"prompt {i} has token id {max(prompt)}, beyond the vocabulary ({service.vocab_size} ids)", param="prompt")
-        prompts.append(service.frontend.prepare(prompt))
+    prompts = [service.frontend.prepare(prompt) for prompt in req.prompts]
     return CompletionJob(req, prompts, build_params(service.frontend, req, req.max_tokens, req.logprobs))
 
 

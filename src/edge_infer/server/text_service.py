@@ -19,7 +19,6 @@ from typing import Any, Callable, TypeVar
 
 from edge_infer.engine.async_engine import AsyncEngine
 from edge_infer.engine.frontend import Frontend
-from edge_infer.models.config import ModelConfig
 from edge_infer.server.exit_codes import EXIT_ENGINE_DEAD
 from edge_infer.server.metrics import SharedMetrics, TextMetrics
 from edge_infer.server.protocol import ModelCard
@@ -50,7 +49,6 @@ class TextService(Service):
         self.frontend = frontend
         extra = {} if heartbeat_timeout_s is None else {"heartbeat_timeout_s": heartbeat_timeout_s}
         self.engine = AsyncEngine(frontend, worker=worker, **extra)
-        self.vocab_size = ModelConfig.from_dir(frontend.plan.model).vocab_size
         frontend.specials_in_content = settings.special_tokens_in_content
         if frontend.tokenizer is not None:
             frontend.tokenizer.max_token_chars  # noqa: B018 - computed now, not in the first request

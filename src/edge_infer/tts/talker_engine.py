@@ -22,7 +22,6 @@ its frames (their input embeddings are kept), so its codes do not change.
 from __future__ import annotations
 
 import logging
-import time
 import traceback
 from dataclasses import dataclass, field
 
@@ -122,7 +121,7 @@ class TalkerEngine:
             )
         # A request ends with finish reason "length" at max_frames or at max_model_len, whichever comes first.
         max_frames = min(params.max_frames, limit - length)
-        seq = Sequence(request_id, [0] * length, _SCHEDULER_ONLY, frozenset(), None, time.time())
+        seq = Sequence(request_id=request_id, prompt_token_ids=[0] * length, params=_SCHEDULER_ONLY)
         self.requests[request_id] = _Request(seq, prompt, FrameSampler(self.config.talker, params, generator), max_frames)
         self.scheduler.add(seq)
 

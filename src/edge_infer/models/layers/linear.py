@@ -69,7 +69,7 @@ class OneDnnBf16Kernel(WeightKernel):
     @property
     def nbytes(self) -> int:
         # The blocked layout of these shapes (multiples of 16) carries no padding:
-        # checked against RssAnon in tests/memory/test_plan_vs_measured.py.
+        # checked against the plan in tests/memory/test_plan.py (planned bytes equal what the engine allocates).
         return self.out_features * self.in_features * 2
 
 
