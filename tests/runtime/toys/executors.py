@@ -161,7 +161,7 @@ class ToyVocoderExecutor(ChunkedVocoder):
         super().start(stage)
         import torch
 
-        from edge_infer.runtime.toy_models import build_toy_vocoder
+        from .vocoder_model import build_toy_vocoder
 
         torch.set_num_threads(1)  # one stage, one core: stages run side by side
         self.torch = torch
