@@ -102,7 +102,7 @@ def _median(values: list[float]) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from edge_infer.bench.tone_vocoder import ToneVocoder
+    from edge_infer.bench.measures.tone_vocoder import ToneVocoder
     from edge_infer.engine.frontend import resolve_model
     from edge_infer.errors import EdgeInferError
     from edge_infer.models.config import ModelConfig
@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         metrics[f"{name}_overhead_ms_per_token"] = round(1e3 / metrics[f"{name}_decode_tps"] - 1e3 / metrics["engine_decode_tps"], 3)
     metrics["second_stage_startup_s"] = round(metrics["two_stages_startup_s"] - metrics["stage_startup_s"], 3)
     if args.out:
-        from edge_infer.bench.provenance import collect
+        from edge_infer.bench.harness.provenance import collect
 
         doc = {"benchmark": "pipeline", "model": model, "settings": vars(args) | {"func": None}, "metrics": metrics,
                "provenance": collect([]).model_dump()}
