@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from edge_infer.bench.results import load_result
+from edge_infer.bench.harness.results import load_result
 
 
 def row(path: Path) -> str:

@@ -38,7 +38,7 @@ def main() -> int:
 
     import torch
 
-    from edge_infer.bench import provenance
+    from edge_infer.bench.harness import provenance
     from edge_infer.config import EngineConfig, QuantConfig
     from edge_infer.engine.core import EngineCore
     from edge_infer.engine.protocol import EngineRequest

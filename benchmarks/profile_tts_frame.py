@@ -43,7 +43,7 @@ def profile(args: argparse.Namespace) -> dict:
 
     import torch
 
-    from edge_infer.bench import provenance
+    from edge_infer.bench.harness import provenance
     from edge_infer.models.loader import TORCH_DTYPES
     from edge_infer.models.qwen3_tts.config import load_code2wav_config
     from edge_infer.models.qwen3_tts.generate import SamplingParams

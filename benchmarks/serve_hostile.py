@@ -153,7 +153,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     sys.path.insert(0, str(REPO / "src"))
-    from edge_infer.bench.provenance import collect, now_utc
+    from edge_infer.bench.harness.provenance import collect, now_utc
 
     stamp = collect(sorted(os.sched_getaffinity(0)))
     result = {"benchmark": "serve-hostile", "model": "the embedded demo model", "repeats": args.repeats, "arms": {}}

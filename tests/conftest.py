@@ -6,10 +6,14 @@ from pathlib import Path
 
 import pytest
 
+from runtime import toys
 from testutil import FAMILY_CONFIGS, write_hf_checkpoint
 
 # Keep test processes polite on small machines; the engine's own thread choice is tested separately.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# The toy stages (toy_ar, toy_vocoder) are test doubles, not shipped executors: every test may name them.
+toys.register()
 
 @pytest.fixture(scope="session")
 def hf_checkpoints(tmp_path_factory) -> dict[str, Path]:

@@ -8,7 +8,7 @@ from typing import Callable
 
 import pytest
 
-from edge_infer.bench.results import GridResult, load_result
+from edge_infer.bench.harness.results import GridResult, load_result
 from edge_infer.cli import main
 
 # Fast settings for tests that are not about the load check: short windows,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_infer.bench.archive import MANIFEST
+from edge_infer.bench.harness.archive import MANIFEST
 from edge_infer.cli import main
 
 THRESHOLD_MIB = "0.001"  # ~1 KiB, so the test's "large" file is compressed

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from edge_infer.bench.checks import family_band_pct, load_expectations
+from edge_infer.bench.harness.checks import family_band_pct, load_expectations
 
 from .conftest import metrics_arm
 

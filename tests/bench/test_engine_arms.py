@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from edge_infer.bench.runner import numeric_metrics
-from edge_infer.bench.stats import direction_of
+from edge_infer.bench.harness.runner import numeric_metrics
+from edge_infer.bench.harness.stats import direction_of
 from edge_infer.cli import main
 
 from .engine_models import PP_TG_METRICS, last_json, run_cli, tiny_text_checkpoint

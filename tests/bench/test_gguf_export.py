@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from edge_infer.bench.gguf_export import export_gguf, llama3_rope_factors, pairwise_rope_rows
+from edge_infer.bench.baselines.gguf_export import export_gguf, llama3_rope_factors, pairwise_rope_rows
 from edge_infer.errors import CheckpointError
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.layers.rope import apply_rotary, inverse_frequencies

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from edge_infer.bench.grid import rotation
+from edge_infer.bench.harness.grid import rotation
 
 from .conftest import code_arm, metrics_arm
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import edge_infer
-from edge_infer.bench.hostlock import HostLock, LockHeld
+from edge_infer.bench.harness.hostlock import HostLock, LockHeld
 
 from .conftest import FAST, code_arm, metrics_arm
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from edge_infer.bench.init_memory import verify_loaded
+from edge_infer.bench.measures.init_memory import verify_loaded
 
 
 def plan(quantization: str | None) -> SimpleNamespace:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from edge_infer.bench.llama_bench import PpTgSettings, RepTimes, measure, prompt_ids, rates
-from edge_infer.bench.runner import numeric_metrics
-from edge_infer.bench.stats import direction_of
+from edge_infer.bench.harness.llama_bench import PpTgSettings, RepTimes, measure, prompt_ids, rates
+from edge_infer.bench.harness.runner import numeric_metrics
+from edge_infer.bench.harness.stats import direction_of
 
 
 def test_measure_runs_warmup_then_pp_tg1_tg_per_rep_from_the_same_one_token_prompt():

@@ -9,15 +9,15 @@ import sys
 
 import pytest
 
-from edge_infer.bench.runner import numeric_metrics
+from edge_infer.bench.harness.runner import numeric_metrics
 
 from .engine_models import PP_TG_METRICS, last_json, run_cli, tiny_text_checkpoint
 
 pytest.importorskip("gguf", reason="the `baseline` extra is not installed: pip install -e '.[baseline]'")
 pytest.importorskip("llama_cpp", reason="the `baseline` extra is not installed: pip install -e '.[baseline]' (compiles llama.cpp)")
 
-from edge_infer.bench.gguf_export import export_gguf  # noqa: E402
-from edge_infer.bench.llamacpp_check import run_check  # noqa: E402
+from edge_infer.bench.baselines.gguf_export import export_gguf  # noqa: E402
+from edge_infer.bench.baselines.llamacpp_check import run_check  # noqa: E402
 from edge_infer.engine.frontend import demo_model_dir  # noqa: E402
 
 

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from edge_infer.bench import preflight
-from edge_infer.bench.results import LoadSample
+from edge_infer.bench.harness import preflight
+from edge_infer.bench.harness.results import LoadSample
 
 from .conftest import metrics_arm
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from edge_infer.bench import stats
+from edge_infer.bench.harness import stats
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from edge_infer.memory.device import MemoryPool, load_profile
 from edge_infer.memory.ledger import LedgerRefusal, Reservation, SharedRamLedger
 from edge_infer.runtime.config import load_deploy_config
 from edge_infer.runtime.deploy_plan import plan_deploy
+from runtime import toys
 
 GiB = 1 << 30
 
@@ -79,7 +80,7 @@ def test_plan_refuses_a_device_this_machine_lacks(tmp_path):
 
 
 def test_auto_reservation_comes_from_the_executor_plan():
-    plan = plan_deploy(load_deploy_config("toy_speech"), load_profile("laptop"))
+    plan = plan_deploy(load_deploy_config(toys.TOY_SPEECH), load_profile("laptop"))
     ar = plan.stage(0)
     assert ar.reservation.kv_bytes == 4 * 512 * 8  # max_num_seqs x max_model_len x 8 bytes of history
     assert "kv_bytes" in ar.from_executor

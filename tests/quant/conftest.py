@@ -62,7 +62,7 @@ def make_core() -> Callable:
 
 @pytest.fixture
 def greedy() -> Callable:
-    from edge_infer.bench.fidelity_metrics import greedy_tokens
+    from edge_infer.bench.measures.fidelity_metrics import greedy_tokens
 
     def run(core, prompt: list[int], n: int = 12) -> list[int]:
         return greedy_tokens(core, prompt, n, stop_at_eos=False)

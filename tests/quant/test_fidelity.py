@@ -11,7 +11,7 @@ from edge_infer.config import QuantConfig
 from edge_infer.engine.frontend import demo_model_dir
 from edge_infer.quant.export import quantize_checkpoint
 from edge_infer.quant.sizes import TENSOR_GROUP
-from edge_infer.bench.fidelity_metrics import measure_fidelity
+from edge_infer.bench.measures.fidelity_metrics import measure_fidelity
 
 PROMPTS = [[5, 17, 99, 3, 250, 41, 7], [300, 2, 2, 64, 18], [11, 12, 13]]
 
@@ -66,7 +66,7 @@ def test_fidelity_ranks_w4a16_g128_above_a_deliberately_bad_quantizer(tmp_path, 
     4-bit codes with one scale per whole matrix (simulated: the kernel cannot run it)."""
     from edge_infer.models.generation_config import GenerationDefaults
     from edge_infer.models.tokenizer import Tokenizer
-    from edge_infer.bench.fidelity_metrics import DEFAULT_PROMPTS
+    from edge_infer.bench.measures.fidelity_metrics import DEFAULT_PROMPTS
 
     demo = demo_model_dir()
     tok = Tokenizer(demo)
@@ -93,7 +93,7 @@ def test_w8a8_is_closer_to_bf16_than_w4a8(make_core):
     with the same int8 activations and groups (cpu_w4a8): the near-lossless choice is measurably that."""
     from edge_infer.models.generation_config import GenerationDefaults
     from edge_infer.models.tokenizer import Tokenizer
-    from edge_infer.bench.fidelity_metrics import DEFAULT_PROMPTS
+    from edge_infer.bench.measures.fidelity_metrics import DEFAULT_PROMPTS
     from edge_infer.quant.native import missing_requirement
 
     if missing_requirement("cpu-w8a8") is not None:

@@ -1,11 +1,13 @@
-"""Helpers shared by the runtime tests (a unique module name: tests/ has no packages)."""
+"""Helpers shared by the runtime tests (a unique module name, imported through tests/runtime on sys.path)."""
 import asyncio
+import shutil
 import textwrap
 import threading
 import time
 from pathlib import Path
 
 from edge_infer.runtime.transport import list_segments
+from runtime import toys
 
 
 class LoopThread:
@@ -26,6 +28,9 @@ class LoopThread:
 
 
 def write_config(directory: Path, text: str, name: str = "deploy.yaml") -> Path:
+    """Write a deploy config beside copies of the toy configs: `base_config: toy_speech.yaml` finds them."""
+    for toy in (toys.TOY_TEXT, toys.TOY_SPEECH):
+        shutil.copy(toy, directory / toy.name)
     path = directory / name
     path.write_text(textwrap.dedent(text))
     return path

@@ -91,11 +91,14 @@ def test_precedence_overrides_then_file_then_base_chain_then_defaults(tmp_path):
 
 
 def test_bundled_configs_load_by_name_and_serve_as_base(tmp_path):
-    assert {"toy_text", "toy_speech"} <= set(bundled_configs())
-    speech = load_deploy_config("toy_speech")
-    assert speech.stage_ids == [0, 1] and speech.final_outputs == [0, 1]
-    top = write(tmp_path, "mine.yaml", "base_config: toy_speech\nstages: [{stage_id: 1, executor_options: {chunk_tokens: 8}}]\n")
-    assert load_deploy_config(top).stage(1).executor_options["chunk_tokens"] == 8
+    bundled = set(bundled_configs())
+    assert {"text", "qwen3_tts"} <= bundled
+    assert not any(name.startswith("toy") for name in bundled)  # test doubles are not shipped
+    models = {"0": {"model": str(tmp_path)}, "1": {"model": str(tmp_path)}}
+    speech = load_deploy_config("qwen3_tts", stage_overrides=models)
+    assert speech.stage_ids == [0, 1] and speech.final_outputs == [1]
+    top = write(tmp_path, "mine.yaml", "base_config: qwen3_tts\nstages: [{stage_id: 1, executor_options: {max_chunk_frames: 2}}]\n")
+    assert load_deploy_config(top, stage_overrides=models).stage(1).executor_options["max_chunk_frames"] == 2
 
 
 def test_reservation_accepts_auto_and_byte_strings(tmp_path):
@@ -305,5 +308,5 @@ def test_override_cannot_change_a_stage_id(tmp_path):
 
 
 def test_missing_config_file_lists_bundled_configs(tmp_path):
-    with pytest.raises(FileNotFoundError, match="bundled configs: .*toy_speech"):
+    with pytest.raises(FileNotFoundError, match="bundled configs: .*qwen3_tts"):
         load_deploy_config(tmp_path / "nope.yaml")

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from edge_infer.runtime.omni import Omni
-from edge_infer.runtime.toy_executors import toy_ar_tokens
 from omni_helpers import wait_until, write_config
+from runtime.toys.executors import toy_ar_tokens
 from testutil import live_children
 
 pytest.importorskip("onnxruntime", reason="the external backend needs the 'external' extra (onnxruntime, onnx)")
@@ -14,7 +14,7 @@ pytest.importorskip("onnx", reason="exporting the toy model needs the 'external'
 pytestmark = pytest.mark.slow
 
 PIPELINE = """
-base_config: toy_speech
+base_config: toy_speech.yaml
 stages:
   - stage_id: 2
     name: onnx-vocoder
@@ -34,7 +34,7 @@ def rss_anon(pid):
 
 
 def test_onnx_stage_matches_the_torch_stage_and_is_in_the_ledger(tmp_path):
-    from edge_infer.runtime.toy_models import export_toy_vocoder_onnx
+    from runtime.toys.vocoder_model import export_toy_vocoder_onnx
 
     model = export_toy_vocoder_onnx(tmp_path / "vocoder.onnx")  # the toy vocoder's defaults, seed 0
     with Omni(write_config(tmp_path, PIPELINE)) as omni:
@@ -57,7 +57,7 @@ def test_onnx_stage_matches_the_torch_stage_and_is_in_the_ledger(tmp_path):
 def test_onnx_stage_on_a_device_without_its_provider_refuses_to_start(tmp_path):
     from edge_infer.memory.device import load_profile
     from edge_infer.runtime.orchestrator import StageStartError
-    from edge_infer.runtime.toy_models import export_toy_vocoder_onnx
+    from runtime.toys.vocoder_model import export_toy_vocoder_onnx
 
     export_toy_vocoder_onnx(tmp_path / "vocoder.onnx")
     path = write_config(tmp_path, """

@@ -11,9 +11,10 @@ import psutil
 import pytest
 
 from edge_infer.runtime.omni import DeployRefused, Omni
-from edge_infer.runtime.toy_executors import toy_ar_tokens
 from edge_infer.runtime.transport import list_segments
 from omni_helpers import wait_until, write_config
+from runtime import toys
+from runtime.toys.executors import toy_ar_tokens
 from testutil import live_children
 
 pytestmark = pytest.mark.slow
@@ -26,7 +27,7 @@ class Sampling:
 
 
 def test_sync_generate_collects_outputs_with_stage_defaults_and_overrides():
-    with Omni("toy_text") as omni:
+    with Omni(toys.TOY_TEXT) as omni:
         assert omni.default_sampling_params_list == [{"max_tokens": 16}]
         results = omni.generate(["ab", [1, 2]])
         assert [r.status for r in results] == ["finished", "finished"]
@@ -42,7 +43,7 @@ def test_sync_generate_collects_outputs_with_stage_defaults_and_overrides():
 
 
 def test_a_crashing_stage_reports_why_and_can_be_replaced(tmp_path):
-    path = write_config(tmp_path, "base_config: toy_text\nstages: [{stage_id: 0, executor_options: {crash_on_token: 66}}]\n")
+    path = write_config(tmp_path, "base_config: toy_text.yaml\nstages: [{stage_id: 0, executor_options: {crash_on_token: 66}}]\n")
     with Omni(path) as omni:
         (crashed,) = omni.generate([1, 66])
         assert crashed.status == "error"
@@ -56,7 +57,7 @@ def test_a_crashing_stage_reports_why_and_can_be_replaced(tmp_path):
 
 def test_deploy_that_does_not_fit_is_refused_before_any_process(tmp_path):
     path = write_config(tmp_path, """
-        base_config: toy_text
+        base_config: toy_text.yaml
         stages: [{stage_id: 0, reservation: {kv_bytes: 100 TiB}}]
     """)
     before = {p.pid for p in live_children()}
@@ -70,8 +71,10 @@ SCRIPT = """
 import json, sys, threading, time
 from edge_infer.runtime.omni import Omni
 from edge_infer.runtime.transport import list_segments
+from runtime import toys
 
 if __name__ == "__main__":
+    toys.register()
     omni = Omni(sys.argv[1])
     threading.Thread(target=omni.generate, args=([1, 2],), daemon=True).start()
     time.sleep(1.5)
@@ -84,7 +87,7 @@ if __name__ == "__main__":
 def test_workers_die_with_their_parent_and_take_their_segments(tmp_path):
     # A slow consumer: the producer's shared buffers pile up (to max_unacked) unreleased.
     config = write_config(tmp_path, """
-        base_config: toy_speech
+        base_config: toy_speech.yaml
         connectors: {shared_memory: {inline_threshold_bytes: 0}}
         stages:
           - {stage_id: 0, executor_options: {step_delay_s: 0.02}, default_sampling: {max_tokens: 400}}

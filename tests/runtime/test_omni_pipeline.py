@@ -10,16 +10,16 @@ import pytest
 
 from edge_infer.runtime.contracts import Payload
 from edge_infer.runtime.omni import AsyncOmni
-from edge_infer.runtime.toy_executors import toy_ar_tokens
 from edge_infer.runtime.transport import list_segments
 from omni_helpers import collect, segments_of, wait_until, write_config
+from runtime.toys.executors import toy_ar_tokens
 from testutil import live_children
 
 pytestmark = pytest.mark.slow
 
 # Every payload (even one token) travels through shared memory; at most 4 unacknowledged.
 PIPELINE = """
-base_config: toy_speech
+base_config: toy_speech.yaml
 connectors:
   shared_memory: {inline_threshold_bytes: 0, max_unacked_per_producer: 4}
 stages:
@@ -56,7 +56,7 @@ def tokens_of(events, stage=0):
 def expected_pcm(tokens, chunk=4):
     import torch
 
-    from edge_infer.runtime.toy_models import build_toy_vocoder
+    from runtime.toys.vocoder_model import build_toy_vocoder
 
     model = build_toy_vocoder(256, 8, 240, 0)
     with torch.inference_mode():

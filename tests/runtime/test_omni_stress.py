@@ -6,15 +6,15 @@ import signal
 import pytest
 
 from edge_infer.runtime.omni import AsyncOmni
-from edge_infer.runtime.toy_executors import toy_ar_tokens
 from edge_infer.runtime.transport import list_segments
 from omni_helpers import wait_until, write_config
+from runtime.toys.executors import toy_ar_tokens
 from testutil import live_children
 
 pytestmark = pytest.mark.slow
 
 PIPELINE = """
-base_config: toy_speech
+base_config: toy_speech.yaml
 connectors:
   shared_memory: {inline_threshold_bytes: 0, max_unacked_per_producer: 4}
 stages:

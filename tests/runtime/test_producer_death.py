@@ -6,15 +6,15 @@ import signal
 import pytest
 
 from edge_infer.runtime.omni import AsyncOmni
-from edge_infer.runtime.toy_executors import toy_ar_tokens
 from edge_infer.runtime.transport import list_segments
 from omni_helpers import write_config
+from runtime.toys.executors import toy_ar_tokens
 
 pytestmark = pytest.mark.slow
 
 # Two torch-free stages; stage 1 steps slowly, so stage 0's tokens wait in shared memory for it.
 PIPELINE = """
-base_config: toy_text
+base_config: toy_text.yaml
 connectors: {shared_memory: {inline_threshold_bytes: 0, max_unacked_per_producer: 16}}
 stages:
   - {stage_id: 0}

@@ -12,8 +12,9 @@ from edge_infer.runtime.executors import (
     register_executor,
     registered_executors,
 )
-from edge_infer.runtime.toy_executors import ToyVocoderExecutor
 from omni_helpers import write_config
+from runtime import toys
+from runtime.toys.executors import ToyVocoderExecutor
 
 
 class ShoutOptions(ExecutorOptions):
@@ -121,7 +122,7 @@ def test_registration_errors_say_what_to_do(tmp_path):
 
 
 def test_vocoder_plan_scales_with_its_options():
-    config = load_deploy_config("toy_speech", stage_overrides={"1": {"executor_options": {"chunk_tokens": 8}}})
+    config = load_deploy_config(toys.TOY_SPEECH, stage_overrides={"1": {"executor_options": {"chunk_tokens": 8}}})
     plan = ToyVocoderExecutor.plan(config.stage(1))
     assert plan.max_payload_bytes == 8 * 240 * 4  # float32 samples of one chunk
     assert plan.weights_bytes == (256 * 8 + 8 * 8 * 3 + 8 + 8 * 240 + 1) * 4

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import edge_infer
-from edge_infer.bench.tts import Band, parse_bands
+from edge_infer.bench.measures.tts import Band, parse_bands
 from tts_helpers import TINY
 
 

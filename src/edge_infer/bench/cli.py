@@ -12,19 +12,19 @@ import importlib
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "grid": ("edge_infer.bench.grid", "run arms for rotated passes: median, spread, flags, checks"),
-    "archive": ("edge_infer.bench.archive", "create, verify or restore a result archive (SHA-256 manifest)"),
-    "report": ("edge_infer.bench.report", "Markdown tables and PNG plots from grid results"),
-    "serve": ("edge_infer.bench.serve", "serving TTFT/ITL/throughput at 1/2/4 clients vs the engine without HTTP"),
-    "transport": ("edge_infer.bench.transport", "per-chunk cost between stage processes: inline vs shared memory, by size"),
-    "pipeline": ("edge_infer.bench.pipeline", "a text model as an omni stage vs the engine alone; stage start-up cost"),
-    "init-memory": ("edge_infer.bench.init_memory", "ready time from process creation, sampled peak RssAnon, memory at a filled context vs the plan"),
-    "pp-tg": ("edge_infer.bench.pp_tg", "edge-infer prefill/decode rates with llama-bench semantics (one JSON line)"),
-    "llamacpp": ("edge_infer.bench.llamacpp", "the llama.cpp baseline: GGUF export, quantize, pp-tg arm, greedy check"),
-    "reliability": ("edge_infer.bench.reliability", "fault behaviours (saturation, cancel, stale handle, oversized plan, worker kill), each a recorded outcome"),
-    "tts": ("edge_infer.bench.tts", "speech pipeline: TTFP and RTF p50/p95 at 1/2/4 clients per length band, per-stage times"),
-    "kernels": ("edge_infer.bench.kernels", "every weight kernel this CPU runs, per activation dtype, at 1 and 64 tokens"),
-    "fidelity": ("edge_infer.bench.fidelity", "top-1 agreement, KL and greedy divergence of a candidate vs a reference"),
+    "grid": ("edge_infer.bench.harness.grid", "run arms for rotated passes: median, spread, flags, checks"),
+    "archive": ("edge_infer.bench.harness.archive", "create, verify or restore a result archive (SHA-256 manifest)"),
+    "report": ("edge_infer.bench.harness.report", "Markdown tables and PNG plots from grid results"),
+    "serve": ("edge_infer.bench.measures.serve", "serving TTFT/ITL/throughput at 1/2/4 clients vs the engine without HTTP"),
+    "transport": ("edge_infer.bench.measures.transport", "per-chunk cost between stage processes: inline vs shared memory, by size"),
+    "pipeline": ("edge_infer.bench.measures.pipeline", "a text model as an omni stage vs the engine alone; stage start-up cost"),
+    "init-memory": ("edge_infer.bench.measures.init_memory", "ready time from process creation, sampled peak RssAnon, memory at a filled context vs the plan"),
+    "pp-tg": ("edge_infer.bench.measures.pp_tg", "edge-infer prefill/decode rates with llama-bench semantics (one JSON line)"),
+    "llamacpp": ("edge_infer.bench.baselines.llamacpp", "the llama.cpp baseline: GGUF export, quantize, pp-tg arm, greedy check"),
+    "reliability": ("edge_infer.bench.measures.reliability", "fault behaviours (saturation, cancel, stale handle, oversized plan, worker kill), each a recorded outcome"),
+    "tts": ("edge_infer.bench.measures.tts", "speech pipeline: TTFP and RTF p50/p95 at 1/2/4 clients per length band, per-stage times"),
+    "kernels": ("edge_infer.bench.measures.kernels", "every weight kernel this CPU runs, per activation dtype, at 1 and 64 tokens"),
+    "fidelity": ("edge_infer.bench.measures.fidelity", "top-1 agreement, KL and greedy divergence of a candidate vs a reference"),
 }
 
 

@@ -135,8 +135,6 @@ class StageExecutor(ABC):
 
 _BUILTIN = {
     "text": "edge_infer.runtime.text_executor:TextEngineExecutor",
-    "toy_ar": "edge_infer.runtime.toy_executors:ToyARExecutor",
-    "toy_vocoder": "edge_infer.runtime.toy_executors:ToyVocoderExecutor",
     "onnx_vocoder": "edge_infer.runtime.onnx_executor:OnnxVocoderExecutor",
     "qwen3_tts_talker": "edge_infer.tts.executors:TalkerExecutor",
     "qwen3_tts_code2wav": "edge_infer.tts.executors:Code2WavExecutor",

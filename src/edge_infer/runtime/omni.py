@@ -1,10 +1,11 @@
 """``Omni`` and ``AsyncOmni``: the Python API of a multi-stage pipeline.
 
-    async with AsyncOmni(deploy_config="toy_speech") as omni:
+    speech = {"0": {"model": "path/to/qwen3-tts"}, "1": {"model": "path/to/qwen3-tts"}}
+    async with AsyncOmni(deploy_config="qwen3_tts", stage_overrides=speech) as omni:
         async for out in omni.generate("hello", request_id="r1"):
             ...  # out.kind, out.stage_id, out.contract, out.payload, out.finished, out.metrics
 
-    with Omni(deploy_config="toy_speech") as omni:
+    with Omni(deploy_config="text", stage_overrides={"0": {"model": "path/to/checkpoint"}}) as omni:
         results = omni.generate(["hello", "world"])
 
 The deploy config is loaded and checked, and its memory plan admitted, in

@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import Field
 
+from edge_infer.runtime.chunked_vocoder import ChunkedVocoder, VocoderOptions
 from edge_infer.runtime.executors import ReservationPlan
-from edge_infer.runtime.toy_executors import MiB, ChunkedVocoder, VocoderOptions
 
 if TYPE_CHECKING:  # pragma: no cover
     from edge_infer.runtime.config import StageConfig
+
+MiB = 1 << 20
 
 # Providers tried per device, in order of preference.
 PROVIDERS = {
@@ -39,8 +41,8 @@ class OnnxVocoderExecutor(ChunkedVocoder):
     devices = frozenset(PROVIDERS)
     Options = OnnxVocoderOptions
     requires_model = True
-    # RssAnon of its stage process with an ONNX Runtime CPU session of the toy model:
-    # ~38 MiB measured, with margin (a real model's arena grows with it: set runtime_bytes).
+    # RssAnon of its stage process with an ONNX Runtime CPU session of a tiny model (the
+    # test suite's toy vocoder): ~38 MiB measured, with margin (a real model's arena grows with it: set runtime_bytes).
     RUNTIME_BYTES = 64 * MiB
 
     @classmethod

@@ -17,10 +17,10 @@ import json
 import sys
 from pathlib import Path
 
-from edge_infer.bench.arm_output import stamp
-from edge_infer.bench.provenance import now_utc
-from edge_infer.bench.reliability_checks import CheckSettings, Scenario
-from edge_infer.bench.reliability_report import ReliabilityReport
+from edge_infer.bench.harness.arm_output import stamp
+from edge_infer.bench.harness.provenance import now_utc
+from edge_infer.bench.measures.reliability_checks import CheckSettings, Scenario
+from edge_infer.bench.measures.reliability_report import ReliabilityReport
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         report.status = "rejected"
         report.notes.append("the memory plan was refused: " + "; ".join(plan.reasons))
     else:
-        from edge_infer.bench.llama_bench import prompt_ids
+        from edge_infer.bench.harness.llama_bench import prompt_ids
 
         has_tokenizer = (Path(model_dir) / "tokenizer.json").is_file()
         scenario = Scenario(report, plan_kwargs, plan, has_tokenizer, checks)

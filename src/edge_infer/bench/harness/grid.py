@@ -17,13 +17,13 @@ import sys
 import time
 from pathlib import Path
 
-from edge_infer.bench import analysis, checks, preflight, provenance, render, stats
-from edge_infer.bench.hostlock import HostLock, LockHeld, default_lock_path
-from edge_infer.bench.results import (
+from edge_infer.bench.harness import analysis, checks, preflight, provenance, render, stats
+from edge_infer.bench.harness.hostlock import HostLock, LockHeld, default_lock_path
+from edge_infer.bench.harness.results import (
     FAILING_CHECKS, GridProvenance, GridResult, GridSettings, LoadSample, Observation, save_result,
 )
-from edge_infer.bench.runner import PassContext, run_arm
-from edge_infer.bench.spec import GridSpec, SpecError, load_spec
+from edge_infer.bench.harness.runner import PassContext, run_arm
+from edge_infer.bench.harness.spec import GridSpec, SpecError, load_spec
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 

@@ -7,8 +7,8 @@ else) but each row says how many there were, and the run is flagged.
 """
 from __future__ import annotations
 
-from edge_infer.bench import stats
-from edge_infer.bench.results import ArmStatus, Direction, Flag, MetricSummary, Observation
+from edge_infer.bench.harness import stats
+from edge_infer.bench.harness.results import ArmStatus, Direction, Flag, MetricSummary, Observation
 
 MIN_PASSES = 3
 

@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if args.out:
-        from edge_infer.bench.provenance import collect
+        from edge_infer.bench.harness.provenance import collect
 
         doc = {"benchmark": "transport", "metrics": metrics, "provenance": collect([]).model_dump()}
         Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from edge_infer.bench import stats
-from edge_infer.bench.results import CheckRow, Direction, GridResult, MetricSummary
+from edge_infer.bench.harness import stats
+from edge_infer.bench.harness.results import CheckRow, Direction, GridResult, MetricSummary
 
 
 class Expectation(BaseModel):

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edge_infer.bench import llama_bench
-from edge_infer.bench.arm_output import emit, mib, model_fingerprint, stamp
-from edge_infer.bench.provenance import now_utc
+from edge_infer.bench.harness import llama_bench
+from edge_infer.bench.harness.arm_output import emit, mib, model_fingerprint, stamp
+from edge_infer.bench.harness.provenance import now_utc
 from edge_infer.engine.cli_args import add_engine_args, engine_settings
 
 

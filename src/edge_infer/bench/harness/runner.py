@@ -16,8 +16,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from edge_infer.bench.provenance import now_utc
-from edge_infer.bench.results import Arm, Observation
+from edge_infer.bench.harness.provenance import now_utc
+from edge_infer.bench.harness.results import Arm, Observation
 
 STDERR_TAIL_CHARS = 2000
 

@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Literal
 
-from edge_infer.bench.arm_output import write_json_atomic
-from edge_infer.bench.provenance import now_utc
+from edge_infer.bench.harness.arm_output import write_json_atomic
+from edge_infer.bench.harness.provenance import now_utc
 
 OutcomeStatus = Literal["passed", "failed", "error", "skipped"]
 REPORT_KIND = "edge-infer.bench.reliability"

@@ -1,7 +1,7 @@
 """`edge-infer bench init-memory MODEL --out F`: start-up time and memory, measured as MEASURE.md says.
 
 - Times: `ready_s` runs from this process's creation (interpreter start-up
-  and imports included; on the kernel's boot clock, see `bench.clock`), `import_s` is the engine's import here, `init_s`
+  and imports included; on the kernel's boot clock, see `harness/clock.py`), `import_s` is the engine's import here, `init_s`
   the engine construction up to ready (plan, tokenizer, worker start-up,
   weight loading, KV allocation).
 - Memory: RssAnon summed over the process tree (the engine core lives in a
@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edge_infer.bench.arm_output import emit, mib, model_fingerprint, stamp
-from edge_infer.bench.llama_bench import prompt_ids
-from edge_infer.bench.provenance import now_utc
+from edge_infer.bench.harness.arm_output import emit, mib, model_fingerprint, stamp
+from edge_infer.bench.harness.llama_bench import prompt_ids
+from edge_infer.bench.harness.provenance import now_utc
 from edge_infer.engine.cli_args import add_engine_args, engine_settings
-from edge_infer.bench.clock import process_age_s
+from edge_infer.bench.harness.clock import process_age_s
 from edge_infer.memory.measure import PeakSampler, malloc_trim, tree_rss_file_bytes
 
 SHORT_PROMPT_TOKENS = 16

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from edge_infer.bench.arm_output import emit, stamp
-from edge_infer.bench.provenance import now_utc
+from edge_infer.bench.harness.arm_output import emit, stamp
+from edge_infer.bench.harness.provenance import now_utc
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -127,7 +127,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "g_weight_mults_per_s": round(args.rows * args.cols * m / med / 1e9, 2),
             "weight_gb_per_s": round(bytes_of[(name, dtype)] / med / 1e9, 2),
         })
-    # Top-level rates are what a grid arm reports (bench/arm_output.py): one per case.
+    # Top-level rates are what a grid arm reports (harness/arm_output.py): one per case.
     rates = {f"{_key(r['kernel'])}_{r['dtype']}_m{r['m']}_gmult_per_s": r["g_weight_mults_per_s"] for r in results}
     return {**rates, "benchmark": "kernels", "shape": [args.rows, args.cols], "group_size": args.group_size,
             "num_threads": threads, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from edge_infer.bench.results import Direction
+from edge_infer.bench.harness.results import Direction
 
 _RATE_SUFFIXES = ("_tps", "_per_s", "_per_sec", "_per_second")
 _RATE_NAMES = ("tps",)

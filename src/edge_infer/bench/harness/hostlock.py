@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from edge_infer.bench.provenance import now_utc
+from edge_infer.bench.harness.provenance import now_utc
 
 LOCK_ENV = "EDGE_INFER_BENCH_LOCK"
 

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from edge_infer.bench import provenance
+from edge_infer.bench.harness import provenance
 
 MiB = 1 << 20
 

@@ -27,7 +27,7 @@ def prompt_token_ids(model_dir: Path, prompts: list[str] | None) -> tuple[list[l
     if not (model_dir / "tokenizer.json").is_file():
         if prompts:
             raise ValueError(f"{model_dir} has no tokenizer.json; text prompts cannot be encoded (omit --prompt)")
-        from edge_infer.bench.llama_bench import prompt_ids
+        from edge_infer.bench.harness.llama_bench import prompt_ids
         from edge_infer.models.config import ModelConfig
 
         vocab = ModelConfig.from_dir(model_dir).vocab_size
@@ -55,7 +55,7 @@ def _leading_match(a: list[int], b: list[int]) -> int:
 
 
 def run_check(model_dir: Path, gguf: Path, prompts: list[str] | None, n_tokens: int, dtype: str) -> dict[str, Any]:
-    from edge_infer.bench.llamacpp_engine import LlamaCppModel, LlamaCppSettings
+    from edge_infer.bench.baselines.llamacpp_engine import LlamaCppModel, LlamaCppSettings
     from edge_infer.engine.llm import LLM
     from edge_infer.engine.sampling_params import SamplingParams
 

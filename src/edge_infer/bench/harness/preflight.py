@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from edge_infer.bench.results import LoadSample
+from edge_infer.bench.harness.results import LoadSample
 
 PROC_STAT = "/proc/stat"
 

@@ -5,7 +5,7 @@ a terminal and renders in a document.
 """
 from __future__ import annotations
 
-from edge_infer.bench.results import GridResult, MetricSummary
+from edge_infer.bench.harness.results import GridResult, MetricSummary
 
 FLAG_LABELS = {"NOISY": "NOISY", "SINGLE_PASS": "n=1"}
 

@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from edge_infer.bench.results import Arm
+from edge_infer.bench.harness.results import Arm
 
 
 class SpecError(ValueError):

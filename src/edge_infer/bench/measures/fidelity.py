@@ -5,7 +5,7 @@
 
 The candidate is another checkpoint directory (e.g. the output of
 ``edge-infer quantize``), or the reference itself quantized at load time.
-Metrics and method: ``edge_infer.bench.fidelity_metrics`` and docs/quantization.md.
+Metrics and method: ``edge_infer.bench.measures.fidelity_metrics`` and docs/quantization.md.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def read_prompts(path: str | None) -> list[str]:
-    from edge_infer.bench.fidelity_metrics import DEFAULT_PROMPTS
+    from edge_infer.bench.measures.fidelity_metrics import DEFAULT_PROMPTS
 
     if path is None:
         return list(DEFAULT_PROMPTS)
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from edge_infer.errors import EdgeInferError
     from edge_infer.models.config import ModelConfig
     from edge_infer.models.tokenizer import Tokenizer
-    from edge_infer.bench.fidelity_metrics import measure_fidelity
+    from edge_infer.bench.measures.fidelity_metrics import measure_fidelity
 
     candidate_dir = args.candidate or args.reference
     if candidate_dir == args.reference and args.candidate_quantization is None:

@@ -14,8 +14,8 @@ import re
 import sys
 from pathlib import Path
 
-from edge_infer.bench import render
-from edge_infer.bench.results import GridResult, ResultFileError, load_result
+from edge_infer.bench.harness import render
+from edge_infer.bench.harness.results import GridResult, ResultFileError, load_result
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from edge_infer.bench.provenance import Provenance
+from edge_infer.bench.harness.provenance import Provenance
 
 RESULT_KIND = "edge-infer.bench.grid"
 

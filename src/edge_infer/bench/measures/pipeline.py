@@ -5,8 +5,8 @@ Three measurements, all greedy with ``ignore_eos`` and the same prompt:
 - **engine**: the text engine alone (``LocalTextEngine``, worker process);
 - **stage**: the same model as the only stage of a deploy config
   (``executor: text``), through the orchestrator;
-- **two stages**: the text stage feeding a toy vocoder stage, the text
-  tokens still streamed to the caller.
+- **two stages**: the text stage feeding a vocoder stage that costs almost
+  nothing (``tone_vocoder.py``), the text tokens still streamed to the caller.
 
 For each: time to first token and decode tokens/s (tokens after the first,
 over the time after the first). Start-up: seconds from construction to ready
@@ -27,7 +27,7 @@ TWO_STAGES = """
 base_config: text
 stages:
   - {{stage_id: 0, model: "{model}", engine: {{max_model_len: {max_len}, max_num_seqs: 1}}}}
-  - {{stage_id: 1, kind: generation, executor: toy_vocoder, executor_options: {{vocab_size: {vocab}}}}}
+  - {{stage_id: 1, kind: generation, executor: tone_vocoder, executor_options: {{vocab_size: {vocab}}}}}
 routes:
   - {{from: 0, to: 1, contract: token_ids/1}}
 final_outputs: [0, 1]
@@ -102,9 +102,11 @@ def _median(values: list[float]) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    from edge_infer.bench.measures.tone_vocoder import ToneVocoder
     from edge_infer.engine.frontend import resolve_model
     from edge_infer.errors import EdgeInferError
     from edge_infer.models.config import ModelConfig
+    from edge_infer.runtime.executors import register_executor
 
     if args.prompt_tokens < 1 or args.max_tokens < 2 or args.reps < 1:
         print("error: --prompt-tokens >= 1, --max-tokens >= 2 and --reps >= 1 are required", file=sys.stderr)
@@ -115,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     except EdgeInferError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    register_executor("tone_vocoder", ToneVocoder)
     prompt = [(17 * i + 3) % vocab for i in range(args.prompt_tokens)]
     fmt = dict(model=model, max_len=args.prompt_tokens + args.max_tokens, vocab=vocab)
     metrics: dict[str, float] = {}
@@ -136,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         metrics[f"{name}_overhead_ms_per_token"] = round(1e3 / metrics[f"{name}_decode_tps"] - 1e3 / metrics["engine_decode_tps"], 3)
     metrics["second_stage_startup_s"] = round(metrics["two_stages_startup_s"] - metrics["stage_startup_s"], 3)
     if args.out:
-        from edge_infer.bench.provenance import collect
+        from edge_infer.bench.harness.provenance import collect
 
         doc = {"benchmark": "pipeline", "model": model, "settings": vars(args) | {"func": None}, "metrics": metrics,
                "provenance": collect([]).model_dump()}

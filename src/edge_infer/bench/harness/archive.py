@@ -27,7 +27,7 @@ from typing import BinaryIO, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from edge_infer.bench.provenance import now_utc
+from edge_infer.bench.harness.provenance import now_utc
 
 MANIFEST = "MANIFEST.json"
 DATA_DIR = "data"

@@ -7,7 +7,7 @@
     check MODEL FILE.gguf                      greedy tokens of llama.cpp vs edge-infer on the same prompts
 
 `pp-tg` follows `edge-infer bench pp-tg` exactly (same prompts, same
-warm-up, same arithmetic in `bench.llama_bench`): threads = the cores this
+warm-up, same arithmetic in `harness/llama_bench.py`): threads = the cores this
 process may use unless `--threads` is given, batch = `--pp`, every call
 from an empty context. Needs the `baseline` extra (llama-cpp-python, gguf).
 """
@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edge_infer.bench import llama_bench
-from edge_infer.bench.arm_output import emit, mib, model_fingerprint, stamp
-from edge_infer.bench.provenance import now_utc
+from edge_infer.bench.harness import llama_bench
+from edge_infer.bench.harness.arm_output import emit, mib, model_fingerprint, stamp
+from edge_infer.bench.harness.provenance import now_utc
 
 QUANT_CHOICES = ("Q8_0", "Q4_K_M", "Q4_0")
 
@@ -70,14 +70,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _export(args: argparse.Namespace) -> dict[str, Any]:
-    from edge_infer.bench.gguf_export import export_gguf
+    from edge_infer.bench.baselines.gguf_export import export_gguf
 
     r = export_gguf(args.model, args.dst, args.outtype)
     return {"gguf": str(r.path), "arch": r.arch, "outtype": r.outtype, "tensors": r.n_tensors, "tensor_bytes": r.bytes_written}
 
 
 def _quantize(args: argparse.Namespace) -> dict[str, Any]:
-    from edge_infer.bench.llamacpp_engine import quantize
+    from edge_infer.bench.baselines.llamacpp_engine import quantize
 
     t0 = time.perf_counter()
     quantize(args.src, args.dst, args.type, _threads(args))
@@ -85,8 +85,8 @@ def _quantize(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _prepare(args: argparse.Namespace) -> dict[str, Any]:
-    from edge_infer.bench.gguf_export import export_gguf
-    from edge_infer.bench.llamacpp_engine import quantize
+    from edge_infer.bench.baselines.gguf_export import export_gguf
+    from edge_infer.bench.baselines.llamacpp_engine import quantize
 
     types = [t.strip() for t in args.types.split(",") if t.strip()]
     bad = [t for t in types if t not in QUANT_CHOICES]
@@ -101,7 +101,7 @@ def _prepare(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _pp_tg(args: argparse.Namespace) -> dict[str, Any]:
-    from edge_infer.bench.llamacpp_engine import LlamaCppModel, LlamaCppSettings
+    from edge_infer.bench.baselines.llamacpp_engine import LlamaCppModel, LlamaCppSettings
     from edge_infer.memory.measure import tree_rss_anon_bytes, tree_rss_file_bytes
 
     s = llama_bench.settings_from(args)
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     action = args.llamacpp_action
     try:
         if action == "check":
-            from edge_infer.bench.llamacpp_check import run_check
+            from edge_infer.bench.baselines.llamacpp_check import run_check
 
             result = run_check(args.model, args.gguf, args.prompt, args.tokens, args.dtype)
         else:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edge_infer.bench.gguf_vocab import read_vocab, write_vocab
+from edge_infer.bench.baselines.gguf_vocab import read_vocab, write_vocab
 from edge_infer.errors import CheckpointError
 from edge_infer.models.config import ModelConfig
 

@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge_infer.bench.clock import TICK_S, since_boot_s, started_since_boot_s
-from edge_infer.bench.reliability_report import ReliabilityReport
+from edge_infer.bench.harness.clock import TICK_S, since_boot_s, started_since_boot_s
+from edge_infer.bench.measures.reliability_report import ReliabilityReport
 
 # How often conditions are polled while waiting for them.
 POLL_S = 0.02

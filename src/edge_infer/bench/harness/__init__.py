@@ -1,0 +1,1 @@
+"""The benchmark framework: grid runs, statistics, checks, results, reports, archives, and what every arm shares."""
