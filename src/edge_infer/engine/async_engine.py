@@ -24,7 +24,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from edge_infer.engine.frontend import Frontend, PreparedPrompt
-from edge_infer.engine.protocol import CoreStats, ReadyInfo, TokenDelta
+from edge_infer.engine.protocol import (
+    AbortRequests, AddRequest, CoreStats, Deltas, GrantCredits, ReadyInfo, Report, Stats, StatsQuery, TokenDelta,
+)
 from edge_infer.engine.request_fold import RequestFold
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.engine.streams import RequestStream, StreamEvent
@@ -189,7 +191,7 @@ class AsyncEngine:
         self._remember(record)
         self._active[rid] = _Active(stream, RequestFold.start(self.frontend.tokenizer, request.params), record,
                                     max_chunks is not None)
-        self._client.send(("add", request))
+        self._client.send(AddRequest(request))
         return stream
 
     def cancel_nowait(self, request_id: str) -> int | None:
@@ -207,7 +209,7 @@ class AsyncEngine:
         discarded = active.stream.cancel(StreamEvent("cancelled", request_id, finish_reason="abort"))
         active.abort_ack = self._loop.create_future()
         try:
-            self._client.send(("abort", [request_id]))
+            self._client.send(AbortRequests([request_id]))
         except EngineDeadError:
             active.abort_ack.set_result(False)
         return discarded
@@ -240,7 +242,7 @@ class AsyncEngine:
 
     async def refresh_stats(self) -> CoreStats:
         if self.healthy:
-            self._client.send(("stats",))
+            self._client.send(StatsQuery())
             await asyncio.sleep(0.05)
         return self.core_stats
 
@@ -259,14 +261,13 @@ class AsyncEngine:
             if msgs:
                 self._loop.call_soon_threadsafe(self._on_messages, msgs)
 
-    def _on_messages(self, msgs: list[tuple[Any, ...]]) -> None:
-        for msg in msgs:
-            if msg[0] == "deltas":
-                self.core_stats = msg[2]
-                for delta in msg[1]:
+    def _on_messages(self, reports: list[Report]) -> None:
+        for report in reports:
+            if isinstance(report, (Deltas, Stats)):
+                self.core_stats = report.stats
+            if isinstance(report, Deltas):
+                for delta in report.deltas:
                     self._on_delta(delta)
-            elif msg[0] == "stats":
-                self.core_stats = msg[1]
 
     def _on_delta(self, delta: TokenDelta) -> None:
         active = self._active.get(delta.request_id)
@@ -305,7 +306,7 @@ class AsyncEngine:
             self._emit(active, StreamEvent("finished", delta.request_id, finish_reason=step.finish_reason,
                                            stop_reason=step.stop_reason))
         if step.abort_in_core:
-            self._client.send(("abort", [delta.request_id]))  # the core still runs it; its ack clears it
+            self._client.send(AbortRequests([delta.request_id]))  # the core still runs it; its ack clears it
         else:
             self._active.pop(delta.request_id, None)
 
@@ -319,7 +320,7 @@ class AsyncEngine:
         if active is None or not active.uses_credits or active.stream.ended or not self.healthy:
             return
         try:
-            self._client.send(("grant", request_id, n))
+            self._client.send(GrantCredits(request_id, n))
         except EngineDeadError:
             pass
 
@@ -341,7 +342,7 @@ class AsyncEngine:
                 stuck = list(self._active)
                 self._fail_all(f"{reason}; the request was ended")
                 try:
-                    client.send(("abort", stuck))  # frees their KV blocks if the worker comes back
+                    client.send(AbortRequests(stuck))  # frees their KV blocks if the worker comes back
                 except EngineDeadError:
                     pass
             elif reason is None and self.hung_reason is not None:

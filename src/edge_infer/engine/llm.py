@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 from edge_infer.engine.frontend import Frontend, PreparedPrompt, PromptInput
 from edge_infer.engine.request_fold import RequestFold
 from edge_infer.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from edge_infer.engine.protocol import AbortRequests, AddRequest, Deltas
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.engine.worker import CoreClient
 
@@ -152,19 +153,19 @@ class LLM:
             layout.append(ids)
         arrival = time.time()
         for req in requests:
-            self._client.send(("add", req))
+            self._client.send(AddRequest(req))
         pending = set(samples)
         bar = tqdm(total=len(pending), desc="generating", unit="sample", disable=not use_tqdm)
         while pending:
-            for msg in self._client.receive(timeout_s=1.0):
-                if msg[0] != "deltas":
+            for report in self._client.receive(timeout_s=1.0):
+                if not isinstance(report, Deltas):
                     continue
-                for delta in msg[1]:
+                for delta in report.deltas:
                     if delta.request_id not in pending:
                         continue
                     step = samples[delta.request_id].apply(delta)
                     if step.abort_in_core:
-                        self._client.send(("abort", [delta.request_id]))
+                        self._client.send(AbortRequests([delta.request_id]))
                     if step.finished:
                         pending.discard(delta.request_id)
                         bar.update(1)

@@ -2,12 +2,14 @@
 
 The core speaks token ids only; text (detokenization, stop strings) lives in
 the frontend. Everything here is picklable: in the default set-up the core
-runs in a worker process and these travel over a pipe.
+runs in a worker process and these travel over a pipe, wrapped in the typed
+commands and reports at the end of this module.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Union
 
 from edge_infer.engine.sampling_params import SamplingParams
 
@@ -82,3 +84,77 @@ class ReadyInfo:
     num_threads: int
     load_s: float
     trimmed_bytes: int
+
+
+# frontend -> core (engine/worker.py)
+
+
+@dataclass
+class AddRequest:
+    request: EngineRequest
+
+
+@dataclass
+class AbortRequests:
+    request_ids: list[str]
+
+
+@dataclass
+class GrantCredits:
+    request_id: str
+    credits: int
+
+
+@dataclass
+class StatsQuery:
+    pass
+
+
+@dataclass
+class Shutdown:
+    pass
+
+
+Command = Union[AddRequest, AbortRequests, GrantCredits, StatsQuery, Shutdown]
+
+
+# core -> frontend
+
+
+@dataclass
+class LoadProgress:
+    done: int
+    total: int
+
+
+@dataclass
+class InitFailed:
+    """The core could not load: the exception's class name and text, and where it came from."""
+
+    error_type: str
+    message: str
+    traceback: str
+
+
+@dataclass
+class Ready:
+    info: ReadyInfo
+
+
+@dataclass
+class Deltas:
+    deltas: list[TokenDelta]
+    stats: CoreStats
+
+
+@dataclass
+class Stats:
+    stats: CoreStats
+
+
+@dataclass
+class Heartbeat:
+    step_busy_s: float  # how long the running step has taken so far; 0 between steps
+
+
+Report = Union[LoadProgress, InitFailed, Ready, Deltas, Stats, Heartbeat]

@@ -1,10 +1,11 @@
-"""Per-request event streams with a bounded buffer.
+"""Per-request event streams, optionally bounded.
 
-A stream buffers at most ``max_chunks`` undelivered token events. The bound
-is enforced at the source: the engine core may only produce a token for a
-request while that request holds a credit, one credit per buffered event,
+A bounded stream buffers at most ``max_chunks`` undelivered token events. The
+bound is enforced at the source: the engine core may only produce a token for
+a request while that request holds a credit, one credit per buffered event,
 returned when the consumer takes the event. A slow consumer therefore stalls
 only its own request, and its tokens are exactly those it would have had.
+The omni runtime uses the same stream unbounded, for its own event type.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import asyncio
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Generic, Protocol, TypeVar
 
 TERMINAL = ("finished", "error", "cancelled")
 
@@ -38,16 +39,29 @@ class StreamEvent:
         return asdict(self)
 
 
-class RequestStream:
-    """Async iterator of a request's events; ends after its terminal event."""
+class _Event(Protocol):
+    @property
+    def terminal(self) -> bool: ...
 
-    def __init__(self, request_id: str, max_chunks: int | None, on_consume: Callable[[int], None]):
+
+E = TypeVar("E", bound=_Event)
+
+
+class RequestStream(Generic[E]):
+    """Async iterator of a request's events; ends after its terminal event.
+
+    ``on_consume`` is told of every event taken (the credits of a bounded
+    stream); None for a stream whose producer is not throttled by its reader.
+    """
+
+    def __init__(self, request_id: str, max_chunks: int | None = None,
+                 on_consume: Callable[[int], None] | None = None):
         self.request_id = request_id
         self.max_chunks = max_chunks
         self._on_consume = on_consume
-        self._events: deque[StreamEvent] = deque()
+        self._events: deque[E] = deque()
         self._ready = asyncio.Event()
-        self._terminal: StreamEvent | None = None
+        self._terminal: E | None = None
         self._terminal_delivered = False
         self.high_water_chunks = 0
         self.delivered = 0
@@ -55,7 +69,7 @@ class RequestStream:
 
     # -- producer side (the engine's event loop) -----------------------------------
 
-    def push(self, event: StreamEvent) -> None:
+    def push(self, event: E) -> None:
         if self._terminal is not None:
             return
         if event.terminal:
@@ -65,8 +79,8 @@ class RequestStream:
             self.high_water_chunks = max(self.high_water_chunks, len(self._events))
         self._ready.set()
 
-    def cancel(self, event: StreamEvent) -> int:
-        """End the stream now: undelivered token events are discarded (the cancel fence)."""
+    def cancel(self, event: E) -> int:
+        """End the stream now with ``event``: undelivered events are discarded (the cancel fence)."""
         if self._terminal is not None:
             return 0
         dropped = len(self._events)
@@ -81,13 +95,13 @@ class RequestStream:
 
     # -- consumer side -------------------------------------------------------
 
-    async def get(self) -> StreamEvent:
+    async def get(self) -> E:
         """The next event; after the end, the terminal event again."""
         while True:
             if self._events:
                 event = self._events.popleft()
                 self.delivered += 1
-                if self._terminal is None:
+                if self._terminal is None and self._on_consume is not None:
                     self._on_consume(1)
                 return event
             if self._terminal is not None:
@@ -96,10 +110,10 @@ class RequestStream:
             self._ready.clear()
             await self._ready.wait()
 
-    def __aiter__(self) -> "RequestStream":
+    def __aiter__(self) -> "RequestStream[E]":
         return self
 
-    async def __anext__(self) -> StreamEvent:
+    async def __anext__(self) -> E:
         if self._terminal_delivered:
             raise StopAsyncIteration
         return await self.get()

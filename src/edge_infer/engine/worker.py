@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from edge_infer import errors
 from edge_infer.config import EngineConfig
+from edge_infer.engine import protocol as msg
 from edge_infer.engine.protocol import ReadyInfo
 
 log = logging.getLogger(__name__)
@@ -40,16 +41,16 @@ class _Outputs:
         self._lock = threading.Lock()
         self.step_started: float | None = None  # monotonic time the running step began, None between steps
 
-    def send(self, msg: tuple[Any, ...]) -> None:
+    def send(self, report: msg.Report) -> None:
         with self._lock:
-            self._conn.send(msg)
+            self._conn.send(report)
 
     def beat(self, stop: threading.Event) -> None:
-        """Until ``stop``: ("heartbeat", seconds the current step has been running, 0 between steps)."""
+        """Until ``stop``: a Heartbeat with the seconds the current step has been running (0 between steps)."""
         while not stop.wait(HEARTBEAT_INTERVAL_S):
             started = self.step_started
             try:
-                self.send(("heartbeat", 0.0 if started is None else time.monotonic() - started))
+                self.send(msg.Heartbeat(0.0 if started is None else time.monotonic() - started))
             except (OSError, ValueError):
                 return
 
@@ -65,16 +66,16 @@ def core_loop(config: EngineConfig, commands: Connection, output_conn: Connectio
         now = time.monotonic()
         if done == total or now - last[0] >= PROGRESS_INTERVAL_S:
             last[0] = now
-            outputs.send(("progress", done, total))
+            outputs.send(msg.LoadProgress(done, total))
 
     try:
         core = EngineCore(config, progress)
     except Exception as exc:
         import traceback
 
-        outputs.send(("init_error", type(exc).__name__, str(exc), traceback.format_exc()))
+        outputs.send(msg.InitFailed(type(exc).__name__, str(exc), traceback.format_exc()))
         return
-    outputs.send(("ready", core.ready_info))
+    outputs.send(msg.Ready(core.ready_info))
     stop = threading.Event()
     threading.Thread(target=outputs.beat, args=(stop,), name="edge-infer-heartbeat", daemon=True).start()
     try:
@@ -89,19 +90,18 @@ def _serve_commands(core: Any, commands: Connection, outputs: _Outputs) -> None:
             if not core.has_work():
                 commands.poll(None)  # idle: block until a command arrives (or EOF)
             while commands.poll(0):
-                msg = commands.recv()
-                kind = msg[0]
-                if kind == "add":
-                    err = core.add_request(msg[1])
+                command = commands.recv()
+                if isinstance(command, msg.AddRequest):
+                    err = core.add_request(command.request)
                     if err is not None:
-                        outputs.send(("deltas", [err], core.current_stats()))
-                elif kind == "abort":
-                    outputs.send(("deltas", core.abort(msg[1]), core.current_stats()))
-                elif kind == "grant":
-                    core.grant(msg[1], msg[2])
-                elif kind == "stats":
-                    outputs.send(("stats", core.current_stats()))
-                elif kind == "shutdown":
+                        outputs.send(msg.Deltas([err], core.current_stats()))
+                elif isinstance(command, msg.AbortRequests):
+                    outputs.send(msg.Deltas(core.abort(command.request_ids), core.current_stats()))
+                elif isinstance(command, msg.GrantCredits):
+                    core.grant(command.request_id, command.credits)
+                elif isinstance(command, msg.StatsQuery):
+                    outputs.send(msg.Stats(core.current_stats()))
+                elif isinstance(command, msg.Shutdown):
                     return
         except (EOFError, OSError):
             return  # the frontend is gone
@@ -110,7 +110,7 @@ def _serve_commands(core: Any, commands: Connection, outputs: _Outputs) -> None:
             deltas = core.step()
             outputs.step_started = None
             if deltas:
-                outputs.send(("deltas", deltas, core.current_stats()))
+                outputs.send(msg.Deltas(deltas, core.current_stats()))
 
 
 def _worker_main(command_fd: int, output_fd: int) -> None:
@@ -181,22 +181,22 @@ class CoreClient:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            msgs = self.receive(remaining)
-            if not msgs and deadline is not None and time.monotonic() >= deadline:
+            reports = self.receive(remaining)
+            if not reports and deadline is not None and time.monotonic() >= deadline:
                 self.kill()
                 raise errors.EngineDeadError(f"the engine worker did not become ready within {timeout_s:.0f} s")
-            for msg in msgs:
-                if msg[0] == "progress" and progress is not None:
-                    progress(msg[1], msg[2])
-                elif msg[0] == "init_error":
+            for report in reports:
+                if isinstance(report, msg.LoadProgress) and progress is not None:
+                    progress(report.done, report.total)
+                elif isinstance(report, msg.InitFailed):
                     self.close()
-                    kind, text, trace = msg[1:]
-                    log.debug("the engine core failed to load:\n%s", trace)
-                    if kind in _INIT_ERRORS:
-                        raise _INIT_ERRORS[kind](text)
-                    raise errors.EngineLoadError(f"loading the model failed: {kind}: {text} (log level debug shows where)")
-                elif msg[0] == "ready":
-                    self.ready = msg[1]
+                    log.debug("the engine core failed to load:\n%s", report.traceback)
+                    if report.error_type in _INIT_ERRORS:
+                        raise _INIT_ERRORS[report.error_type](report.message)
+                    raise errors.EngineLoadError(
+                        f"loading the model failed: {report.error_type}: {report.message} (log level debug shows where)")
+                elif isinstance(report, msg.Ready):
+                    self.ready = report.info
                     return self.ready
 
     @property
@@ -226,7 +226,7 @@ class CoreClient:
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the core: ask politely, then terminate, then kill."""
         try:
-            self.send(("shutdown",))
+            self.send(msg.Shutdown())
         except errors.EngineDeadError:
             pass
         if self._proc is not None:
@@ -253,14 +253,14 @@ class CoreClient:
 
     # -- messages -------------------------------------------------------------
 
-    def send(self, msg: tuple[Any, ...]) -> None:
+    def send(self, command: msg.Command | EngineConfig) -> None:
         try:
             with self._send_lock:
-                self._cmd_send.send(msg)
+                self._cmd_send.send(command)
         except (OSError, ValueError) as exc:
             raise errors.EngineDeadError(f"{self.exit_description()}; restart the engine") from exc
 
-    def receive(self, timeout_s: float | None) -> list[tuple[Any, ...]]:
+    def receive(self, timeout_s: float | None) -> list[msg.Report]:
         """Messages available within ``timeout_s`` (heartbeats are absorbed into ``last_heard``);
         raises EngineDeadError when the core is gone."""
         waitables: list[Any] = [self._out_recv]
@@ -271,12 +271,12 @@ class CoreClient:
         heard = False
         try:
             while self._out_recv.poll(0):
-                msg = self._out_recv.recv()
+                report = self._out_recv.recv()
                 heard = True
-                if msg[0] == "heartbeat":
-                    self.step_busy_s = msg[1]
+                if isinstance(report, msg.Heartbeat):
+                    self.step_busy_s = report.step_busy_s
                 else:
-                    out.append(msg)
+                    out.append(report)
         except (EOFError, OSError):
             pass
         if heard:

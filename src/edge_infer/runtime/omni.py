@@ -144,7 +144,7 @@ class AsyncOmni:
             async for event in stream:
                 yield event
         finally:
-            if stream.terminal is None and not self._orchestrator.closed:
+            if not stream.ended and not self._orchestrator.closed:
                 await self._orchestrator.abort(request_id)
 
     async def abort(self, request_id: str) -> AbortReport:

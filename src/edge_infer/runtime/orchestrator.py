@@ -23,13 +23,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from edge_infer.engine.streams import RequestStream
 from edge_infer.memory.ledger import LedgerRefusal, Reservation, SharedRamLedger
 from edge_infer.runtime import messages as m
 from edge_infer.runtime.config import DeployConfig, StageConfig
 from edge_infer.runtime.contracts import Payload
 from edge_infer.runtime.deploy_plan import DeployPlan, StagePlan
 from edge_infer.runtime.executors import executor_target
-from edge_infer.runtime.outputs import OmniOutput, RequestStream
+from edge_infer.runtime.outputs import OmniOutput
 from edge_infer.runtime.transport import (
     PayloadRef,
     TransportError,
@@ -104,7 +105,7 @@ class _Delivery:
 @dataclass
 class _Request:
     request_id: str
-    stream: RequestStream
+    stream: RequestStream[OmniOutput]
     workers: dict[int, WorkerProcess]
     waiting_upstream: dict[int, int]
     done: set[int] = field(default_factory=set)
@@ -236,16 +237,16 @@ class Orchestrator:
 
     # --- requests ------------------------------------------------------------
 
-    def submit(self, request_id: str, prompt: Payload, params: dict[int, dict[str, Any]]) -> RequestStream:
+    def submit(self, request_id: str, prompt: Payload, params: dict[int, dict[str, Any]]) -> RequestStream[OmniOutput]:
         if self.closed:
             raise RuntimeError("the pipeline is shut down; create a new one")
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in flight; use a unique id")
-        stream = RequestStream(request_id)
+        stream: RequestStream[OmniOutput] = RequestStream(request_id)
         down = [s for s in self.slots.values() if s.active is None]
         if down:
             reasons = "; ".join(f"{s.stage.label} is {s.state} ({s.detail})" for s in down)
-            stream.close(OmniOutput(request_id, "error", finished=True, error=f"{reasons}; replace the worker with retire_worker({down[0].stage.stage_id}) or restart the pipeline"))
+            stream.push(OmniOutput(request_id, "error", finished=True, error=f"{reasons}; replace the worker with retire_worker({down[0].stage.stage_id}) or restart the pipeline"))
             return stream
         workers = {sid: slot.active for sid, slot in self.slots.items()}
         req = _Request(request_id, stream, workers, {sid: len(self.config.upstream(sid)) for sid in workers})  # type: ignore[arg-type]
@@ -275,10 +276,10 @@ class Orchestrator:
                     worker.send(m.Release([ref.seq]))
                     self._fail(req.request_id, f"{worker.label}: {exc}")
                     return
-                req.stream.put(OmniOutput(req.request_id, "output", sid, payload, msg.finished, dict(req.metrics)))
+                req.stream.push(OmniOutput(req.request_id, "output", sid, payload, msg.finished, dict(req.metrics)))
             self._forward(req, worker, ref)
         elif msg.finished and sid in self.final:
-            req.stream.put(OmniOutput(req.request_id, "output", sid, None, True, dict(req.metrics)))
+            req.stream.push(OmniOutput(req.request_id, "output", sid, None, True, dict(req.metrics)))
         if msg.finished:
             self._stage_finished(req, worker)
 
@@ -305,7 +306,7 @@ class Orchestrator:
                 req.workers[nxt].send(m.EndInput(req.request_id))
         if len(req.done) == len(self.slots):
             del self.requests[req.request_id]
-            req.stream.close(OmniOutput(req.request_id, "finished", finished=True, metrics=dict(req.metrics)))
+            req.stream.push(OmniOutput(req.request_id, "finished", finished=True, metrics=dict(req.metrics)))
         self._check_drained(worker)
 
     def _acknowledge(self, producer_key: m.WorkerKey, seq: int, consumer: WorkerProcess) -> None:
@@ -329,7 +330,7 @@ class Orchestrator:
         req = self.requests.pop(request_id, None)
         if req is None:
             return
-        req.stream.close(OmniOutput(request_id, "error", finished=True, metrics=dict(req.metrics), error=error))
+        req.stream.push(OmniOutput(request_id, "error", finished=True, metrics=dict(req.metrics), error=error))
         for worker in req.workers.values():
             if request_id in worker.inflight:
                 worker.inflight.discard(request_id)
@@ -341,7 +342,7 @@ class Orchestrator:
         req = self.requests.pop(request_id, None)
         if req is None:
             return AbortReport(request_id, found=False)
-        req.stream.close(OmniOutput(request_id, "aborted", finished=True, metrics=dict(req.metrics)), discard_pending=True)
+        req.stream.cancel(OmniOutput(request_id, "aborted", finished=True, metrics=dict(req.metrics)))
         loop = asyncio.get_running_loop()
         waiting: dict[int, asyncio.Future[bool]] = {}
         for sid, worker in req.workers.items():

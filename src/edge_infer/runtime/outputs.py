@@ -1,8 +1,6 @@
-"""What a caller receives: output events, and the per-request stream that carries them."""
+"""What a caller receives: output events (carried by engine.streams.RequestStream, unbounded)."""
 from __future__ import annotations
 
-import asyncio
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -31,6 +29,10 @@ class OmniOutput:
     finished: bool = False
     metrics: dict[int, StageMetrics] = field(default_factory=dict)
     error: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.kind != "output"
 
     @property
     def contract(self) -> str | None:
@@ -68,53 +70,3 @@ class OmniRequestOutput:
         if chunks and isinstance(chunks[0].data, str):
             return "".join(str(c.data) for c in chunks)
         return np.concatenate([c.data for c in chunks]) if chunks else np.zeros(0)
-
-
-class RequestStream:
-    """A request's events in production order, ending with one terminal event.
-
-    ``close(discard_pending=True)`` is the abort fence: chunks produced but not
-    yet consumed are dropped, and nothing is accepted after the terminal event.
-    """
-
-    def __init__(self, request_id: str):
-        self.request_id = request_id
-        self._events: deque[OmniOutput] = deque()
-        self._wake = asyncio.Event()
-        self.terminal: OmniOutput | None = None
-        self._consumed_terminal = False
-
-    def put(self, event: OmniOutput) -> None:
-        if self.terminal is None:
-            self._events.append(event)
-            self._wake.set()
-
-    def close(self, event: OmniOutput, discard_pending: bool = False) -> None:
-        if self.terminal is not None:
-            return
-        if discard_pending:
-            self._events.clear()
-        self.terminal = event
-        self._events.append(event)
-        self._wake.set()
-
-    @property
-    def pending(self) -> int:
-        return len(self._events)
-
-    async def get(self) -> OmniOutput:
-        while not self._events:
-            self._wake.clear()
-            await self._wake.wait()
-        return self._events.popleft()
-
-    def __aiter__(self) -> "RequestStream":
-        return self
-
-    async def __anext__(self) -> OmniOutput:
-        if self._consumed_terminal:
-            raise StopAsyncIteration
-        event = await self.get()
-        if event.kind != "output":
-            self._consumed_terminal = True
-        return event
