@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "quantize": ("edge_infer.quant.cli", "write a cpu_int4 (W4A16) checkpoint"),
     "tts": ("edge_infer.tts.cli", "speak text to a WAV file with a Qwen3-TTS checkpoint"),
     "bench": ("edge_infer.bench.cli", "measurement harness (grid, pp-tg, init-memory, ...)"),
+    "agent": ("edge_infer.agent.cli", "phone-agent task suite on a simulated (or real) Android phone"),
 }
 
 
