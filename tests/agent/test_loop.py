@@ -56,8 +56,8 @@ def in_network():
 def test_the_prompt_is_system_then_task_history_notes_and_screen():
     assert messages_for("Turn on Wi-Fi.", ["open_app(name=\"Settings\")"], [NO_CHANGE], "[0] TextView \"Settings\"") == [
         {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": 'Task: Turn on Wi-Fi.\nLast actions:\nopen_app(name="Settings")\n'
-                                    f'{NO_CHANGE}\nScreen:\n[0] TextView "Settings"'},
+        {"role": "user", "content": 'Screen:\n[0] TextView "Settings"\nLast actions:\nopen_app(name="Settings")\n'
+                                    f'{NO_CHANGE}\nTask: Turn on Wi-Fi.'},
     ]
 
 
@@ -168,8 +168,7 @@ class Flaky:
 def test_an_unreadable_screen_is_described_to_the_model():
     model = Scripted(call("tap", index=0), call("open_app", name="Clock"), call("task_complete", summary="x"))
     episode, _ = play(model, Flaky(bad=1))
-    assert model.prompt(0).startswith("Task: Turn on Wi-Fi.\nScreen:\n(the screen could not be read: "
-                                      "the dump is not well-formed XML (")
+    assert model.prompt(0).startswith("Screen:\n(the screen could not be read: the dump is not well-formed XML (")
     assert "tap(index=0) failed: The screen could not be read" in model.prompt(1)
     assert episode.stop_reason == "task_complete"
 
@@ -183,10 +182,10 @@ def test_the_history_shows_the_last_actions_and_failures():
     model = Scripted(call("open_app", name="Settings"), call("tap", index=99), call("tap", index=1),
                      call("task_complete", summary="x"))
     play(model, history=2)
-    assert model.prompt(3).startswith(
-        "Task: Turn on Wi-Fi.\nLast actions:\n"
+    assert model.prompt(3).endswith(
+        "\nLast actions:\n"
         "tap(index=99) failed: There is no element 99 on this screen; the elements are numbered 0 to 8.\n"
-        "tap(index=1)\nScreen:\n"
+        "tap(index=1)\nTask: Turn on Wi-Fi."
     )
 
 

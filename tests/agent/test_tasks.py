@@ -9,7 +9,7 @@ from edge_infer.agent.chat import Reply
 from edge_infer.agent.expert import ExpertModel
 from edge_infer.agent.loop import AgentConfig, run_episode
 from edge_infer.agent.suite import as_json, metrics, report, run_suite, run_task, table
-from edge_infer.agent.tasks import SUITE, by_id, select
+from edge_infer.agent.tasks import SUITE, Verdict, by_id, select
 from edge_infer.agent.ui_tree import parse_ui_dump
 
 
@@ -146,3 +146,23 @@ def test_run_suite_interleaves_runs():
     tasks = select(["open_clock", "wifi_on_already"])
     run_suite(tasks, AgentConfig(max_steps=1), runs=2, model=Scripted(DONE), progress=lambda run, o: seen.append((run, o.task)))
     assert seen == [(1, "wifi_on_already"), (1, "open_clock"), (2, "wifi_on_already"), (2, "open_clock")]
+
+
+def test_what_a_real_phone_cannot_report_is_judged_from_the_screen_or_not_at_all():
+    from edge_infer.agent.state import PhoneState
+
+    before = PhoneState({"wifi": False, "airplane": False}, "com.google.android.deskclock", frozenset())
+    after = PhoneState({"wifi": False, "airplane": False}, "com.google.android.deskclock", frozenset({"7:30 AM", "Add alarm"}))
+    assert by_id("add_alarm").judge(before, after).goal_reached  # no alarm list: the new alarm must be on screen
+    assert not by_id("add_alarm").judge(before, before).goal_reached
+    on = PhoneState({"wifi": True}, "", frozenset())
+    assert by_id("wifi_on_already").judge(on, on) == Verdict(True, [])  # no toggle history: flapping cannot be seen
+
+
+def test_a_removed_alarm_is_collateral_damage():
+    from edge_infer.agent.state import PhoneState
+
+    before = PhoneState({}, "", frozenset(), alarms=(("6:30 AM", True), ("8:00 AM", False)))
+    after = PhoneState({}, "", frozenset(), alarms=(("8:00 AM", False), ("7:30 AM", True)))
+    verdict = by_id("add_alarm").judge(before, after)
+    assert verdict.goal_reached and verdict.collateral == ["the 6:30 AM alarm was removed"]

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 SYSTEM_PROMPT = (
-    "You operate an Android phone for the user. Each turn shows the task, your last actions and the screen as "
-    "numbered elements. Answer with one tool call. Call task_complete only when the screen shows that the task is done."
+    "You operate an Android phone for the user. Each turn shows the screen as numbered elements, your last actions "
+    "and the task. Answer with one tool call. Call task_complete only when the screen shows that the task is done."
 )
 
 DIRECTIONS = ("up", "down", "left", "right")

@@ -45,8 +45,9 @@ class ServedModel:
         deadline = time.monotonic() + self.ready_timeout_s
         while not self._healthy():
             if self.proc.poll() is not None or time.monotonic() > deadline:
+                output = self.output()
                 self.__exit__(None, None, None)
-                raise ChatError(f"the server ({' '.join(self.command)}) did not come up:\n{self.output()[-2000:]}")
+                raise ChatError(f"the server ({' '.join(self.command)}) did not come up:\n{output[-2000:]}")
             time.sleep(0.2)
         while "edge-infer is serving" not in self.output() and time.monotonic() < deadline:
             time.sleep(0.05)  # the banner is printed just after /health turns ready
