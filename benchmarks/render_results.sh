@@ -18,6 +18,7 @@ control_for() {
   case "$1" in
     pp-tg-*-bf16) echo llamacpp-bf16 ;;
     pp-tg-*-int4 | pp-tg-*-w4a8) echo llamacpp-q4_k_m ;;
+    agent-*) echo bf16 ;;
     *) echo "" ;;
   esac
 }

@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "quantize": ("edge_infer.cli.quantize", "write a cpu_int4 (4-bit) or cpu_int8 (8-bit) checkpoint"),
     "tts": ("edge_infer.cli.tts", "speak text to a WAV file with a Qwen3-TTS checkpoint"),
     "bench": ("edge_infer.bench.cli", "measurement harness (grid, pp-tg, init-memory, ...)"),
+    "agent": ("edge_infer.cli.agent", "phone-agent task suite on a simulated (or real) Android phone"),
 }
 
 
