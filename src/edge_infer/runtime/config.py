@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import types
-import typing
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
@@ -32,6 +29,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import PydanticCustomError
+
+from edge_infer.runtime.config_problems import ConfigProblem, DeployConfigError, KeyPath, Origins, problem_at, pydantic_problems
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 OVERRIDES = "--stage-overrides"
@@ -194,66 +193,6 @@ class DeployConfig(_Strict):
         return [sid for sid in self.stage_ids if not self.upstream(sid)]
 
 
-# --- problems --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ConfigProblem:
-    file: str
-    key_path: str
-    problem: str
-    fix: str
-
-    def __str__(self) -> str:
-        where = f"{self.file}: {self.key_path}" if self.key_path else self.file
-        return f"{where}: {self.problem}. Fix: {self.fix}"
-
-
-class DeployConfigError(ValueError):
-    def __init__(self, problems: list[ConfigProblem]):
-        self.problems = problems
-        super().__init__("invalid deploy config:\n" + "\n".join(f"  {p}" for p in problems))
-
-
-# A key path inside the merged document; stage entries are keyed by stage_id.
-KeyPath = tuple[Any, ...]
-
-
-class _Origins:
-    """Which file set which key, so that a problem names the file to edit."""
-
-    def __init__(self, top: str):
-        self.top = top
-        self._by_path: dict[KeyPath, str] = {}
-
-    def set(self, path: KeyPath, file: str) -> None:
-        for key in [k for k in self._by_path if k[: len(path)] == path]:
-            del self._by_path[key]
-        self._by_path[path] = file
-
-    def of(self, path: KeyPath) -> str:
-        for n in range(len(path), 0, -1):
-            if path[:n] in self._by_path:
-                return self._by_path[path[:n]]
-        return self.top
-
-
-def _display(path: KeyPath) -> str:
-    out = ""
-    for i, part in enumerate(path):
-        if i == 1 and path[0] == "stages":
-            out += f"[id={part}]"
-        elif isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out
-
-
-def _problem(origins: _Origins, path: KeyPath, problem: str, fix: str) -> ConfigProblem:
-    return ConfigProblem(origins.of(path), _display(path), problem, fix)
-
-
 # --- loading and merging -----------------------------------------------------
 
 
@@ -310,7 +249,7 @@ def _check_stage_entries(stages: Any, file: str) -> None:
         raise DeployConfigError(problems)
 
 
-def _overlay(base: Any, over: Any, path: KeyPath, origins: _Origins, file: str) -> Any:
+def _overlay(base: Any, over: Any, path: KeyPath, origins: Origins, file: str) -> Any:
     if isinstance(base, dict) and isinstance(over, dict):
         out = dict(base)
         for key, value in over.items():
@@ -326,7 +265,7 @@ def _overlay(base: Any, over: Any, path: KeyPath, origins: _Origins, file: str) 
     return over
 
 
-def _merge_stages(base: list[dict], over: list[dict], origins: _Origins, file: str) -> list[dict]:
+def _merge_stages(base: list[dict], over: list[dict], origins: Origins, file: str) -> list[dict]:
     out = [dict(s) for s in base]
     index = {s["stage_id"]: i for i, s in enumerate(out)}
     for stage in over:
@@ -340,7 +279,7 @@ def _merge_stages(base: list[dict], over: list[dict], origins: _Origins, file: s
     return out
 
 
-def _read_chain(path: Path, origins: _Origins, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+def _read_chain(path: Path, origins: Origins, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     """The file overlaid on its base_config chain (the base is read first)."""
     if path in chain:
         loop = " -> ".join(str(p) for p in chain + (path,))
@@ -389,7 +328,7 @@ def parse_stage_overrides(raw: str | Mapping[Any, Any] | None) -> dict[int, dict
     return out
 
 
-def _apply_overrides(doc: dict[str, Any], overrides: dict[int, dict[str, Any]], origins: _Origins) -> dict[str, Any]:
+def _apply_overrides(doc: dict[str, Any], overrides: dict[int, dict[str, Any]], origins: Origins) -> dict[str, Any]:
     stages = doc.get("stages") or []
     by_id = {s["stage_id"]: i for i, s in enumerate(stages)}
     problems = []
@@ -408,64 +347,7 @@ def _apply_overrides(doc: dict[str, Any], overrides: dict[int, dict[str, Any]], 
 # --- validation --------------------------------------------------------------
 
 
-def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The pydantic model that owns the key at ``loc`` (for listing valid keys)."""
-    current: Any = model
-    for part in loc:
-        if isinstance(part, int):  # an entry of list[X]
-            args = typing.get_args(current)
-            current = args[0] if args else None
-        elif isinstance(current, type) and issubclass(current, BaseModel):
-            field = next((f for name, f in current.model_fields.items() if part in (name, f.alias)), None)
-            current = field.annotation if field else None
-        else:
-            return None
-        if typing.get_origin(current) in (typing.Union, types.UnionType):  # X | None -> X
-            current = next(a for a in typing.get_args(current) if a is not type(None))
-    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
-
-
-def _keys_of(model: type[BaseModel]) -> str:
-    return ", ".join(f.alias or name for name, f in model.model_fields.items())
-
-
-def _fix_for(error: dict[str, Any], owner: type[BaseModel] | None) -> str:
-    kind, ctx = error["type"], error.get("ctx", {})
-    if kind == "extra_forbidden":
-        keys = _keys_of(owner) if owner else "see docs/deploy-config.md"
-        return f"remove the key or correct its spelling; valid keys here: {keys}"
-    if kind == "missing":
-        return f"add the key {error['loc'][-1]!r}"
-    if kind == "literal_error":
-        return f"use one of {ctx.get('expected')}"
-    if kind == "bytes":
-        return "write a byte count: an integer >= 0 or a string such as '512 MiB'"
-    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
-        bound = next(iter(ctx.values()), "")
-        return f"use a value {dict(greater_than_equal='>=', greater_than='>', less_than_equal='<=', less_than='<')[kind]} {bound}"
-    if kind in ("too_short",):
-        return "add at least one entry"
-    return "see docs/deploy-config.md for the expected type"
-
-
-def _pydantic_problems(exc: ValidationError, doc: dict[str, Any], origins: _Origins, root: type[BaseModel], prefix: KeyPath = ()) -> list[ConfigProblem]:
-    problems = []
-    for error in exc.errors():
-        loc = tuple(error["loc"])
-        path = list(prefix)
-        for i, part in enumerate(loc):
-            if not prefix and i == 1 and loc[0] == "stages" and isinstance(part, int):
-                entry = (doc.get("stages") or [None])[part]
-                path.append(entry.get("stage_id", part) if isinstance(entry, dict) else part)
-            else:
-                path.append(part)
-        owner = _model_at(root, loc[:-1]) if error["type"] == "extra_forbidden" else None
-        problem = error["msg"] if error["type"] != "extra_forbidden" else f"unknown key {loc[-1]!r}"
-        problems.append(_problem(origins, tuple(path), problem, _fix_for(error, owner)))
-    return problems
-
-
-def _resolve_models(config: DeployConfig, origins: _Origins) -> None:
+def _resolve_models(config: DeployConfig, origins: Origins) -> None:
     """A relative ``model`` path is relative to the file that sets it."""
     for i, stage in enumerate(config.stages):
         if not stage.model or Path(stage.model).is_absolute():
@@ -499,7 +381,7 @@ def _find_cycle(config: DeployConfig) -> list[int] | None:
     return None
 
 
-def check_deploy_config(config: DeployConfig, origins: _Origins, doc: dict[str, Any]) -> list[ConfigProblem]:
+def check_deploy_config(config: DeployConfig, origins: Origins, doc: dict[str, Any]) -> list[ConfigProblem]:
     """Executors, options, graph and contracts; returns every problem found."""
     from edge_infer.runtime.contracts import known_contracts
     from edge_infer.runtime.executors import executor_target, load_executor, registered_executors
@@ -512,22 +394,22 @@ def check_deploy_config(config: DeployConfig, origins: _Origins, doc: dict[str, 
         try:
             cls = load_executor(executor_target(stage.executor))
         except KeyError:
-            problems.append(_problem(origins, at + ("executor",), f"no executor named {stage.executor!r}", f"use one of {', '.join(registered_executors())} (or register yours with register_executor)"))
+            problems.append(problem_at(origins, at + ("executor",), f"no executor named {stage.executor!r}", f"use one of {', '.join(registered_executors())} (or register yours with register_executor)"))
             continue
         except (ImportError, AttributeError, TypeError) as exc:
-            problems.append(_problem(origins, at + ("executor",), f"executor {stage.executor!r} cannot be imported: {exc}", "install what it needs or fix its registration"))
+            problems.append(problem_at(origins, at + ("executor",), f"executor {stage.executor!r} cannot be imported: {exc}", "install what it needs or fix its registration"))
             continue
         classes[stage.stage_id] = cls
         if stage.kind not in cls.kinds:
-            problems.append(_problem(origins, at + ("kind",), f"executor {stage.executor} serves kind {'/'.join(sorted(cls.kinds))}, not {stage.kind}", f"set kind: {sorted(cls.kinds)[0]} or choose another executor"))
+            problems.append(problem_at(origins, at + ("kind",), f"executor {stage.executor} serves kind {'/'.join(sorted(cls.kinds))}, not {stage.kind}", f"set kind: {sorted(cls.kinds)[0]} or choose another executor"))
         if stage.device not in cls.devices:
-            problems.append(_problem(origins, at + ("device",), f"executor {stage.executor} runs on {', '.join(sorted(cls.devices))}, not {stage.device}", f"set device: {sorted(cls.devices)[0]} or choose an executor for {stage.device}"))
+            problems.append(problem_at(origins, at + ("device",), f"executor {stage.executor} runs on {', '.join(sorted(cls.devices))}, not {stage.device}", f"set device: {sorted(cls.devices)[0]} or choose an executor for {stage.device}"))
         if cls.requires_model and not stage.model:
-            problems.append(_problem(origins, at + ("model",), f"executor {stage.executor} needs a model", "set model: to the model file (relative to this deploy config)"))
+            problems.append(problem_at(origins, at + ("model",), f"executor {stage.executor} needs a model", "set model: to the model file (relative to this deploy config)"))
         try:
             cls.options(stage)
         except ValidationError as exc:
-            problems.extend(_pydantic_problems(exc, doc, origins, cls.Options, prefix=at + ("executor_options",)))
+            problems.extend(pydantic_problems(exc, doc, origins, cls.Options, prefix=at + ("executor_options",)))
 
     seen_routes = set()
     for i, route in enumerate(config.routes):
@@ -535,51 +417,51 @@ def check_deploy_config(config: DeployConfig, origins: _Origins, doc: dict[str, 
         where = f"route {route.from_stage} -> {route.to_stage}"
         for end, sid in (("from", route.from_stage), ("to", route.to_stage)):
             if sid not in ids:
-                problems.append(_problem(origins, at + (end,), f"{where} names stage {sid}, which does not exist", f"use one of the stage ids {sorted(ids)}"))
+                problems.append(problem_at(origins, at + (end,), f"{where} names stage {sid}, which does not exist", f"use one of the stage ids {sorted(ids)}"))
         if route.from_stage == route.to_stage:
-            problems.append(_problem(origins, at, f"{where} loops onto its own stage", "remove the route; a pipeline is a DAG"))
+            problems.append(problem_at(origins, at, f"{where} loops onto its own stage", "remove the route; a pipeline is a DAG"))
         key = (route.from_stage, route.to_stage, route.contract)
         if key in seen_routes:
-            problems.append(_problem(origins, at, f"{where} carrying {route.contract} is listed twice", "remove the duplicate route"))
+            problems.append(problem_at(origins, at, f"{where} carrying {route.contract} is listed twice", "remove the duplicate route"))
         seen_routes.add(key)
         if route.contract not in known_contracts():
-            problems.append(_problem(origins, at + ("contract",), f"unknown contract {route.contract!r}", f"use one of {', '.join(known_contracts())}"))
+            problems.append(problem_at(origins, at + ("contract",), f"unknown contract {route.contract!r}", f"use one of {', '.join(known_contracts())}"))
             continue
         producer, consumer = classes.get(route.from_stage), classes.get(route.to_stage)
         if producer is not None and route.contract not in producer.output_contracts:
-            problems.append(_problem(origins, at + ("contract",), f"{where} carries {route.contract}, but stage {route.from_stage} (executor {config.stage(route.from_stage).executor}) emits {', '.join(sorted(producer.output_contracts))}", "make the route's contract what the producer emits, or change the producer's executor"))
+            problems.append(problem_at(origins, at + ("contract",), f"{where} carries {route.contract}, but stage {route.from_stage} (executor {config.stage(route.from_stage).executor}) emits {', '.join(sorted(producer.output_contracts))}", "make the route's contract what the producer emits, or change the producer's executor"))
         if consumer is not None and route.contract not in consumer.input_contracts:
-            problems.append(_problem(origins, at + ("contract",), f"{where} carries {route.contract}, but stage {route.to_stage} (executor {config.stage(route.to_stage).executor}) accepts {', '.join(sorted(consumer.input_contracts))}", "route a contract the consumer accepts, or change the consumer's executor"))
+            problems.append(problem_at(origins, at + ("contract",), f"{where} carries {route.contract}, but stage {route.to_stage} (executor {config.stage(route.to_stage).executor}) accepts {', '.join(sorted(consumer.input_contracts))}", "route a contract the consumer accepts, or change the consumer's executor"))
 
     endpoints_known = all(r.from_stage in ids and r.to_stage in ids for r in config.routes)
     if endpoints_known and (cycle := _find_cycle(config)):
-        problems.append(_problem(origins, ("routes",), f"routes form a cycle: {' -> '.join(map(str, cycle))}", "remove a route on the cycle; a pipeline is a DAG"))
+        problems.append(problem_at(origins, ("routes",), f"routes form a cycle: {' -> '.join(map(str, cycle))}", "remove a route on the cycle; a pipeline is a DAG"))
 
     for i, sid in enumerate(config.final_outputs):
         if sid not in ids:
-            problems.append(_problem(origins, ("final_outputs", i), f"final output stage {sid} does not exist", f"use one of the stage ids {sorted(ids)}"))
+            problems.append(problem_at(origins, ("final_outputs", i), f"final output stage {sid} does not exist", f"use one of the stage ids {sorted(ids)}"))
     if len(set(config.final_outputs)) != len(config.final_outputs):
-        problems.append(_problem(origins, ("final_outputs",), "a stage is listed twice", "list each stage once"))
+        problems.append(problem_at(origins, ("final_outputs",), "a stage is listed twice", "list each stage once"))
     if len(ids) > 1:
         on_route = {r.from_stage for r in config.routes} | {r.to_stage for r in config.routes}
         for sid in sorted(ids - on_route):
-            problems.append(_problem(origins, ("stages", sid), f"stage {sid} is on no route, so no input can reach it", f"add a route to or from stage {sid}, or remove the stage"))
+            problems.append(problem_at(origins, ("stages", sid), f"stage {sid} is on no route, so no input can reach it", f"add a route to or from stage {sid}, or remove the stage"))
         for sid in sorted(on_route & ids):
             if not config.downstream(sid) and sid not in config.final_outputs:
-                problems.append(_problem(origins, ("final_outputs",), f"stage {sid} has no outgoing route and is not a final output: its outputs would be discarded", f"add {sid} to final_outputs or route its output onward"))
+                problems.append(problem_at(origins, ("final_outputs",), f"stage {sid} has no outgoing route and is not a final output: its outputs would be discarded", f"add {sid} to final_outputs or route its output onward"))
     return problems
 
 
 def load_deploy_config(source: str | os.PathLike[str], stage_overrides: str | Mapping[Any, Any] | None = None) -> DeployConfig:
     """Read, overlay, override and check a deploy config (a path or a bundled name)."""
     path = resolve_config_path(source)
-    origins = _Origins(str(path))
+    origins = Origins(str(path))
     doc = _read_chain(path, origins)
     doc = _apply_overrides(doc, parse_stage_overrides(stage_overrides), origins)
     try:
         config = DeployConfig.model_validate(doc)
     except ValidationError as exc:
-        raise DeployConfigError(_pydantic_problems(exc, doc, origins, DeployConfig)) from None
+        raise DeployConfigError(pydantic_problems(exc, doc, origins, DeployConfig)) from None
     config._source = str(path)
     _resolve_models(config, origins)
     problems = check_deploy_config(config, origins, doc)

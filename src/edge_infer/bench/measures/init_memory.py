@@ -1,4 +1,4 @@
-"""`edge-infer bench init-memory MODEL --out F`: start-up time and memory, measured as MEASURE.md says.
+"""`edge-infer bench init-memory MODEL --out F`: start-up time and memory (benchmarks/README.md says how).
 
 - Times: `ready_s` runs from this process's creation (interpreter start-up
   and imports included; on the kernel's boot clock, see `harness/clock.py`), `import_s` is the engine's import here, `init_s`

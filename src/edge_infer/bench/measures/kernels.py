@@ -5,7 +5,7 @@ kernel, which paths are slow where) come from this table. Each case is a
 linear of the Qwen2.5-0.5B MLP (``--rows`` x ``--cols``, default gate/up
 9728 x 896) through the engine's own ``WeightKernel`` classes, for ``--m``
 rows of activations (1 = a decode step, 64 = a prefill chunk). Cases are
-interleaved and rotated over ``--passes`` (MEASURE.md 6); each pass times
+interleaved and rotated over ``--passes`` (benchmarks/README.md, the grid); each pass times
 repeated calls for at least ``--min-time`` seconds and keeps the median call.
 Run it once per ISA level (``EDGE_INFER_CPU_FEATURES`` and PyTorch's
 ``ATEN_CPU_CAPABILITY`` are in the provenance).

@@ -1,4 +1,4 @@
-"""`edge-infer bench reliability MODEL --out DIR`: SPEC A's fault behaviours, each a recorded outcome.
+"""`edge-infer bench reliability MODEL --out DIR`: the engine's fault behaviours, each a recorded outcome.
 
 Writes DIR/report.json (atomically, after every outcome): per behaviour its
 status (passed, failed, error, skipped), timings and evidence, and the

@@ -1,4 +1,4 @@
-"""The fault behaviours of SPEC A, each checked against a live `LocalTextEngine`.
+"""The engine's fault behaviours (benchmarks/README.md, bench reliability), each checked against a live `LocalTextEngine`.
 
 Order: the oversized plan (nothing loaded), start, a baseline request, a
 saturated stream, a cancel mid-stream, a request after the cancel, a stale

@@ -25,7 +25,7 @@ REPORT_KIND = "edge-infer.bench.reliability"
 @dataclass
 class Outcome:
     name: str
-    expected: str  # the behaviour SPEC A promises, in words
+    expected: str  # the promised behaviour, in words
     status: OutcomeStatus = "error"
     started_at: str = field(default_factory=now_utc)
     duration_s: float = 0.0
