@@ -76,7 +76,7 @@ class Frontend:
     def create(cls, model: str | Path | None = None, skip_tokenizer_init: bool = False, **settings: Any) -> "Frontend":
         """Resolve, tokenize and plan; raises PlanRefusedError when the plan does not fit."""
         model_dir = resolve_model(model)
-        ModelConfig.from_dir(model_dir)  # a directory that is not a checkpoint is the first thing to report
+        ModelConfig.from_dir(model_dir)  # a directory that is not a checkpoint is the first thing to report (parsed once: models/config.py)
         tokenizer = None if skip_tokenizer_init else Tokenizer(model_dir)
         defaults = GenerationDefaults.from_dir(model_dir, tokenizer.eos_token_id if tokenizer else None)
         plan = plan_text_session(model_dir, eos_token_ids=defaults.eos_token_ids, **settings)

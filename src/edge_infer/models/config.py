@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -71,11 +72,7 @@ class ModelConfig:
             raise CheckpointError(f"model directory {model_dir} does not exist; pass a Hugging Face checkpoint directory")
         if not path.is_file():
             raise CheckpointError(f"{path} is missing: a checkpoint directory needs config.json next to its *.safetensors")
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise CheckpointError(f"{path} is not valid JSON ({exc}); restore the file from the original checkpoint") from exc
-        return cls.from_dict(raw, source=str(path))
+        return _parsed(path.read_text(), str(path))
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config.json") -> "ModelConfig":
@@ -159,3 +156,13 @@ def _parse_rope_scaling(raw: dict[str, Any], source: str) -> RopeScaling | None:
         )
     except KeyError as exc:
         raise CheckpointError(f"{source}: rope_scaling of type llama3 lacks {exc.args[0]!r}") from exc
+
+
+@lru_cache(maxsize=16)
+def _parsed(text: str, path: str) -> ModelConfig:
+    """config.json parsed once per content: the frontend, the planner and the loader each ask for it."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path} is not valid JSON ({exc}); restore the file from the original checkpoint") from exc
+    return ModelConfig.from_dict(raw, source=path)
