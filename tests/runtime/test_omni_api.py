@@ -67,6 +67,28 @@ def test_deploy_that_does_not_fit_is_refused_before_any_process(tmp_path):
     assert {p.pid for p in live_children()} == before
 
 
+NO_MAIN_GUARD = """
+import json, sys
+from edge_infer.runtime.omni import Omni
+from runtime import toys
+
+toys.register()
+with Omni(sys.argv[1]) as omni:
+    (result,) = omni.generate([1, 2])
+print(json.dumps({"status": result.status, "error": result.error, "tokens": [int(t) for t in result.joined(0)]}))
+"""
+
+
+def test_a_script_without_a_main_guard_runs_a_pipeline(tmp_path):
+    # Stage processes are fresh interpreters: nothing re-runs this script's top level in them.
+    script = tmp_path / "no_guard.py"
+    script.write_text(NO_MAIN_GUARD)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.run([sys.executable, str(script), str(toys.TOY_TEXT)], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout) == {"status": "finished", "error": None, "tokens": toy_ar_tokens([1, 2], 16)}
+
+
 SCRIPT = """
 import json, sys, threading, time
 from edge_infer.runtime.omni import Omni

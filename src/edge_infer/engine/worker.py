@@ -1,28 +1,26 @@
 """Run an ``EngineCore`` in a worker process (default) or a thread (tests).
 
-Frontends talk to the core over two one-way pipes. The worker is a fresh
-interpreter (``python -m edge_infer.engine.worker``) that inherits the two
-pipe ends: unlike ``multiprocessing``'s spawn it never re-imports the user's
-``__main__``, so a script without an ``if __name__ == "__main__"`` guard works.
-It exits as soon as its command pipe reaches end-of-file, so a frontend that
-dies takes its worker with it. The frontend waits on a pidfd of the worker
-next to the output pipe, so a worker that dies is noticed at once.
+Frontends talk to the core over two one-way pipes. The worker is a child
+process (``engine/child.py``: a fresh interpreter, so no main guard is needed)
+that inherits the two pipe ends. It exits as soon as its command pipe reaches
+end-of-file, so a frontend that dies takes its worker with it. The frontend
+waits on the worker's pidfd next to the output pipe, so a worker that dies is
+noticed at once.
 """
 from __future__ import annotations
 
 import logging
 import os
-import subprocess
-import sys
+import signal
 import threading
 import time
 from multiprocessing.connection import Connection, Pipe, wait
-from pathlib import Path
 from typing import Any, Callable
 
 from edge_infer import errors
 from edge_infer.config import EngineConfig
 from edge_infer.engine import protocol as msg
+from edge_infer.engine.child import Child
 from edge_infer.engine.protocol import ReadyInfo
 
 log = logging.getLogger(__name__)
@@ -113,14 +111,12 @@ def _serve_commands(core: Any, commands: Connection, outputs: _Outputs) -> None:
                 outputs.send(msg.Deltas(deltas, core.current_stats()))
 
 
-def _worker_main(command_fd: int, output_fd: int) -> None:
-    import signal
-
-    # Ctrl-C in a terminal reaches the whole process group, and so does SIGTERM from
-    # `timeout` or a service manager stopping a control group. The frontend decides when its
-    # worker stops (it drains, then closes the pipe), so the worker must not die of them first.
-    # It still ends with its frontend: the pipe closes, even when the frontend is SIGKILLed.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def worker_main(command_fd: int, output_fd: int) -> None:
+    """Entry point of the worker process (engine/child.py has SIGINT ignored)."""
+    # SIGTERM from `timeout` or a service manager stopping a control group reaches the whole
+    # group too. The frontend decides when its worker stops (it drains, then closes the pipe),
+    # so the worker must not die of it first. It still ends with its frontend: the pipe
+    # closes, even when the frontend is SIGKILLed.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     commands = Connection(command_fd, writable=False)
     outputs = Connection(output_fd, readable=False)
@@ -151,8 +147,7 @@ class CoreClient:
         # Liveness: when the core last said anything (heartbeats included), and how long its current step runs.
         self.last_heard: float = time.monotonic()
         self.step_busy_s: float = 0.0
-        self._proc: subprocess.Popen | None = None
-        self._pidfd: int | None = None
+        self._proc: Child | None = None
         self._thread: threading.Thread | None = None
         self._cmd_recv, self._cmd_send = Pipe(duplex=False)
         self._out_recv, self._out_send = Pipe(duplex=False)
@@ -162,14 +157,7 @@ class CoreClient:
 
     def start(self, progress: Callable[[int, int], None] | None = None, timeout_s: float | None = None) -> ReadyInfo:
         if self.mode == "process":
-            fds = (self._cmd_recv.fileno(), self._out_send.fileno())
-            env = dict(os.environ)
-            package_root = str(Path(__file__).resolve().parents[2])
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "edge_infer.engine.worker", str(fds[0]), str(fds[1])], pass_fds=fds, env=env
-            )
-            self._pidfd = os.pidfd_open(self._proc.pid)
+            self._proc = Child(f"{__name__}:worker_main", (self._cmd_recv.fileno(), self._out_send.fileno()))
             # The child holds its own copies; closing ours lets EOF reach each side.
             self._cmd_recv.close()
             self._out_send.close()
@@ -206,48 +194,31 @@ class CoreClient:
     @property
     def alive(self) -> bool:
         if self._proc is not None:
-            return self._proc.poll() is None
+            return self._proc.exitcode is None
         return self._thread is not None and self._thread.is_alive()
 
     def exit_description(self) -> str:
         if self._proc is None:
             return "the engine thread stopped"
-        code = self._proc.poll()
-        if code is not None and code < 0:
-            import signal
-
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = str(-code)
-            return f"the engine worker process (pid {self._proc.pid}) was killed by {name}"
-        return f"the engine worker process (pid {self._proc.pid}) exited with code {code}"
+        return f"the engine worker process (pid {self._proc.pid}) {self._proc.describe_exit()}"
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the core: ask politely, then terminate, then kill."""
+        """Stop the core: ask politely, then kill (the worker ignores SIGTERM)."""
         try:
             self.send(msg.Shutdown())
         except errors.EngineDeadError:
             pass
         if self._proc is not None:
-            try:
-                self._proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self._proc.terminate()
-                try:
-                    self._proc.wait(2)
-                except subprocess.TimeoutExpired:
-                    self.kill()
-            if self._pidfd is not None:
-                os.close(self._pidfd)
-                self._pidfd = None
+            if not self._proc.wait(timeout_s):
+                self.kill()
+            self._proc.close()
         elif self._thread is not None:
             self._thread.join(timeout_s)
         for conn in (self._cmd_send, self._out_recv):
             conn.close()
 
     def kill(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
+        if self._proc is not None:
             self._proc.kill()
             self._proc.wait()
 
@@ -264,8 +235,8 @@ class CoreClient:
         """Messages available within ``timeout_s`` (heartbeats are absorbed into ``last_heard``);
         raises EngineDeadError when the core is gone."""
         waitables: list[Any] = [self._out_recv]
-        if self._pidfd is not None:
-            waitables.append(self._pidfd)
+        if self._proc is not None and self._proc.pidfd is not None:
+            waitables.append(self._proc.pidfd)
         ready = wait(waitables, timeout=timeout_s if self._proc is not None else min(timeout_s or 0.5, 0.5))
         out = []
         heard = False
@@ -293,6 +264,3 @@ class CoreClient:
     def output_fileno(self) -> int:
         return self._out_recv.fileno()
 
-
-if __name__ == "__main__":
-    _worker_main(int(sys.argv[1]), int(sys.argv[2]))

@@ -9,9 +9,9 @@
         results = omni.generate(["hello", "world"])
 
 The deploy config is loaded and checked, and its memory plan admitted, in
-the constructor, before any process starts. Stage processes are started with
-the multiprocessing "spawn" method: a script that creates a pipeline must
-guard its entry point with ``if __name__ == "__main__":``.
+the constructor, before any process starts. Stage processes are fresh
+interpreters that never import the caller's ``__main__`` (``engine/child.py``),
+so a script needs no ``if __name__ == "__main__":`` guard.
 """
 from __future__ import annotations
 

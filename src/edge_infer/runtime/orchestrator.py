@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,7 +154,6 @@ class Orchestrator:
             inline_threshold_bytes=shm.inline_threshold_bytes,
             max_unacked=shm.max_unacked_per_producer,
             max_payload_bytes=slot.plan.max_payload_bytes,
-            parent_pid=os.getpid(),
         )
         worker = WorkerProcess(spec, self._on_message, self._on_exit)
         worker.start()

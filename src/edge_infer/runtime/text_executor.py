@@ -1,7 +1,7 @@
 """The text engine as an ``ar`` stage: a real checkpoint behind the stage protocol.
 
-The stage process runs an ``EngineCore`` in-process (stage processes cannot
-start worker processes of their own) and steps it from ``step()``. Input is
+The stage process runs an ``EngineCore`` in-process (one process per stage,
+no engine worker beside it) and steps it from ``step()``. Input is
 ``text/1`` (tokenized, or rendered as a user message with the chat template
 when ``chat: true``) or ``token_ids/1``; output is one ``token_ids/1`` chunk
 per generated token and, with ``emit_text``, the matching ``text/1`` chunk

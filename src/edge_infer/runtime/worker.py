@@ -1,19 +1,21 @@
 """A stage's process: the loop that drives one executor, and the parent's handle on it.
 
-The stage process reads orchestrator messages, feeds its executor, steps it
-while it has work and sends outputs as long as its unacknowledged-payload
-budget allows (otherwise it waits for releases: back-pressure). It dies with
-its parent: PR_SET_PDEATHSIG (Linux) turns the parent's death into SIGTERM,
-and a closed pipe ends the loop anywhere; either way it unlinks the segments
-it still owns on the way out. A SIGTERM while the parent lives (a service
-manager or `timeout` signalling the whole process group) is the parent's to
-handle: it drains its requests, then shuts the stage down.
+The stage process is a child (``engine/child.py``: a fresh interpreter, so
+no main guard is needed) holding one end of a duplex pipe, over which its
+``WorkerSpec`` comes first. It reads orchestrator messages, feeds its
+executor, steps it while it has work and sends outputs as long as its
+unacknowledged-payload budget allows (otherwise it waits for releases:
+back-pressure). It dies with its parent: PR_SET_PDEATHSIG (Linux) turns the
+parent's death into SIGTERM, and a closed pipe ends the loop anywhere; either
+way it unlinks the segments it still owns on the way out. A SIGTERM while the
+parent lives (a service manager or `timeout` signalling the whole process
+group) is the parent's to handle: it drains its requests, then shuts the
+stage down.
 """
 from __future__ import annotations
 
 import asyncio
 import ctypes
-import multiprocessing as mp
 import os
 import queue
 import signal
@@ -23,9 +25,10 @@ import time
 import traceback
 from collections import deque
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, Pipe, wait
 from typing import Any, Callable
 
+from edge_infer.engine.child import Child
 from edge_infer.runtime import messages as m
 from edge_infer.runtime.config import StageConfig
 from edge_infer.runtime.contracts import Payload, validate
@@ -45,7 +48,6 @@ class WorkerSpec:
     inline_threshold_bytes: int
     max_unacked: int
     max_payload_bytes: int
-    parent_pid: int
 
 
 # --- inside the stage process -------------------------------------------------
@@ -59,16 +61,21 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(0)
 
 
-def run_worker(spec: WorkerSpec, conn: Connection) -> None:
-    """Entry point of the stage process."""
+def run_worker(fd: int) -> None:
+    """Entry point of the stage process (engine/child.py has SIGINT ignored: Ctrl-C is the parent's to handle)."""
+    parent_pid = os.getppid()
 
     def on_sigterm(signum: int, frame: Any) -> None:
-        if os.getppid() != spec.parent_pid:  # the parent is gone (PR_SET_PDEATHSIG): clean up and leave
+        if os.getppid() != parent_pid:  # the parent is gone (PR_SET_PDEATHSIG): clean up and leave
             raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    _die_with_parent(spec.parent_pid)
+    _die_with_parent(parent_pid)
+    conn = Connection(fd)
+    try:
+        spec = conn.recv()
+    except (EOFError, OSError):
+        return  # the parent is gone already
     worker = _StageLoop(spec, conn)
     try:
         worker.serve()
@@ -258,23 +265,12 @@ class _StageLoop:
 _STOP = object()
 
 
-def describe_exit(exitcode: int | None) -> str:
-    if exitcode is None:
-        return "is still running"
-    if exitcode < 0:
-        try:
-            return f"was killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"was killed by signal {-exitcode}"
-    return f"exited with code {exitcode}"
-
-
 class WorkerProcess:
     """A stage process seen from the orchestrator's event loop.
 
-    A reader thread turns pipe messages (and the pipe's end: the process is
-    gone) into callbacks on the loop; a writer thread sends, so the loop never
-    blocks on a full pipe.
+    A reader thread turns pipe messages (and the process's end: its pidfd,
+    or the pipe's end) into callbacks on the loop; a writer thread sends, so
+    the loop never blocks on a full pipe.
     """
 
     def __init__(
@@ -290,6 +286,7 @@ class WorkerProcess:
         self._on_message = on_message
         self._on_exit = on_exit
         self._outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.child: Child | None = None
         self.alive = False
         self.stopping = False  # the orchestrator asked it to stop: its exit is no failure
         self.fatal_error: str | None = None
@@ -304,19 +301,17 @@ class WorkerProcess:
 
     @property
     def pid(self) -> int | None:
-        return self.process.pid if hasattr(self, "process") else None
+        return self.child.pid if self.child is not None else None
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.ready, self.exited = loop.create_future(), loop.create_future()
         # A start failure may be set after the caller stopped waiting: mark it retrieved.
         self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
-        ctx = mp.get_context("spawn")
-        self.conn, child_conn = ctx.Pipe(duplex=True)
-        # daemon: multiprocessing terminates it at interpreter exit if shutdown() was skipped.
-        self.process = ctx.Process(target=run_worker, args=(self.spec, child_conn), name=f"edge-infer-stage{self.stage_id}", daemon=True)
-        self.process.start()
+        self.conn, child_conn = Pipe(duplex=True)
+        self.child = Child(f"{__name__}:run_worker", [child_conn.fileno()])
         child_conn.close()  # only the child holds its end: its death reads as EOF here
+        self._outbox.put(self.spec)  # its first message
         self.alive = True
         threading.Thread(target=self._read, args=(loop,), name=f"stage{self.stage_id}-reader", daemon=True).start()
         threading.Thread(target=self._write, name=f"stage{self.stage_id}-writer", daemon=True).start()
@@ -328,6 +323,8 @@ class WorkerProcess:
     def _read(self, loop: asyncio.AbstractEventLoop) -> None:
         while True:
             try:
+                if not self.conn.poll(0) and self.conn not in wait([self.conn, self.child.pidfd]):
+                    break  # the process exited and left nothing unread
                 msg = self.conn.recv()
             except (EOFError, OSError):
                 break
@@ -339,7 +336,7 @@ class WorkerProcess:
                 loop.call_soon_threadsafe(self._on_message, self, msg)
             except RuntimeError:
                 break  # the loop is closed: nobody listens any more
-        self.process.join(timeout=5)
+        self.child.wait(5)
         self._outbox.put(_STOP)
         try:
             loop.call_soon_threadsafe(self._on_exit, self)
@@ -357,12 +354,11 @@ class WorkerProcess:
                 return  # the process is gone; the reader reports it
 
     def exit_description(self) -> str:
-        reason = describe_exit(self.process.exitcode)
+        reason = self.child.describe_exit()
         return f"{reason}: {self.fatal_error}" if self.fatal_error else reason
 
     def kill(self) -> None:
-        if self.process.is_alive():
-            self.process.kill()
+        self.child.kill()
 
     def close(self) -> None:
         self._outbox.put(_STOP)
@@ -370,3 +366,4 @@ class WorkerProcess:
             self.conn.close()
         except OSError:
             pass
+        self.child.close()

@@ -2,8 +2,8 @@
 
 They are not shipped: ``register()`` (called by tests/conftest.py) adds them to
 the executor registry. A stage process imports its executor by
-``module:Class``; it is spawned with the parent's ``sys.path``, where pytest
-put ``tests/``, so ``runtime.toys.executors`` imports there too.
+``module:Class``; it starts with the parent's ``sys.path`` (engine/child.py),
+where pytest put ``tests/``, so ``runtime.toys.executors`` imports there too.
 """
 from __future__ import annotations
 
