@@ -22,10 +22,9 @@ import pytest
 import torch
 
 from edge_infer.config import EngineConfig
-from edge_infer.models.qwen3_tts.code2wav import Code2Wav, StreamingDecoder, receptive_field_frames
+from edge_infer.models.qwen3_tts.code2wav import Code2Wav, StreamingDecoder, load_code2wav, receptive_field_frames
 from edge_infer.models.qwen3_tts.config import ConfigError, load_code2wav_config, parse_config
 from edge_infer.models.qwen3_tts.generate import SamplingParams
-from edge_infer.models.qwen3_tts.model import load_code2wav
 from edge_infer.models.qwen3_tts.presets import checkpoint_spec
 from edge_infer.models.qwen3_tts.prompt import VoiceRequest, build_prompt
 from edge_infer.models.qwen3_tts.synth import write_random_checkpoint

@@ -23,10 +23,9 @@ from edge_infer.models.config import ModelConfig
 from edge_infer.models.layers.linear import Linear
 from edge_infer.models.llama import DecoderLM, rms_norm
 from edge_infer.models.checkpoint import read_tensor_index
-from edge_infer.models.loader import TORCH_DTYPES, LinearInstaller, load_weights
+from edge_infer.models.loader import TORCH_DTYPES, LinearInstaller, load_module, load_weights
 from edge_infer.models.qwen3_tts.config import Qwen3TTSConfig
 from edge_infer.models.qwen3_tts.talker import TextProjection
-from edge_infer.models.qwen3_tts.weights import build_and_load
 from edge_infer.models.weights import WeightSpec
 from edge_infer.tts.talker_weights import (
     TEXT_SIDE, predictor_decoder_config, predictor_specs, talker_decoder_config, talker_specs,
@@ -152,5 +151,5 @@ def load_paged_talker(model_dir: str | Path, config: Qwen3TTSConfig, engine: Eng
             offer(model, engine.quant)
     # Everything else in model.safetensors belongs to the decoders (or to voice cloning's speaker encoder).
     others = tuple(name for name in read_tensor_index(model_dir) if not name.startswith(TEXT_SIDE))
-    text = build_and_load(lambda: TextSide(config), model_dir, ignore=others, dtype=dtype)
+    text = load_module(lambda: TextSide(config), model_dir, dtype, ignore=others)
     return PagedTalker(config, decoder.eval(), predictor.eval(), text)

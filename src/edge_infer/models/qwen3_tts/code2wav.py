@@ -27,17 +27,20 @@ Module attributes mirror the checkpoint's ``decoder.*`` weight names.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edge_infer.models.loader import load_module
 from edge_infer.models.qwen3_tts.attention import SlidingKVCache
 from edge_infer.models.qwen3_tts.code2wav_shapes import (
-    CONVNEXT_KERNEL, DECODER_KERNEL, PRE_CONV_KERNEL, RESIDUAL_DILATIONS, decoder_dims,
+    CONVNEXT_KERNEL, DECODER_KERNEL, NOT_FOR_DECODING, PRE_CONV_KERNEL, RESIDUAL_DILATIONS, decoder_dims,
 )
 from edge_infer.models.qwen3_tts.config import Code2WavConfig
 from edge_infer.models.qwen3_tts.layers import DecoderStack
+from edge_infer.models.qwen3_tts.layout import SPEECH_TOKENIZER_DIR
 
 CODEBOOK_EPS = 1e-5
 SNAKE_EPS = 1e-9
@@ -282,6 +285,12 @@ class Code2Wav(nn.Module):
         for layer in self.decoder:
             hidden = layer(hidden, state)
         return hidden[0, 0].clamp(-1.0, 1.0)
+
+
+def load_code2wav(model_dir: str | Path, config: Code2WavConfig, dtype: torch.dtype = torch.float32) -> Code2Wav:
+    """Code2Wav from the checkpoint's ``speech_tokenizer/`` (its ``decoder.*`` tensors)."""
+    return load_module(lambda: Code2Wav(config), Path(model_dir) / SPEECH_TOKENIZER_DIR, dtype,
+                       prefix="decoder.", ignore=NOT_FOR_DECODING)
 
 
 def receptive_field_frames(config: Code2WavConfig) -> int:

@@ -12,31 +12,22 @@ from typing import Iterator
 
 import torch
 
-from edge_infer.models.qwen3_tts.code2wav import Code2Wav, StreamingDecoder
-from edge_infer.models.qwen3_tts.code2wav_shapes import NOT_FOR_DECODING
+from edge_infer.models.loader import load_module
+from edge_infer.models.qwen3_tts.code2wav import Code2Wav, StreamingDecoder, load_code2wav
 from edge_infer.models.qwen3_tts.config import (
     Code2WavConfig, GenerationDefaults, Qwen3TTSConfig, load_code2wav_config, load_config, load_generation_defaults,
 )
 from edge_infer.models.qwen3_tts.generate import SamplingParams, generate_frames
-from edge_infer.models.qwen3_tts.layout import SPEECH_TOKENIZER_DIR
 from edge_infer.models.qwen3_tts.prompt import TalkerPrompt, VoiceRequest, build_prompt
 from edge_infer.models.qwen3_tts.talker import Qwen3TTSTalkerCheckpoint, Talker
 from edge_infer.models.qwen3_tts.tokenizer import TextTokenizer
-from edge_infer.models.qwen3_tts.weights import build_and_load
 
 # The reference decodes long utterances in 300-frame chunks with 25 frames of left context.
 DEFAULT_LEFT_CONTEXT = 25
 
 
 def load_talker(model_dir: str | Path, config: Qwen3TTSConfig, dtype: torch.dtype = torch.float32) -> Talker:
-    root = build_and_load(lambda: Qwen3TTSTalkerCheckpoint(config), model_dir,
-                          ignore=("speaker_encoder.",), dtype=dtype)
-    return root.talker
-
-
-def load_code2wav(model_dir: str | Path, config: Code2WavConfig, dtype: torch.dtype = torch.float32) -> Code2Wav:
-    return build_and_load(lambda: Code2Wav(config), Path(model_dir) / SPEECH_TOKENIZER_DIR, prefix="decoder.",
-                          ignore=NOT_FOR_DECODING, dtype=dtype)
+    return load_module(lambda: Qwen3TTSTalkerCheckpoint(config), model_dir, dtype, ignore=("speaker_encoder.",)).talker
 
 
 @dataclass
