@@ -27,8 +27,8 @@ from edge_infer.models.loader import TORCH_DTYPES, LinearInstaller, load_module,
 from edge_infer.models.qwen3_tts.config import Qwen3TTSConfig
 from edge_infer.models.qwen3_tts.talker import TextProjection
 from edge_infer.models.weights import WeightSpec
-from edge_infer.tts.talker_weights import (
-    TEXT_SIDE, predictor_decoder_config, predictor_specs, talker_decoder_config, talker_specs,
+from edge_infer.models.qwen3_tts.talker_weights import (
+    predictor_decoder_config, predictor_specs, talker_decoder_config, talker_specs, text_side_shapes,
 )
 
 
@@ -150,6 +150,7 @@ def load_paged_talker(model_dir: str | Path, config: Qwen3TTSConfig, engine: Eng
 
             offer(model, engine.quant)
     # Everything else in model.safetensors belongs to the decoders (or to voice cloning's speaker encoder).
-    others = tuple(name for name in read_tensor_index(model_dir) if not name.startswith(TEXT_SIDE))
+    text_side = text_side_shapes(config)
+    others = tuple(name for name in read_tensor_index(model_dir) if name not in text_side)
     text = load_module(lambda: TextSide(config), model_dir, dtype, ignore=others)
     return PagedTalker(config, decoder.eval(), predictor.eval(), text)
