@@ -24,12 +24,12 @@ import torch
 from edge_infer.config import EngineConfig
 from edge_infer.models.qwen3_tts.code2wav import Code2Wav, StreamingDecoder, load_code2wav, receptive_field_frames
 from edge_infer.models.qwen3_tts.config import ConfigError, load_code2wav_config, parse_config
-from edge_infer.models.qwen3_tts.generate import SamplingParams
 from edge_infer.models.qwen3_tts.presets import checkpoint_spec
 from edge_infer.models.qwen3_tts.prompt import VoiceRequest, build_prompt
 from edge_infer.models.qwen3_tts.synth import write_random_checkpoint
 from edge_infer.models.qwen3_tts.talker_weights import checkpoint_shapes
 from edge_infer.models.qwen3_tts.tokenizer import TextTokenizer
+from edge_infer.tts.sampler import SamplingParams
 from edge_infer.tts.talker_engine import TalkerEngine, load_talker_engine
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_tts"

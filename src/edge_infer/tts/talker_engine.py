@@ -35,10 +35,10 @@ from edge_infer.engine.scheduler import Scheduler
 from edge_infer.engine.sequence import Sequence
 from edge_infer.errors import InvalidRequestError
 from edge_infer.models.qwen3_tts.config import Qwen3TTSConfig
-from edge_infer.models.qwen3_tts.generate import FrameSampler, SamplingParams
 from edge_infer.models.qwen3_tts.prompt import TalkerPrompt, VoiceRequest, build_prompt
+from edge_infer.models.qwen3_tts.talker import Talker
 from edge_infer.tts.predictor import BatchedCodePredictor
-from edge_infer.tts.talker_model import PagedTalker
+from edge_infer.tts.sampler import FrameSampler, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class _Request:
 
 
 class TalkerEngine:
-    def __init__(self, config: Qwen3TTSConfig, engine: EngineConfig, talker: PagedTalker):
+    def __init__(self, config: Qwen3TTSConfig, engine: EngineConfig, talker: Talker):
         self.config = config
         self.engine = engine
         self.talker = talker
@@ -211,12 +211,35 @@ class TalkerEngine:
         return FrameEvent(request_id, None, finished=True, finish_reason="error", error=message)
 
 
-def load_talker_engine(engine: EngineConfig) -> TalkerEngine:
-    """Load ``engine.model``'s Talker (weights through the engine's linear installer) and build the engine."""
+def load_talker(engine: EngineConfig, config: Qwen3TTSConfig) -> Talker:
+    """Build and fill the Talker's decoders (through the engine's loader and weight kernels) and its text side."""
     from edge_infer.engine.core import linear_installer
+    from edge_infer.memory.measure import malloc_trim
+    from edge_infer.models.checkpoint import read_tensor_index
+    from edge_infer.models.loader import TORCH_DTYPES, load_module, load_weights
+    from edge_infer.models.qwen3_tts.talker import PredictorDecoder, TalkerDecoder, TextSide
+    from edge_infer.models.qwen3_tts.talker_weights import predictor_decoder_config, talker_decoder_config, text_side_shapes
+
+    dtype, talker = TORCH_DTYPES[engine.dtype], config.talker
+    decoder = TalkerDecoder(talker_decoder_config(config, engine.max_model_len, engine.dtype), engine.max_model_len)
+    predictor = PredictorDecoder(predictor_decoder_config(config, engine.dtype), talker.shape.hidden_size,
+                                 talker.num_code_groups)
+    for model in (decoder, predictor):
+        load_weights(model, engine.model, dtype, linear_installer(engine), release=malloc_trim)
+        if engine.quant is not None:
+            from edge_infer.quant.fused_decode import offer
+
+            offer(model, engine.quant)
+    # Everything else in model.safetensors belongs to the decoders (or to voice cloning's speaker encoder).
+    text_side = text_side_shapes(config)
+    others = tuple(name for name in read_tensor_index(engine.model) if name not in text_side)
+    text = load_module(lambda: TextSide(config), engine.model, dtype, prefix="talker.", ignore=others)
+    return Talker(config, decoder.eval(), predictor.eval(), text)
+
+
+def load_talker_engine(engine: EngineConfig) -> TalkerEngine:
+    """Load ``engine.model``'s Talker and build the engine."""
     from edge_infer.models.qwen3_tts.config import load_config
-    from edge_infer.tts.talker_model import load_paged_talker
 
     config = load_config(engine.model)
-    talker = load_paged_talker(engine.model, config, engine, linear_installer(engine))
-    return TalkerEngine(config, engine, talker)
+    return TalkerEngine(config, engine, load_talker(engine, config))

@@ -4,9 +4,8 @@
 with ``start`` (tokens cached before the current forward), ``key_start``
 (the position of the first key ``store`` returns), ``store(layer, k, v)``
 (write the new keys/values, return every key/value the new queries may
-see) and ``advance(n)`` (called once after a forward of n tokens) works.
-``ContiguousKVCache`` keeps a whole sequence; ``SlidingKVCache`` keeps only
-the last keys a sliding window can reach (Code2Wav's streaming decode).
+see) and ``advance(n)`` (called once after a forward of n tokens) works: ``SlidingKVCache`` keeps
+only the last keys a sliding window can reach (Code2Wav's streaming decode).
 Shapes are per sequence, tokens first: ``[T, heads, head_dim]``.
 """
 from __future__ import annotations
@@ -24,37 +23,6 @@ class KVCache(Protocol):
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def advance(self, num_tokens: int) -> None: ...
-
-
-class ContiguousKVCache:
-    """One sequence's keys and values in preallocated [layers, capacity, kv_heads, head_dim] tensors.
-
-    ``start`` moves only in ``advance`` (after all layers of a forward have
-    stored), so every layer of one forward writes at the same offset.
-    """
-
-    def __init__(self, num_layers: int, capacity: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
-        shape = (num_layers, capacity, num_kv_heads, head_dim)
-        self.k = torch.empty(shape, dtype=dtype, device=device)
-        self.v = torch.empty(shape, dtype=dtype, device=device)
-        self.capacity = capacity
-        self.start = 0
-        self.key_start = 0
-
-    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        end = self.start + k.shape[0]
-        if end > self.capacity:
-            raise RuntimeError(f"KV cache full: {end} tokens needed, capacity {self.capacity}")
-        self.k[layer, self.start:end] = k
-        self.v[layer, self.start:end] = v
-        return self.k[layer, :end], self.v[layer, :end]
-
-    def advance(self, num_tokens: int) -> None:
-        self.start += num_tokens
-
-    def reset(self) -> None:
-        self.start = 0
 
 
 class SlidingKVCache:

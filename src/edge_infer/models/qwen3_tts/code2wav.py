@@ -339,15 +339,3 @@ class StreamingDecoder:
         wav = self.code2wav(torch.cat((context, codes.cpu())))
         self.history = torch.cat((context, codes.cpu()))
         return wav[context.shape[0] * self.code2wav.config.samples_per_frame:]
-
-
-def decode_chunked(code2wav: Code2Wav, codes: torch.Tensor, chunk_size: int, left_context: int) -> torch.Tensor:
-    """Decode in chunks of ``chunk_size`` frames, each with ``left_context`` frames before it.
-
-    The reference decodes whole utterances this way with chunk_size=300,
-    left_context=25; shorter utterances are a single chunk.
-    """
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    stream = StreamingDecoder(code2wav, left_context)
-    return torch.cat([stream.push(codes[i:i + chunk_size]) for i in range(0, codes.shape[0], chunk_size)])
