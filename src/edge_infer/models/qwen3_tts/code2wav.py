@@ -34,12 +34,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from edge_infer.models.loader import load_module
-from edge_infer.models.qwen3_tts.attention import SlidingKVCache
 from edge_infer.models.qwen3_tts.code2wav_shapes import (
     CONVNEXT_KERNEL, DECODER_KERNEL, NOT_FOR_DECODING, PRE_CONV_KERNEL, RESIDUAL_DILATIONS, decoder_dims,
 )
 from edge_infer.models.qwen3_tts.config import Code2WavConfig
-from edge_infer.models.qwen3_tts.layers import DecoderStack
+from edge_infer.models.qwen3_tts.layers import DecoderStack, SlidingKVCache
 from edge_infer.models.qwen3_tts.layout import SPEECH_TOKENIZER_DIR
 
 CODEBOOK_EPS = 1e-5
@@ -232,7 +231,7 @@ class DecoderBlock(nn.Module):
 
 class PreTransformer(DecoderStack):
     def __init__(self, config: Code2WavConfig) -> None:
-        super().__init__(config.transformer, qk_norm=False, layer_scale=True)
+        super().__init__(config.transformer)
         self.input_proj = nn.Linear(config.latent_dim, config.transformer.hidden_size)
         self.output_proj = nn.Linear(config.transformer.hidden_size, config.latent_dim)
         self.window = config.sliding_window
