@@ -145,7 +145,7 @@ def test_a_kv_budget_below_one_request_is_refused_at_start() -> None:
 def test_planned_weight_and_kv_bytes_are_what_the_engine_holds(roomy: TalkerEngine) -> None:
     from edge_infer.tts.planning import talker_bytes
 
-    planned = talker_bytes(roomy.config, roomy.engine)
+    planned = talker_bytes(roomy.config, roomy.engine_config)
     assert planned.weights == roomy.talker.resident_bytes()
     assert planned.kv == roomy.cache.nbytes + roomy.predictor.cache.nbytes
 
