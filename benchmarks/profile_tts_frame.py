@@ -45,13 +45,13 @@ def profile(args: argparse.Namespace) -> dict:
 
     from edge_infer.bench.harness import provenance
     from edge_infer.models.loader import TORCH_DTYPES
+    from edge_infer.models.qwen3_tts.code2wav import load_code2wav
     from edge_infer.models.qwen3_tts.config import load_code2wav_config
-    from edge_infer.models.qwen3_tts.generate import SamplingParams
-    from edge_infer.models.qwen3_tts.model import load_code2wav
     from edge_infer.models.qwen3_tts.prompt import VoiceRequest
     from edge_infer.models.qwen3_tts.tokenizer import TextTokenizer
     from edge_infer.runtime.config import load_deploy_config
     from edge_infer.tts.planning import talker_engine_config
+    from edge_infer.tts.sampler import SamplingParams
     from edge_infer.tts.talker_engine import load_talker_engine
 
     stamp = provenance.collect(sorted(os.sched_getaffinity(0)))

@@ -9,10 +9,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from edge_infer.hardware.cpu import detect
-from edge_infer.models.qwen3_tts.code2wav import Code2Wav
+from edge_infer.models.qwen3_tts.code2wav import Code2Wav, load_code2wav
 from edge_infer.models.qwen3_tts.code2wav_shapes import decode_activation_bytes
 from edge_infer.models.qwen3_tts.config import load_code2wav_config, parse_code2wav_config
-from edge_infer.models.qwen3_tts.model import load_code2wav
 from edge_infer.models.qwen3_tts.presets import checkpoint_spec
 from edge_infer.tts.planning import code2wav_weight_bytes
 

@@ -14,8 +14,8 @@ import torch
 
 from edge_infer.config import EngineConfig
 from edge_infer.errors import InvalidRequestError
-from edge_infer.models.qwen3_tts.generate import SamplingParams
 from edge_infer.models.qwen3_tts.prompt import VoiceRequest, build_prompt, prompt_length
+from edge_infer.tts.sampler import SamplingParams
 from edge_infer.tts.talker_engine import TalkerEngine, load_talker_engine
 
 TINY = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_tts" / "tiny"
@@ -145,7 +145,7 @@ def test_a_kv_budget_below_one_request_is_refused_at_start() -> None:
 def test_planned_weight_and_kv_bytes_are_what_the_engine_holds(roomy: TalkerEngine) -> None:
     from edge_infer.tts.planning import talker_bytes
 
-    planned = talker_bytes(roomy.config, roomy.engine)
+    planned = talker_bytes(roomy.config, roomy.engine_config)
     assert planned.weights == roomy.talker.resident_bytes()
     assert planned.kv == roomy.cache.nbytes + roomy.predictor.cache.nbytes
 

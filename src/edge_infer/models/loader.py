@@ -1,4 +1,4 @@
-"""Load Hugging Face safetensors checkpoints into ``DecoderLM``.
+"""Load Hugging Face safetensors checkpoints into ``DecoderLM`` (``load_weights``) or any module (``load_module``).
 
 Files are memory-mapped by ``safetensors`` and every tensor is copied into
 its final dtype a block of rows at a time, so the load-time peak is the
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 import torch
 
@@ -102,6 +102,42 @@ def fill_concatenated(reader: CheckpointReader, sources: tuple[str, ...], out: t
         row += info.shape[0] if info.shape else 1
     if row != (out.shape[0] if out.dim() else 1):
         raise CheckpointError(f"tensors {', '.join(sources)} give {row} rows; config.json implies {out.shape[0]}")
+
+
+M = TypeVar("M", bound=torch.nn.Module)
+
+
+def load_module(factory: Callable[[], M], model_dir: str | Path, dtype: torch.dtype, *, prefix: str = "",
+                ignore: tuple[str, ...] = ()) -> M:
+    """Build a plain module with ``factory`` on the meta device and fill its parameters by name.
+
+    A parameter ``p`` is the checkpoint's ``prefix + p``. Checkpoint names
+    starting with one of ``ignore`` belong to something else; any other
+    extra or missing name is an error that lists them.
+    """
+    with torch.device("meta"):
+        module = factory()
+    wanted = dict(module.named_parameters())
+    with CheckpointReader(model_dir) as reader:
+        names = [n for n in reader.index if n.startswith(prefix) and n[len(prefix):] in wanted]
+        missing = sorted(set(wanted) - {n[len(prefix):] for n in names})
+        unexpected = sorted(n for n in reader.index if n not in names and not n.startswith(ignore))
+        if missing or unexpected:
+            raise CheckpointError(
+                f"{model_dir}: the weights do not match the config "
+                f"(missing: {missing[:8]}{' ...' if len(missing) > 8 else ''}; "
+                f"unexpected: {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''})"
+            )
+        state = {}
+        for name in names:
+            local = name[len(prefix):]
+            if reader.info(name).shape != tuple(wanted[local].shape):
+                raise CheckpointError(f"{model_dir}: {name} has shape {reader.info(name).shape}, "
+                                      f"the config implies {tuple(wanted[local].shape)}")
+            state[local] = torch.empty(wanted[local].shape, dtype=dtype)
+            fill_concatenated(reader, (name,), state[local])
+    module.load_state_dict(state, strict=True, assign=True)
+    return module.eval().requires_grad_(False)
 
 
 LinearInstaller = Callable[[Linear, str, tuple[str, ...], CheckpointReader, torch.dtype], None]

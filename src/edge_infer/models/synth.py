@@ -151,7 +151,7 @@ def write_checkpoint(
     from safetensors.torch import save_file
 
     from edge_infer.models.config import ModelConfig
-    from edge_infer.models.weights import weight_specs
+    from edge_infer.models.weights import source_shapes, weight_specs
 
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; choose one of {', '.join(FAMILIES)}")
@@ -185,7 +185,7 @@ def write_checkpoint(
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for spec in weight_specs(cfg):
-        hf_shapes = _source_shapes(spec, cfg)
+        hf_shapes = source_shapes(spec, cfg)
         for name, shape in zip(spec.sources, hf_shapes):
             if name.endswith("norm.weight") or "layernorm" in name:
                 t = torch.ones(shape, dtype=torch_dtype)
@@ -214,14 +214,3 @@ def write_checkpoint(
             json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
         )
     return out
-
-
-def _source_shapes(spec, cfg) -> list[tuple[int, ...]]:
-    """Shapes of the checkpoint tensors that make up one of our (possibly fused) tensors."""
-    if len(spec.sources) == 1:
-        return [spec.shape]
-    if spec.target.endswith("qkv") or spec.target.endswith("qkv.bias"):
-        rows = [cfg.q_size, cfg.kv_size, cfg.kv_size]
-    else:  # gate_up
-        rows = [cfg.intermediate_size, cfg.intermediate_size]
-    return [(r, *spec.shape[1:]) for r in rows]

@@ -53,3 +53,18 @@ def weight_specs(cfg: ModelConfig) -> list[WeightSpec]:
     if not cfg.tie_word_embeddings:
         specs.append(WeightSpec("lm_head", (cfg.vocab_size, h), ("lm_head.weight",), True))
     return specs
+
+
+def source_shapes(spec: WeightSpec, cfg: ModelConfig) -> list[tuple[int, ...]]:
+    """Shapes of the checkpoint tensors that make up one of our (possibly fused) tensors.
+
+    q/k/v split by head counts; any other fused tensor (gate/up, stacked
+    tables) into equal parts.
+    """
+    if len(spec.sources) == 1:
+        return [spec.shape]
+    if spec.target.endswith("qkv") or spec.target.endswith("qkv.bias"):
+        rows = [cfg.q_size, cfg.kv_size, cfg.kv_size]
+    else:
+        rows = [spec.shape[0] // len(spec.sources)] * len(spec.sources)
+    return [(r, *spec.shape[1:]) for r in rows]

@@ -178,9 +178,8 @@ class Code2WavExecutor(StageExecutor):
         import torch
 
         from edge_infer.models.loader import TORCH_DTYPES
-        from edge_infer.models.qwen3_tts.code2wav import StreamingDecoder
+        from edge_infer.models.qwen3_tts.code2wav import StreamingDecoder, load_code2wav
         from edge_infer.models.qwen3_tts.config import load_code2wav_config
-        from edge_infer.models.qwen3_tts.model import load_code2wav
 
         self.torch = torch
         self.opts: Code2WavOptions = self.options(stage)

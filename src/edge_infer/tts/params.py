@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from edge_infer.models.qwen3_tts.config import GenerationDefaults
-from edge_infer.models.qwen3_tts.generate import SamplingParams
+from edge_infer.tts.sampler import SamplingParams
 
 
 class SpeechParams(BaseModel):

@@ -35,7 +35,7 @@ from edge_infer.models.qwen3_tts.config import Code2WavConfig, Qwen3TTSConfig, l
 from edge_infer.models.qwen3_tts.layout import SPEECH_TOKENIZER_DIR
 from edge_infer.models.weights import WeightSpec
 from edge_infer.runtime.executors import ReservationPlan
-from edge_infer.tts.talker_weights import predictor_decoder_config, predictor_specs, talker_decoder_config, talker_specs, text_side_numel
+from edge_infer.models.qwen3_tts.talker_weights import predictor_decoder_config, predictor_specs, talker_decoder_config, talker_specs, text_side_numel
 
 if TYPE_CHECKING:  # pragma: no cover
     from edge_infer.runtime.config import StageConfig

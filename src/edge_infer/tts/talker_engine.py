@@ -35,10 +35,10 @@ from edge_infer.engine.scheduler import Scheduler
 from edge_infer.engine.sequence import Sequence
 from edge_infer.errors import InvalidRequestError
 from edge_infer.models.qwen3_tts.config import Qwen3TTSConfig
-from edge_infer.models.qwen3_tts.generate import FrameSampler, SamplingParams
 from edge_infer.models.qwen3_tts.prompt import TalkerPrompt, VoiceRequest, build_prompt
+from edge_infer.models.qwen3_tts.talker import Talker
 from edge_infer.tts.predictor import BatchedCodePredictor
-from edge_infer.tts.talker_model import PagedTalker
+from edge_infer.tts.sampler import FrameSampler, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -71,25 +71,26 @@ class _Request:
 
 
 class TalkerEngine:
-    def __init__(self, config: Qwen3TTSConfig, engine: EngineConfig, talker: PagedTalker):
+    def __init__(self, config: Qwen3TTSConfig, engine_config: EngineConfig, talker: Talker):
         self.config = config
-        self.engine = engine
+        self.engine_config = engine_config
         self.talker = talker
         shape = config.talker.shape
-        self.layout = KVLayout(shape.num_layers, shape.num_kv_heads, shape.head_dim, talker.dtype.itemsize, engine.block_size)
-        self.cache = KVCache(self.layout, self.layout.blocks_for_budget(engine.kv_cache_memory_bytes), talker.dtype)
-        self.scheduler = Scheduler(self.layout, self.cache.num_blocks, engine.max_num_seqs, engine.max_num_batched_tokens)
-        self.predictor = BatchedCodePredictor(talker.predictor, engine.max_num_seqs, config.talker.num_code_groups)
+        self.layout = KVLayout(shape.num_layers, shape.num_kv_heads, shape.head_dim, talker.dtype.itemsize, engine_config.block_size)
+        self.cache = KVCache(self.layout, self.layout.blocks_for_budget(engine_config.kv_cache_memory_bytes), talker.dtype)
+        self.scheduler = Scheduler(self.layout, self.cache.num_blocks, engine_config.max_num_seqs,
+                                   engine_config.max_num_batched_tokens)
+        self.predictor = BatchedCodePredictor(talker.predictor, engine_config.max_num_seqs, config.talker.num_code_groups)
         self.group = shape.num_heads // shape.num_kv_heads
         self.eos = config.talker.codec.eos
         self.requests: dict[str, _Request] = {}
         # Threads for steps with prompt tokens, and for steps that only generate frames (set_threads).
         self.prefill_threads = self.decode_threads = torch.get_num_threads()
-        if self.capacity_tokens < engine.max_model_len:
+        if self.capacity_tokens < engine_config.max_model_len:
             raise ValueError(
-                f"kv_cache_memory_bytes={engine.kv_cache_memory_bytes} holds {self.capacity_tokens} Talker positions, "
-                f"fewer than one max_model_len={engine.max_model_len} request; raise the budget to at least "
-                f"{self.layout.blocks_for_tokens(engine.max_model_len) * self.layout.bytes_per_block} bytes or lower max_model_len"
+                f"kv_cache_memory_bytes={engine_config.kv_cache_memory_bytes} holds {self.capacity_tokens} Talker positions, "
+                f"fewer than one max_model_len={engine_config.max_model_len} request; raise the budget to at least "
+                f"{self.layout.blocks_for_tokens(engine_config.max_model_len) * self.layout.bytes_per_block} bytes or lower max_model_len"
             )
 
     def set_threads(self, prefill: int, decode: int) -> None:
@@ -114,7 +115,7 @@ class TalkerEngine:
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
         length = prompt.prefill.shape[0]
-        limit = self.engine.max_model_len
+        limit = self.engine_config.max_model_len
         if length >= limit:
             raise InvalidRequestError(
                 f"the prompt takes {length} Talker positions, max_model_len is {limit}; shorten the text or raise max_model_len"
@@ -211,12 +212,35 @@ class TalkerEngine:
         return FrameEvent(request_id, None, finished=True, finish_reason="error", error=message)
 
 
-def load_talker_engine(engine: EngineConfig) -> TalkerEngine:
-    """Load ``engine.model``'s Talker (weights through the engine's linear installer) and build the engine."""
+def load_talker(engine_config: EngineConfig, config: Qwen3TTSConfig) -> Talker:
+    """Build and fill the Talker's decoders (through the engine's loader and weight kernels) and its text side."""
     from edge_infer.engine.core import linear_installer
-    from edge_infer.models.qwen3_tts.config import load_config
-    from edge_infer.tts.talker_model import load_paged_talker
+    from edge_infer.memory.measure import malloc_trim
+    from edge_infer.models.checkpoint import read_tensor_index
+    from edge_infer.models.loader import TORCH_DTYPES, load_module, load_weights
+    from edge_infer.models.qwen3_tts.talker import PredictorDecoder, TalkerDecoder, TextSide
+    from edge_infer.models.qwen3_tts.talker_weights import predictor_decoder_config, talker_decoder_config, text_side_shapes
 
-    config = load_config(engine.model)
-    talker = load_paged_talker(engine.model, config, engine, linear_installer(engine))
-    return TalkerEngine(config, engine, talker)
+    e, talker = engine_config, config.talker
+    dtype = TORCH_DTYPES[e.dtype]
+    decoder = TalkerDecoder(talker_decoder_config(config, e.max_model_len, e.dtype), e.max_model_len)
+    predictor = PredictorDecoder(predictor_decoder_config(config, e.dtype), talker.shape.hidden_size, talker.num_code_groups)
+    for model in (decoder, predictor):
+        load_weights(model, e.model, dtype, linear_installer(e), release=malloc_trim)
+        if e.quant is not None:
+            from edge_infer.quant.fused_decode import offer
+
+            offer(model, e.quant)
+    # Everything else in model.safetensors belongs to the decoders (or to voice cloning's speaker encoder).
+    text_side = text_side_shapes(config)
+    others = tuple(name for name in read_tensor_index(e.model) if name not in text_side)
+    text = load_module(lambda: TextSide(config), e.model, dtype, prefix="talker.", ignore=others)
+    return Talker(config, decoder.eval(), predictor.eval(), text)
+
+
+def load_talker_engine(engine_config: EngineConfig) -> TalkerEngine:
+    """Load ``engine_config.model``'s Talker and build the engine."""
+    from edge_infer.models.qwen3_tts.config import load_config
+
+    config = load_config(engine_config.model)
+    return TalkerEngine(config, engine_config, load_talker(engine_config, config))

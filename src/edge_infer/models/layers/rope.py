@@ -29,13 +29,19 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None
     return torch.where(in_band, smoothed, scaled)
 
 
+def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 cos and signed sin ``[T, head_dim]`` of ``positions`` (half-split: the two halves share frequencies).
+
+    The sin has its first half negated: rotate_half(x) * sin == roll(x, half) * signed_sin.
+    """
+    freqs = torch.outer(positions.to(torch.float32), inv_freq)
+    return torch.cat((freqs.cos(), freqs.cos()), dim=-1), torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
+
+
 class RotaryTable:
     def __init__(self, head_dim: int, theta: float, max_positions: int, scaling: RopeScaling | None = None):
         inv_freq = inverse_frequencies(head_dim, theta, scaling)
-        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        self.cos = torch.cat((freqs.cos(), freqs.cos()), dim=-1)
-        # sin with the first half negated: rotate_half(x) * sin == roll(x, half) * signed_sin
-        self.signed_sin = torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
+        self.cos, self.signed_sin = rotary_tables(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         self.max_positions = max_positions
 
     @staticmethod

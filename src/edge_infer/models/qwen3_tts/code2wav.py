@@ -27,17 +27,19 @@ Module attributes mirror the checkpoint's ``decoder.*`` weight names.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edge_infer.models.qwen3_tts.attention import SlidingKVCache
+from edge_infer.models.loader import load_module
 from edge_infer.models.qwen3_tts.code2wav_shapes import (
-    CONVNEXT_KERNEL, DECODER_KERNEL, PRE_CONV_KERNEL, RESIDUAL_DILATIONS, decoder_dims,
+    CONVNEXT_KERNEL, DECODER_KERNEL, NOT_FOR_DECODING, PRE_CONV_KERNEL, RESIDUAL_DILATIONS, decoder_dims,
 )
 from edge_infer.models.qwen3_tts.config import Code2WavConfig
-from edge_infer.models.qwen3_tts.layers import DecoderStack
+from edge_infer.models.qwen3_tts.layers import DecoderStack, SlidingKVCache
+from edge_infer.models.qwen3_tts.layout import SPEECH_TOKENIZER_DIR
 
 CODEBOOK_EPS = 1e-5
 SNAKE_EPS = 1e-9
@@ -229,7 +231,7 @@ class DecoderBlock(nn.Module):
 
 class PreTransformer(DecoderStack):
     def __init__(self, config: Code2WavConfig) -> None:
-        super().__init__(config.transformer, qk_norm=False, layer_scale=True)
+        super().__init__(config.transformer)
         self.input_proj = nn.Linear(config.latent_dim, config.transformer.hidden_size)
         self.output_proj = nn.Linear(config.transformer.hidden_size, config.latent_dim)
         self.window = config.sliding_window
@@ -284,6 +286,12 @@ class Code2Wav(nn.Module):
         return hidden[0, 0].clamp(-1.0, 1.0)
 
 
+def load_code2wav(model_dir: str | Path, config: Code2WavConfig, dtype: torch.dtype = torch.float32) -> Code2Wav:
+    """Code2Wav from the checkpoint's ``speech_tokenizer/`` (its ``decoder.*`` tensors)."""
+    return load_module(lambda: Code2Wav(config), Path(model_dir) / SPEECH_TOKENIZER_DIR, dtype,
+                       prefix="decoder.", ignore=NOT_FOR_DECODING)
+
+
 def receptive_field_frames(config: Code2WavConfig) -> int:
     """Frames of left context after which a frame's audio no longer depends on earlier frames.
 
@@ -330,15 +338,3 @@ class StreamingDecoder:
         wav = self.code2wav(torch.cat((context, codes.cpu())))
         self.history = torch.cat((context, codes.cpu()))
         return wav[context.shape[0] * self.code2wav.config.samples_per_frame:]
-
-
-def decode_chunked(code2wav: Code2Wav, codes: torch.Tensor, chunk_size: int, left_context: int) -> torch.Tensor:
-    """Decode in chunks of ``chunk_size`` frames, each with ``left_context`` frames before it.
-
-    The reference decodes whole utterances this way with chunk_size=300,
-    left_context=25; shorter utterances are a single chunk.
-    """
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    stream = StreamingDecoder(code2wav, left_context)
-    return torch.cat([stream.push(codes[i:i + chunk_size]) for i in range(0, codes.shape[0], chunk_size)])

@@ -1,8 +1,18 @@
-"""The pre-norm transformer block shared by the Talker, the code predictor and Code2Wav.
+"""Code2Wav's pre-transformer: pre-norm blocks with layer scale and sliding-window causal attention.
 
 Attribute names follow the checkpoint's weight names (``self_attn.q_proj``,
-``mlp.gate_proj``, ``input_layernorm`` ...), so a state dict loads as is.
-All activations are per sequence, tokens first: ``[T, hidden]``.
+``mlp.gate_proj``, ``input_layernorm``, ``self_attn_layer_scale`` ...), so a
+state dict loads as is. RMSNorm and RoPE are the text engine's
+(``rms_norm``, ``models/layers/rope.py``). Activations are per sequence,
+tokens first: ``[T, hidden]``, and ``[T, heads, head_dim]`` in attention.
+
+``attend`` is the only place where a layer touches its cache, a
+``SlidingKVCache``: ``start`` (tokens cached before the current forward),
+``key_start`` (the position of the first key ``store`` returns),
+``store(layer, k, v)`` (write the new keys/values, return every key/value
+the new queries may see) and ``advance(n)`` (called once after a forward of
+n tokens). It keeps only the last keys the window can reach, so a streaming
+decode runs in memory bounded by the window.
 """
 from __future__ import annotations
 
@@ -10,21 +20,87 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edge_infer.models.qwen3_tts.attention import KVCache, attend
+from edge_infer.models.layers.rope import apply_rotary, inverse_frequencies, rotary_tables
+from edge_infer.models.llama import rms_norm
 from edge_infer.models.qwen3_tts.config import TransformerShape
 
 
+class SlidingKVCache:
+    """One sequence's most recent ``keep`` keys/values per layer; older ones are dropped in ``advance``.
+
+    With ``keep = window - 1`` a sliding-window stack attends exactly as over
+    the whole history, in memory bounded by the window.
+    """
+
+    def __init__(self, num_layers: int, keep: int) -> None:
+        self.keep = keep
+        self.k: list[torch.Tensor | None] = [None] * num_layers
+        self.v: list[torch.Tensor | None] = [None] * num_layers
+        self.start = 0
+        self.key_start = 0
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        old_k, old_v = self.k[layer], self.v[layer]
+        if old_k is not None:
+            k, v = torch.cat((old_k, k)), torch.cat((old_v, v))
+        self.k[layer], self.v[layer] = k, v
+        return k, v
+
+    def advance(self, num_tokens: int) -> None:
+        self.start += num_tokens
+        for layer, (k, v) in enumerate(zip(self.k, self.v)):
+            if k is not None and k.shape[0] > self.keep:
+                drop = k.shape[0] - self.keep
+                self.k[layer], self.v[layer] = k[drop:].clone(), v[drop:].clone()
+        self.key_start = max(0, self.start - self.keep)
+
+
+def attention_mask(q_start: int, num_q: int, k_start: int, num_k: int, window: int | None,
+                   device: torch.device) -> torch.Tensor | None:
+    """Boolean [num_q, num_k] mask for keys at positions ``k_start..``: causal, and within ``window``
+    keys (itself included) if given.
+
+    ``None`` when every key is visible (a single query at the end of the cache, no window).
+    """
+    if num_q == 1 and window is None and q_start + 1 == k_start + num_k:
+        return None
+    q_pos = torch.arange(q_start, q_start + num_q, device=device)[:, None]
+    k_pos = torch.arange(k_start, k_start + num_k, device=device)[None, :]
+    allowed = k_pos <= q_pos
+    if window is not None:
+        allowed &= k_pos > q_pos - window
+    return allowed
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: SlidingKVCache | None, layer: int,
+           window: int | None = None) -> torch.Tensor:
+    """Causal (optionally sliding-window) attention of new queries over cached + new keys.
+
+    q: [T, Hq, D]; k, v: [T, Hkv, D] (already rotated). Returns [T, Hq * D].
+    Without a cache the T tokens attend among themselves from position 0.
+    """
+    start = key_start = 0
+    if cache is not None:
+        start, key_start = cache.start, cache.key_start
+        k, v = cache.store(layer, k, v)
+    mask = attention_mask(start, q.shape[0], key_start, k.shape[0], window, q.device)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+        attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1],
+    )
+    return out.transpose(0, 1).reshape(q.shape[0], -1)
+
+
 class RMSNorm(nn.Module):
+    """``rms_norm`` with its weight under the checkpoint's name."""
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 whatever the weight dtype, as the reference does.
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class LayerScale(nn.Module):
@@ -36,22 +112,8 @@ class LayerScale(nn.Module):
         return self.scale * x
 
 
-def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape [T, 1, head_dim] (half-split layout: the two halves share frequencies)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim))
-    freqs = positions.float()[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
 class SelfAttention(nn.Module):
-    def __init__(self, shape: TransformerShape, qk_norm: bool) -> None:
+    def __init__(self, shape: TransformerShape) -> None:
         super().__init__()
         self.num_heads = shape.num_heads
         self.num_kv_heads = shape.num_kv_heads
@@ -60,18 +122,15 @@ class SelfAttention(nn.Module):
         self.k_proj = nn.Linear(shape.hidden_size, shape.num_kv_heads * shape.head_dim, bias=False)
         self.v_proj = nn.Linear(shape.hidden_size, shape.num_kv_heads * shape.head_dim, bias=False)
         self.o_proj = nn.Linear(shape.num_heads * shape.head_dim, shape.hidden_size, bias=False)
-        # Qwen3-style per-head norms on q and k (the Talker and code predictor have them, Code2Wav not).
-        self.q_norm = RMSNorm(shape.head_dim, shape.rms_norm_eps) if qk_norm else nn.Identity()
-        self.k_norm = RMSNorm(shape.head_dim, shape.rms_norm_eps) if qk_norm else nn.Identity()
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache | None,
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: SlidingKVCache | None,
                 layer: int, window: int | None) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(t, self.num_heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim))
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         cos, sin = rope
-        out = attend(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, cache, layer, window)
+        out = attend(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, cache, layer, window)
         return self.o_proj(out)
 
 
@@ -87,42 +146,37 @@ class GatedMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """x + attn(norm(x)), then + mlp(norm(x)); Code2Wav scales both branches (layer scale)."""
+    """x + scale * attn(norm(x)), then + scale * mlp(norm(x))."""
 
-    def __init__(self, shape: TransformerShape, *, qk_norm: bool, layer_scale: bool) -> None:
+    def __init__(self, shape: TransformerShape) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
-        self.self_attn = SelfAttention(shape, qk_norm)
+        self.self_attn = SelfAttention(shape)
         self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.mlp = GatedMLP(shape.hidden_size, shape.intermediate_size)
-        if layer_scale:
-            self.self_attn_layer_scale = LayerScale(shape.hidden_size)
-            self.mlp_layer_scale = LayerScale(shape.hidden_size)
-        self.layer_scale = layer_scale
+        self.self_attn_layer_scale = LayerScale(shape.hidden_size)
+        self.mlp_layer_scale = LayerScale(shape.hidden_size)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache | None,
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: SlidingKVCache | None,
                 layer: int, window: int | None = None) -> torch.Tensor:
-        h = self.self_attn(self.input_layernorm(x), rope, cache, layer, window)
-        x = x + (self.self_attn_layer_scale(h) if self.layer_scale else h)
-        h = self.mlp(self.post_attention_layernorm(x))
-        return x + (self.mlp_layer_scale(h) if self.layer_scale else h)
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), rope, cache, layer, window))
+        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 
 
 class DecoderStack(nn.Module):
     """``layers`` + final ``norm``; positions continue from the cache's ``start``."""
 
-    def __init__(self, shape: TransformerShape, *, qk_norm: bool, layer_scale: bool) -> None:
+    def __init__(self, shape: TransformerShape) -> None:
         super().__init__()
         self.shape = shape
-        self.layers = nn.ModuleList(
-            DecoderLayer(shape, qk_norm=qk_norm, layer_scale=layer_scale) for _ in range(shape.num_layers)
-        )
+        self.layers = nn.ModuleList(DecoderLayer(shape) for _ in range(shape.num_layers))
         self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, window: int | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: SlidingKVCache | None = None, window: int | None = None) -> torch.Tensor:
         start = cache.start if cache is not None else 0
-        positions = torch.arange(start, start + x.shape[0], device=x.device)
-        rope = rope_tables(positions, self.shape.head_dim, self.shape.rope_theta, x.dtype)
+        positions = torch.arange(start, start + x.shape[0])
+        cos, sin = rotary_tables(positions, inverse_frequencies(self.shape.head_dim, self.shape.rope_theta, None))
+        rope = cos.to(x.dtype)[:, None], sin.to(x.dtype)[:, None]
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, cache, i, window)
         return self.norm(x)

@@ -20,22 +20,17 @@ non-streaming: nothing) or tts_pad once that is exhausted.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
 from edge_infer.models.qwen3_tts.config import Qwen3TTSConfig
 
+if TYPE_CHECKING:  # pragma: no cover
+    from edge_infer.models.qwen3_tts.talker import Talker
+
 ROLE_TOKENS = 3   # <|im_start|> assistant \n
 TAIL_TOKENS = 5   # <|im_end|> \n <|im_start|> assistant \n
-
-
-class PromptEmbedder(Protocol):
-    """What a prompt is built from: ``Talker`` here, the engine's paged Talker in ``edge_infer.tts``."""
-
-    def embed_text(self, ids: list[int] | torch.Tensor) -> torch.Tensor: ...
-
-    def embed_codec(self, ids: list[int] | torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -102,7 +97,7 @@ def prompt_length(config: Qwen3TTSConfig, request: VoiceRequest) -> int:
     return len(request.instruct_ids or ()) + ROLE_TOKENS + think + 2 + text
 
 
-def build_prompt(talker: PromptEmbedder, config: Qwen3TTSConfig, request: VoiceRequest) -> TalkerPrompt:
+def build_prompt(talker: Talker, config: Qwen3TTSConfig, request: VoiceRequest) -> TalkerPrompt:
     _check_layout(config, request.input_ids)
     codec = config.talker.codec
     text_ids = config.text

@@ -24,7 +24,7 @@ from edge_infer.models.qwen3_tts.code2wav import Code2Wav
 from edge_infer.models.qwen3_tts.config import parse_code2wav_config, parse_config
 from edge_infer.models.qwen3_tts.layout import SPEECH_TOKENIZER_DIR, write_configs
 from edge_infer.models.qwen3_tts.presets import checkpoint_spec
-from edge_infer.models.qwen3_tts.talker import Qwen3TTSTalkerCheckpoint
+from edge_infer.models.qwen3_tts.talker_weights import checkpoint_shapes
 
 DEFAULT_DTYPES = {"tiny": torch.float32, "qwen3-tts-0.6b": torch.bfloat16}
 
@@ -55,12 +55,10 @@ def random_tensor(name: str, shape: tuple[int, ...], generator: torch.Generator)
     return 1.0 + 0.1 * noise  # norm weights
 
 
-def _random_state(module: torch.nn.Module, prefix: str, seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _random_state(shapes: dict[str, tuple[int, ...]], seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    # Drawn in name order, so a tensor's value depends only on the names, not on how they were listed.
     generator = torch.Generator().manual_seed(seed)
-    return {
-        prefix + name: random_tensor(prefix + name, tuple(param.shape), generator).to(dtype)
-        for name, param in sorted(module.named_parameters())
-    }
+    return {name: random_tensor(name, shape, generator).to(dtype) for name, shape in sorted(shapes.items())}
 
 
 def write_random_checkpoint(out_dir: str | Path, preset: str = "tiny", seed: int = 0,
@@ -71,9 +69,10 @@ def write_random_checkpoint(out_dir: str | Path, preset: str = "tiny", seed: int
     out = Path(out_dir)
     write_configs(out, spec)
     with torch.device("meta"):
-        talker = Qwen3TTSTalkerCheckpoint(parse_config(spec.config))
         code2wav = Code2Wav(parse_code2wav_config(spec.speech_tokenizer_config))
-    save_file(_random_state(talker, "", seed, dtype), str(out / "model.safetensors"), metadata={"format": "pt"})
-    save_file(_random_state(code2wav, "decoder.", seed + 1, dtype),
+    talker = checkpoint_shapes(parse_config(spec.config))
+    decoder = {"decoder." + name: tuple(param.shape) for name, param in code2wav.named_parameters()}
+    save_file(_random_state(talker, seed, dtype), str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(_random_state(decoder, seed + 1, dtype),
               str(out / SPEECH_TOKENIZER_DIR / "model.safetensors"), metadata={"format": "pt"})
     return out

@@ -1,28 +1,77 @@
-"""The Talker: an autoregressive decoder over codec frames, and its code predictor.
+"""The Talker: an autoregressive decoder over codec frames, its code predictor, and its text side.
 
-Per frame the Talker's decoder predicts the first codebook's code from its
-last hidden state (``codec_head``); the code predictor, a small decoder of
-its own, then predicts the remaining ``num_code_groups - 1`` residual codes
-one by one, conditioned on that hidden state and the codes so far. The sum
-of the frame's code embeddings (plus one text embedding) is the Talker's
-next input.
+Per frame the decoder predicts the first codebook's code from its last
+hidden state (``codec_head``); the code predictor, a small decoder of its
+own, then predicts the remaining ``num_code_groups - 1`` residual codes one
+by one, conditioned on that hidden state and the codes so far. The sum of
+the frame's code embeddings (plus one text embedding) is the decoder's next
+input.
 
-Module attributes mirror the checkpoint's ``talker.*`` weight names.
+Both decoders are Qwen3-architecture stacks (q/k RMSNorm, GQA, 1-D RoPE),
+so both are the text engine's ``DecoderLM``: fused q/k/v and gate/up, the
+engine's weight kernels and ``paged_attention`` over a paged KV cache.
+``talker_weights`` maps the checkpoint names. The text side (text
+embedding + projection MLP) only builds prompts; it is a plain torch module
+(``TextSide``) in the model's dtype.
 """
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edge_infer.models.qwen3_tts.attention import ContiguousKVCache, KVCache
-from edge_infer.models.qwen3_tts.config import CodePredictorConfig, Qwen3TTSConfig, TalkerConfig
-from edge_infer.models.qwen3_tts.layers import DecoderStack
+from edge_infer.models.config import ModelConfig
+from edge_infer.models.layers.linear import Linear
+from edge_infer.models.llama import DecoderLM, rms_norm
+from edge_infer.models.qwen3_tts.config import Qwen3TTSConfig
+from edge_infer.models.qwen3_tts.talker_weights import predictor_specs, talker_specs
+from edge_infer.models.weights import WeightSpec
 
-# Chooses a code from a logits vector.
-CodeSelector = Callable[[torch.Tensor], int]
+
+class TalkerDecoder(DecoderLM):
+    """The Talker's decoder: codec embedding in, codec head out."""
+
+    def weight_specs(self) -> list[WeightSpec]:
+        return talker_specs(self.cfg)
+
+    def head(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Final norm over decoder outputs ``[n, hidden]``; returns (normed hidden, fp32 codec logits)."""
+        normed = rms_norm(hidden, self.final_norm, self.cfg.rms_norm_eps)
+        return normed, self.lm_head(normed).float()
+
+
+class PredictorDecoder(DecoderLM):
+    """The code predictor: one output head per residual codebook, embeddings of residual codes stacked.
+
+    ``embed`` holds the residual codebooks' tables one after the other (in
+    the Talker's width, as they also feed the Talker): code ``c`` of
+    residual codebook ``i`` (1-based) is row ``(i - 1) * codebook_size + c``.
+    """
+
+    def __init__(self, cfg: ModelConfig, talker_hidden: int, num_code_groups: int):
+        super().__init__(cfg, max_positions=num_code_groups)
+        self.talker_hidden = talker_hidden
+        self.codebook_size = cfg.vocab_size
+        self.num_residual = num_code_groups - 1
+        self.heads = nn.ModuleList(Linear(cfg.hidden_size, cfg.vocab_size, bias=False) for _ in range(self.num_residual))
+        # Only when the widths differ (e.g. the 1.7B Talker).
+        self.projection = Linear(talker_hidden, cfg.hidden_size, bias=True) if talker_hidden != cfg.hidden_size else None
+
+    def weight_specs(self) -> list[WeightSpec]:
+        return predictor_specs(self.cfg, self.talker_hidden, self.num_residual + 1)
+
+    def resident_bytes(self) -> int:
+        extra = sum(h.resident_bytes for h in self.heads)
+        return super().resident_bytes() + extra + (self.projection.resident_bytes if self.projection is not None else 0)
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        return self.projection(x) if self.projection is not None else x
+
+    def embed_residual(self, codebook: int, codes: torch.Tensor) -> torch.Tensor:
+        """Embeddings (Talker width) of codes of residual codebook ``codebook`` (1-based)."""
+        return F.embedding(codes + (codebook - 1) * self.codebook_size, self.embed)
 
 
 class TextProjection(nn.Module):
@@ -37,103 +86,56 @@ class TextProjection(nn.Module):
         return self.linear_fc2(F.silu(self.linear_fc1(x)))
 
 
-class TalkerModel(DecoderStack):
-    def __init__(self, config: TalkerConfig) -> None:
-        super().__init__(config.shape, qk_norm=True, layer_scale=False)
-        self.codec_embedding = nn.Embedding(config.vocab_size, config.shape.hidden_size)
-        self.text_embedding = nn.Embedding(config.text_vocab_size, config.text_hidden_size)
-
-
-class CodePredictorModel(DecoderStack):
-    def __init__(self, config: CodePredictorConfig, talker_hidden: int) -> None:
-        super().__init__(config.shape, qk_norm=True, layer_scale=False)
-        # Residual codebook i's embedding lives in the Talker's width: it feeds both models.
-        self.codec_embedding = nn.ModuleList(
-            nn.Embedding(config.codebook_size, talker_hidden) for _ in range(config.num_code_groups - 1)
-        )
-
-
-class CodePredictor(nn.Module):
-    def __init__(self, config: CodePredictorConfig, talker_hidden: int) -> None:
-        super().__init__()
-        self.config = config
-        self.model = CodePredictorModel(config, talker_hidden)
-        self.lm_head = nn.ModuleList(
-            nn.Linear(config.shape.hidden_size, config.codebook_size, bias=False)
-            for _ in range(config.num_code_groups - 1)
-        )
-        # Present in the checkpoint only when the widths differ (e.g. the 1.7B Talker).
-        self.small_to_mtp_projection = (
-            nn.Linear(talker_hidden, config.shape.hidden_size, bias=True)
-            if config.shape.hidden_size != talker_hidden else nn.Identity()
-        )
-
-    def new_cache(self, like: torch.Tensor) -> ContiguousKVCache:
-        shape = self.config.shape
-        return ContiguousKVCache(shape.num_layers, self.config.num_code_groups, shape.num_kv_heads,
-                                 shape.head_dim, dtype=like.dtype, device=like.device)
-
-    def predict(self, talker_hidden: torch.Tensor, first_code_embedding: torch.Tensor,
-                select: CodeSelector, cache: ContiguousKVCache) -> list[int]:
-        """Residual codes 1..G-1 of one frame.
-
-        The sequence is [talker hidden state, embedding of the first code,
-        embeddings of residual codes 1..G-2]; position i's output through
-        ``lm_head[i-1]`` gives residual code i.
-        """
-        cache.reset()
-        x = torch.stack((talker_hidden, first_code_embedding))
-        codes: list[int] = []
-        for step in range(self.config.num_code_groups - 1):
-            hidden = self.model(self.small_to_mtp_projection(x), cache)
-            cache.advance(x.shape[0])
-            code = select(self.lm_head[step](hidden[-1]))
-            codes.append(code)
-            if step + 1 < len(self.lm_head):
-                x = self.model.codec_embedding[step](torch.tensor([code], device=hidden.device))
-        return codes
-
-
-class Talker(nn.Module):
-    def __init__(self, config: TalkerConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.model = TalkerModel(config)
-        self.text_projection = TextProjection(config.text_hidden_size, config.shape.hidden_size)
-        self.codec_head = nn.Linear(config.shape.hidden_size, config.vocab_size, bias=False)
-        self.code_predictor = CodePredictor(config.code_predictor, config.shape.hidden_size)
-
-    def embed_text(self, ids: list[int] | torch.Tensor) -> torch.Tensor:
-        ids = torch.as_tensor(ids, dtype=torch.long, device=self.codec_head.weight.device)
-        return self.text_projection(self.model.text_embedding(ids))
-
-    def embed_codec(self, ids: list[int] | torch.Tensor) -> torch.Tensor:
-        ids = torch.as_tensor(ids, dtype=torch.long, device=self.codec_head.weight.device)
-        return self.model.codec_embedding(ids)
-
-    def embed_frame(self, codes: torch.Tensor) -> torch.Tensor:
-        """Sum of a frame's code embeddings: first code in the Talker's table, residuals in the predictor's."""
-        parts = [self.model.codec_embedding(codes[:1])]
-        parts += [table(codes[i + 1:i + 2]) for i, table in enumerate(self.code_predictor.model.codec_embedding)]
-        return torch.cat(parts).sum(0)
-
-    def new_cache(self, capacity: int, dtype: torch.dtype | None = None) -> ContiguousKVCache:
-        shape = self.config.shape
-        weight = self.codec_head.weight
-        return ContiguousKVCache(shape.num_layers, capacity, shape.num_kv_heads, shape.head_dim,
-                                 dtype=dtype or weight.dtype, device=weight.device)
-
-    def forward(self, embeds: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """Run [T, hidden] input embeddings through the decoder; returns the normed hidden states."""
-        hidden = self.model(embeds, cache)
-        cache.advance(embeds.shape[0])
-        return hidden
-
-
-class Qwen3TTSTalkerCheckpoint(nn.Module):
-    """The root of config.json's model: only ``talker`` (CustomVoice has no speaker encoder)."""
+class _TextModel(nn.Module):
+    """Holds ``text_embedding`` only to give it the checkpoint's name, ``model.text_embedding``."""
 
     def __init__(self, config: Qwen3TTSConfig) -> None:
         super().__init__()
-        self.config = config
-        self.talker = Talker(config.talker)
+        talker = config.talker
+        # An explicit (uninitialised) weight: Embedding's own init on the meta device imports sympy, +67 MB RssAnon.
+        shape = (talker.text_vocab_size, talker.text_hidden_size)
+        self.text_embedding = nn.Embedding(*shape, _weight=torch.empty(shape))
+
+
+class TextSide(nn.Module):
+    """``talker.model.text_embedding`` and ``talker.text_projection`` (load with prefix ``talker.``): text ids -> Talker inputs."""
+
+    def __init__(self, config: Qwen3TTSConfig) -> None:
+        super().__init__()
+        self.model = _TextModel(config)
+        self.text_projection = TextProjection(config.talker.text_hidden_size, config.talker.shape.hidden_size)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.text_projection(self.model.text_embedding(ids))
+
+
+@dataclass
+class Talker:
+    """The loaded Talker: decoder, code predictor and text side, plus the embeddings a prompt needs."""
+
+    config: Qwen3TTSConfig
+    decoder: TalkerDecoder
+    predictor: PredictorDecoder
+    text: TextSide
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.decoder.dtype
+
+    # The embedding interface of ``build_prompt``.
+
+    def embed_text(self, ids: list[int] | torch.Tensor) -> torch.Tensor:
+        return self.text(torch.as_tensor(ids, dtype=torch.long))
+
+    def embed_codec(self, ids: list[int] | torch.Tensor) -> torch.Tensor:
+        return self.decoder.embed_tokens(torch.as_tensor(ids, dtype=torch.long))
+
+    def embed_frame(self, frame: torch.Tensor) -> torch.Tensor:
+        """Sum of a frame's code embeddings: first code in the Talker's table, residuals in the predictor's."""
+        offsets = frame[1:] + torch.arange(self.predictor.num_residual) * self.predictor.codebook_size
+        parts = torch.cat((self.decoder.embed_tokens(frame[:1]), F.embedding(offsets, self.predictor.embed)))
+        return parts.sum(0)
+
+    def resident_bytes(self) -> int:
+        text = sum(p.numel() * p.element_size() for p in self.text.parameters())
+        return self.decoder.resident_bytes() + self.predictor.resident_bytes() + text

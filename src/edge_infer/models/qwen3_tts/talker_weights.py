@@ -9,18 +9,20 @@ so they load as ``DecoderLM``s; only the checkpoint names differ:
     final_norm        talker.model.norm               talker.code_predictor.model.norm
     lm_head           talker.codec_head               heads.{i} <- talker.code_predictor.lm_head.{i}
 
-The memory plan sizes the weights from these lists without importing torch.
+The text side (``talker.model.text_embedding``, ``talker.text_projection``)
+is a plain module. The memory plan sizes the weights from these lists
+without importing torch; ``synth`` writes random checkpoints from them.
 """
 from __future__ import annotations
 
+import math
+
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.qwen3_tts.config import Qwen3TTSConfig, TransformerShape
-from edge_infer.models.weights import WeightSpec, weight_specs
+from edge_infer.models.weights import WeightSpec, source_shapes, weight_specs
 
 TALKER = "talker."
 PREDICTOR = "talker.code_predictor."
-# Everything of model.safetensors that is neither decoder: the text side, and voice cloning's speaker encoder.
-TEXT_SIDE = (TALKER + "model.text_embedding.", TALKER + "text_projection.")
 
 
 def decoder_config(shape: TransformerShape, vocab_size: int, max_positions: int, dtype: str) -> ModelConfig:
@@ -76,8 +78,30 @@ def predictor_specs(cfg: ModelConfig, talker_hidden: int, num_code_groups: int) 
     return out
 
 
-def text_side_numel(config: Qwen3TTSConfig) -> int:
-    """Parameters of the text embedding and the projection MLP (fc1 and fc2 with biases)."""
+def text_side_shapes(config: Qwen3TTSConfig) -> dict[str, tuple[int, ...]]:
+    """The text embedding and the projection MLP (fc1 and fc2 with biases), by checkpoint name."""
     talker = config.talker
-    text, hidden = talker.text_hidden_size, talker.shape.hidden_size
-    return talker.text_vocab_size * text + (text * text + text) + (hidden * text + hidden)
+    text, hidden, mlp = talker.text_hidden_size, talker.shape.hidden_size, TALKER + "text_projection."
+    return {
+        TALKER + "model.text_embedding.weight": (talker.text_vocab_size, text),
+        mlp + "linear_fc1.weight": (text, text), mlp + "linear_fc1.bias": (text,),
+        mlp + "linear_fc2.weight": (hidden, text), mlp + "linear_fc2.bias": (hidden,),
+    }
+
+
+def text_side_numel(config: Qwen3TTSConfig) -> int:
+    return sum(math.prod(shape) for shape in text_side_shapes(config).values())
+
+
+def checkpoint_shapes(config: Qwen3TTSConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor of model.safetensors the Talker reads, by name (CustomVoice: there is nothing else)."""
+    talker = config.talker
+    # max_model_len only sizes RoPE tables, not tensors of the checkpoint.
+    decoder = talker_decoder_config(config, 1, "float32")
+    predictor = predictor_decoder_config(config, "float32")
+    shapes = text_side_shapes(config)
+    for cfg, specs in ((decoder, talker_specs(decoder)),
+                       (predictor, predictor_specs(predictor, talker.shape.hidden_size, talker.num_code_groups))):
+        for spec in specs:
+            shapes.update(zip(spec.sources, source_shapes(spec, cfg)))
+    return shapes

@@ -1,4 +1,4 @@
-"""The generation loop: one codec frame (all codebooks) at a time.
+"""Choosing a frame's codes from logits, by the reference's rules.
 
 Logit processing follows the reference (Hugging Face ``generate`` with the
 arguments ``Qwen3TTSForConditionalGeneration.generate`` passes), in this
@@ -20,14 +20,10 @@ so ``max_new_tokens = N`` yields at most ``N - 1`` frames.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterator
 
 import torch
 
-from edge_infer.models.qwen3_tts.attention import KVCache
 from edge_infer.models.qwen3_tts.config import GenerationDefaults, TalkerConfig
-from edge_infer.models.qwen3_tts.prompt import TalkerPrompt
-from edge_infer.models.qwen3_tts.talker import Talker
 
 MIN_FRAMES_BEFORE_EOS = 2
 
@@ -127,29 +123,3 @@ class FrameSampler:
         return _choose(scores, p.subtalker_do_sample, p.subtalker_temperature, p.subtalker_top_k,
                        p.subtalker_top_p, self.generator)
 
-
-@torch.inference_mode()
-def generate_frames(talker: Talker, prompt: TalkerPrompt, params: SamplingParams,
-                    cache: KVCache | None = None, generator: torch.Generator | None = None) -> Iterator[torch.Tensor]:
-    """Yield frames as LongTensor [num_code_groups] until eos or ``params.max_frames``.
-
-    ``cache`` defaults to a contiguous cache sized for the prefill plus
-    ``max_frames``; pass the engine's cache to run inside it.
-    """
-    if cache is None:
-        cache = talker.new_cache(prompt.prefill.shape[0] + params.max_frames)
-    sampler = FrameSampler(talker.config, params, generator)
-    predictor_cache = talker.code_predictor.new_cache(prompt.prefill)
-    hidden = talker(prompt.prefill, cache)[-1]
-    for step in range(params.max_frames):
-        first = sampler.first_code(talker.codec_head(hidden))
-        if first == sampler.eos:
-            return
-        first_embedding = talker.embed_codec([first])[0]
-        residual = talker.code_predictor.predict(hidden, first_embedding, sampler.residual_code, predictor_cache)
-        frame = torch.tensor([first] + residual, dtype=torch.long)
-        yield frame
-        if step + 1 == params.max_frames:
-            return
-        embed = talker.embed_frame(frame.to(hidden.device)) + prompt.text_for_step(step)
-        hidden = talker(embed[None], cache)[-1]
