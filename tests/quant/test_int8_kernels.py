@@ -140,7 +140,7 @@ def decode(model, cache: KVCache, ids: list[int], past: list[int], blocks: list[
     meta = AttentionMetadata(slots, [build_seq_attention(i, 1, p + 1, b, 16, group, None)
                                      for i, (p, b) in enumerate(zip(past, blocks))])
     model.fused_decode = None if fused else False
-    out = model.decode(model.embed_tokens(torch.tensor(ids)), torch.tensor(past), meta, cache)
+    out = model.run_layers(model.embed_tokens(torch.tensor(ids)), torch.tensor(past), meta, cache)
     assert model.fused_decode is fused
     return out
 
@@ -151,7 +151,7 @@ def prefill(model, cache: KVCache, ids: torch.Tensor, blocks: list[int]) -> None
     meta = AttentionMetadata(torch.tensor([blocks[i // 16] * 16 + i % 16 for i in range(n)]),
                              [build_seq_attention(0, n, n, blocks, 16, group, None)])
     model.fused_decode = False
-    model.decode(model.embed_tokens(ids), torch.arange(n), meta, cache)
+    model.run_layers(model.embed_tokens(ids), torch.arange(n), meta, cache)
 
 
 @pytest.mark.parametrize("variant", VARIANTS[:-1])  # every serving variant this CPU runs
@@ -219,7 +219,7 @@ def test_fused_decode_is_not_used_for_tinygemm_weights(fused_model, make_core):
     cache = cache_for(model)
     group = model.cfg.num_attention_heads // model.cfg.num_key_value_heads
     meta = AttentionMetadata(torch.tensor([0]), [build_seq_attention(0, 1, 1, [0], 16, group, None)])
-    model.decode(model.embed_tokens(torch.tensor([5])), torch.tensor([0]), meta, cache)
+    model.run_layers(model.embed_tokens(torch.tensor([5])), torch.tensor([0]), meta, cache)
     assert model.fused_decode is False
 
 

@@ -156,7 +156,7 @@ class DecoderLM(nn.Module):
             return self.lm_head.kernel.rows(input_ids)
         return F.embedding(input_ids, self.embed).to(self.dtype)  # a 16-bit table for fp32 activations: widened here
 
-    def decode(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: "KVCache") -> torch.Tensor:
+    def run_layers(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: "KVCache") -> torch.Tensor:
         """Run the decoder layers over input embeddings ``[T, hidden]``; returns hidden states."""
         cos, sin = self.rope.lookup(positions, x.dtype)
         if self.fused_decode is None:
@@ -176,7 +176,7 @@ class DecoderLM(nn.Module):
         kv_cache: "KVCache",
         logits_rows: torch.Tensor,
     ) -> torch.Tensor:
-        x = self.decode(self.embed_tokens(input_ids), positions, meta, kv_cache)
+        x = self.run_layers(self.embed_tokens(input_ids), positions, meta, kv_cache)
         if logits_rows.numel() == 0:  # only mid-prompt chunks this step: nothing to sample
             return torch.empty(0, self.cfg.vocab_size)
         x = rms_norm(x.index_select(0, logits_rows), self.final_norm, self.cfg.rms_norm_eps)

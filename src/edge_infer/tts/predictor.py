@@ -55,7 +55,7 @@ class BatchedCodePredictor:
         codes: list[list[int]] = [[] for _ in range(batch)]
         for head in range(p.num_residual):
             positions, meta = self._step_inputs(batch, first, q_len)
-            out = p.decode(p.project(x), positions, meta, self.cache)
+            out = p.run_layers(p.project(x), positions, meta, self.cache)
             last = out[q_len - 1::q_len]
             logits = p.heads[head](rms_norm(last, p.final_norm, p.cfg.rms_norm_eps)).float()
             picked = [choose(row) for choose, row in zip(select, logits)]

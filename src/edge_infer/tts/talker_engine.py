@@ -166,7 +166,7 @@ class TalkerEngine:
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
         x = torch.cat([self._inputs(self.requests[item.seq.request_id], start, end) for item, start, end in step.spans])
-        hidden = self.talker.decoder.decode(x, step.positions, step.meta, self.cache)
+        hidden = self.talker.decoder.run_layers(x, step.positions, step.meta, self.cache)
         for item in batch:
             item.seq.num_computed += item.num_new
         if not step.sampling:
