@@ -51,7 +51,7 @@ def profile(args: argparse.Namespace) -> dict:
     from edge_infer.models.qwen3_tts.tokenizer import TextTokenizer
     from edge_infer.runtime.config import load_deploy_config
     from edge_infer.tts.planning import talker_engine_config
-    from edge_infer.tts.sampler import SamplingParams
+    from edge_infer.models.qwen3_tts.config import SamplingParams
     from edge_infer.tts.talker_engine import load_talker_engine
 
     stamp = provenance.collect(sorted(os.sched_getaffinity(0)))

@@ -29,7 +29,7 @@ from edge_infer.models.qwen3_tts.prompt import VoiceRequest, build_prompt
 from edge_infer.models.qwen3_tts.synth import write_random_checkpoint
 from edge_infer.models.qwen3_tts.talker_weights import checkpoint_shapes
 from edge_infer.models.qwen3_tts.tokenizer import TextTokenizer
-from edge_infer.tts.sampler import SamplingParams
+from edge_infer.models.qwen3_tts.config import SamplingParams
 from edge_infer.tts.talker_engine import TalkerEngine, load_talker_engine
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_tts"

@@ -15,7 +15,7 @@ import torch
 from edge_infer.config import EngineConfig
 from edge_infer.errors import InvalidRequestError
 from edge_infer.models.qwen3_tts.prompt import VoiceRequest, build_prompt, prompt_length
-from edge_infer.tts.sampler import SamplingParams
+from edge_infer.models.qwen3_tts.config import SamplingParams
 from edge_infer.tts.talker_engine import TalkerEngine, load_talker_engine
 
 TINY = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_tts" / "tiny"

@@ -13,8 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from edge_infer.models.qwen3_tts.config import GenerationDefaults
-from edge_infer.tts.sampler import SamplingParams
+from edge_infer.models.qwen3_tts.config import SamplingParams
 
 
 class SpeechParams(BaseModel):
@@ -43,8 +42,7 @@ class SpeechParams(BaseModel):
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'params'}: {e['msg']}" for e in exc.errors())
             raise ValueError(f"invalid speech parameters: {problems} (known: {', '.join(cls.model_fields)})") from None
 
-    def sampling(self, defaults: GenerationDefaults) -> SamplingParams:
-        params = SamplingParams.from_defaults(defaults)
+    def sampling(self, defaults: SamplingParams) -> SamplingParams:
         overrides: dict[str, Any] = {}
         for ours, theirs in (("top_k", "top_k"), ("top_p", "top_p"), ("repetition_penalty", "repetition_penalty"),
                              ("subtalker_top_k", "subtalker_top_k"), ("subtalker_top_p", "subtalker_top_p"),
@@ -58,4 +56,4 @@ class SpeechParams(BaseModel):
                 overrides[sample] = False
             elif value is not None:
                 overrides[name] = value
-        return replace(params, ignore_eos=self.ignore_eos, **overrides)
+        return replace(defaults, ignore_eos=self.ignore_eos, **overrides)

@@ -13,58 +13,16 @@ top-p -> sample (or argmax).
 residual codebooks (code predictor): temperature -> top-k -> top-p ->
 sample (or argmax); no penalty, no masking.
 
-``max_frames`` counts complete frames. The reference's ``max_new_tokens``
-counts first-codebook tokens and its last token never gets residual codes,
-so ``max_new_tokens = N`` yields at most ``N - 1`` frames.
+``SamplingParams`` (models/qwen3_tts/config.py) says which rules apply.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 
 import torch
 
-from edge_infer.models.qwen3_tts.config import GenerationDefaults, TalkerConfig
+from edge_infer.models.qwen3_tts.config import SamplingParams, TalkerConfig
 
 MIN_FRAMES_BEFORE_EOS = 2
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    do_sample: bool = True
-    temperature: float = 0.9
-    top_k: int = 50
-    top_p: float = 1.0
-    repetition_penalty: float = 1.05
-    subtalker_do_sample: bool = True
-    subtalker_temperature: float = 0.9
-    subtalker_top_k: int = 50
-    subtalker_top_p: float = 1.0
-    max_frames: int = 2047
-    ignore_eos: bool = False  # run to max_frames (benchmarks: lengths independent of random weights)
-
-    @classmethod
-    def from_defaults(cls, defaults: GenerationDefaults, **overrides: object) -> "SamplingParams":
-        params = cls(
-            do_sample=defaults.do_sample, temperature=defaults.temperature, top_k=defaults.top_k,
-            top_p=defaults.top_p, repetition_penalty=defaults.repetition_penalty,
-            subtalker_do_sample=defaults.subtalker_do_sample, subtalker_temperature=defaults.subtalker_temperature,
-            subtalker_top_k=defaults.subtalker_top_k, subtalker_top_p=defaults.subtalker_top_p,
-            max_frames=max(defaults.max_new_tokens - 1, 1),
-        )
-        return replace(params, **overrides)
-
-    def greedy(self) -> "SamplingParams":
-        return replace(self, do_sample=False, subtalker_do_sample=False)
-
-    def __post_init__(self) -> None:
-        for name in ("temperature", "subtalker_temperature", "repetition_penalty"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("top_p", "subtalker_top_p"):
-            if not 0 < getattr(self, name) <= 1:
-                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
-        if self.max_frames < 1:
-            raise ValueError(f"max_frames must be >= 1, got {self.max_frames}")
 
 
 def _warp(scores: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:

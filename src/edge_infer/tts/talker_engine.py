@@ -34,11 +34,11 @@ from edge_infer.engine.sampling_params import SamplingParams as EngineSamplingPa
 from edge_infer.engine.scheduler import Scheduler
 from edge_infer.engine.sequence import Sequence
 from edge_infer.errors import InvalidRequestError
-from edge_infer.models.qwen3_tts.config import Qwen3TTSConfig
+from edge_infer.models.qwen3_tts.config import Qwen3TTSConfig, SamplingParams
 from edge_infer.models.qwen3_tts.prompt import TalkerPrompt, VoiceRequest, build_prompt
 from edge_infer.models.qwen3_tts.talker import Talker
 from edge_infer.tts.predictor import BatchedCodePredictor
-from edge_infer.tts.sampler import FrameSampler, SamplingParams
+from edge_infer.tts.sampler import FrameSampler
 
 log = logging.getLogger(__name__)
 

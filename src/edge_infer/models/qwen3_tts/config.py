@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -163,8 +163,13 @@ class Code2WavConfig:
 
 
 @dataclass(frozen=True)
-class GenerationDefaults:
-    """generation_config.json: the sampling defaults shipped with the checkpoint."""
+class SamplingParams:
+    """How the Talker samples a frame; a checkpoint's generation_config.json gives the defaults.
+
+    ``max_frames`` counts complete frames: the reference's ``max_new_tokens``
+    counts first-codebook tokens and its last token never gets residual codes,
+    so ``max_new_tokens = N`` yields at most ``N - 1`` frames.
+    """
 
     do_sample: bool = True
     temperature: float = 0.9
@@ -175,7 +180,21 @@ class GenerationDefaults:
     subtalker_temperature: float = 0.9
     subtalker_top_k: int = 50
     subtalker_top_p: float = 1.0
-    max_new_tokens: int = 2048
+    max_frames: int = 2047
+    ignore_eos: bool = False  # run to max_frames (benchmarks: lengths independent of random weights)
+
+    def greedy(self) -> "SamplingParams":
+        return replace(self, do_sample=False, subtalker_do_sample=False)
+
+    def __post_init__(self) -> None:
+        for name in ("temperature", "subtalker_temperature", "repetition_penalty"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("top_p", "subtalker_top_p"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+        if self.max_frames < 1:
+            raise ValueError(f"max_frames must be >= 1, got {self.max_frames}")
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -300,17 +319,21 @@ def parse_code2wav_config(data: dict[str, Any], where: str = "speech_tokenizer/c
     return config
 
 
-def parse_generation_defaults(data: dict[str, Any], where: str = "generation_config.json") -> GenerationDefaults:
+def parse_generation_defaults(data: dict[str, Any], where: str = "generation_config.json") -> SamplingParams:
     r = _Reader(data, where)
-    base = GenerationDefaults()
+    base = SamplingParams()
     known = {
         "do_sample": ("do_sample", bool), "temperature": ("temperature", float), "top_k": ("top_k", int),
         "top_p": ("top_p", float), "repetition_penalty": ("repetition_penalty", float),
         "subtalker_dosample": ("subtalker_do_sample", bool), "subtalker_temperature": ("subtalker_temperature", float),
         "subtalker_top_k": ("subtalker_top_k", int), "subtalker_top_p": ("subtalker_top_p", float),
-        "max_new_tokens": ("max_new_tokens", int),
     }
-    return GenerationDefaults(**{attr: r.get(key, kind, getattr(base, attr)) for key, (attr, kind) in known.items()})
+    values = {attr: r.get(key, kind, getattr(base, attr)) for key, (attr, kind) in known.items()}
+    max_new_tokens = r.get("max_new_tokens", int, base.max_frames + 1)
+    try:
+        return SamplingParams(**values, max_frames=max(max_new_tokens - 1, 1))
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def load_config(model_dir: str | Path) -> Qwen3TTSConfig:
@@ -323,8 +346,8 @@ def load_code2wav_config(model_dir: str | Path) -> Code2WavConfig:
     return parse_code2wav_config(_read_json(path), str(path))
 
 
-def load_generation_defaults(model_dir: str | Path) -> GenerationDefaults:
+def load_generation_defaults(model_dir: str | Path) -> SamplingParams:
     path = Path(model_dir) / "generation_config.json"
     if not path.is_file():
-        return GenerationDefaults()
+        return SamplingParams()
     return parse_generation_defaults(_read_json(path), str(path))
