@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the published comparisons and regenerate docs/results.md.
 #
-#   benchmarks/run_published.sh [grid options, e.g. --cores 2-3 --passes 3]
+#   [SPECS="benchmarks/specs/a.json ..."] [PROFILES=0] benchmarks/run_published.sh [grid options, e.g. --cores 2-3 --passes 3]
 #
 # Run it on quiet cores: every grid refuses busy cores and holds the host
 # lock. First (once) it writes the synthetic checkpoints and their GGUFs
@@ -35,12 +35,13 @@ if [ ! -f "$models/qwen3-tts-0.6b/config.json" ]; then  # speech: no GGUF
 fi
 
 status=0
-for spec in benchmarks/specs/*.json; do
+for spec in ${SPECS:-benchmarks/specs/*.json}; do  # SPECS: a subset, e.g. SPECS="benchmarks/specs/pp-tg-*.json"
   name=$(basename "$spec" .json)
   echo "== $name" >&2
   $EDGE_INFER bench grid --spec "$spec" --out "benchmarks/results/$name.json" "$@" || status=1
 done
 PYTHON=$(dirname "$EDGE_INFER")/python; [ -x "$PYTHON" ] || PYTHON=python
+if [ "${PROFILES:-1}" = 0 ]; then benchmarks/render_results.sh; exit $status; fi  # grids only
 cores=$(printf '%s\n' "$@" | sed -n '/^--cores$/{n;p;}')  # the grids' --cores, if given
 for arm in "bf16:" "bf16-packed-head:--packed-head" "w4a16:--quantization cpu_int4" \
            "w4a16-head:--quantization cpu_int4 --quantize-head" "w4a8-head:--quantization cpu_w4a8 --quantize-head"; do
