@@ -32,6 +32,7 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = {"prompt": "Hello", "max_tokens": 2}
+RECOVERY_WAIT_S = 30  # a server that is not healthy again by then counts as not recovered
 
 
 def free_port() -> int:
@@ -99,12 +100,15 @@ def stall(server: Server, body: bytes, concurrent: int) -> dict:
 
 
 def recovery(server: Server) -> dict:
-    (worker,) = [c.pid for c in psutil.Process(server.proc.pid).children(recursive=True)]
+    workers = [c.pid for c in psutil.Process(server.proc.pid).children(recursive=True)]
+    if not workers:
+        return {"recovered": False, "why": "no engine worker to kill: the one killed before was not restarted"}
+    (worker,) = workers
     killed = time.monotonic()
     os.kill(worker, signal.SIGKILL)
     time.sleep(0.05)
     try:
-        healthy = server.wait_healthy(60)
+        healthy = server.wait_healthy(RECOVERY_WAIT_S)
     except (TimeoutError, RuntimeError) as exc:
         return {"recovered": False, "why": str(exc)}
     server.small()
