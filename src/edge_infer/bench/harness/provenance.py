@@ -101,7 +101,9 @@ def git_state(directory: Path) -> GitState | None:
     commit = git("rev-parse", "HEAD")
     if toplevel is None or commit is None:
         return None
-    status = git("status", "--porcelain")
+    # The results a run writes (benchmarks/results/) are its output, not what it measures: a grid that follows
+    # another in one publishing run is still measuring a clean tree.
+    status = git("-C", toplevel, "status", "--porcelain", "--", ".", ":(exclude)benchmarks/results")
     return GitState(toplevel=toplevel, commit=commit, dirty=status is None or status != "")
 
 
