@@ -9,11 +9,12 @@ summed over the whole process tree. There is no kernel high-water mark for
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import os
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def _status_kb(pid: int, key: str) -> int:
@@ -105,14 +106,21 @@ class PeakSampler:
         self._sample()
 
 
+@functools.lru_cache(maxsize=1)
+def _malloc_trim_function() -> Any:
+    """glibc's malloc_trim from the libraries this process already has loaded, or None (musl, macOS).
+
+    Not ctypes.util.find_library: it runs ``ldconfig`` in a subprocess, and the loader trims after every
+    tensor; a fork of a process holding the weights counts them twice in the tree's RssAnon until exec.
+    """
+    return getattr(ctypes.CDLL(None), "malloc_trim", None)
+
+
 def malloc_trim() -> int:
     """Return freed heap arenas to the OS; the RssAnon bytes released (0 if unavailable)."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return 0
-    libc = ctypes.CDLL(name)
-    if not hasattr(libc, "malloc_trim"):
+    trim = _malloc_trim_function()
+    if trim is None:
         return 0
     before = rss_anon_bytes()
-    libc.malloc_trim(0)
+    trim(0)
     return max(0, before - rss_anon_bytes())
