@@ -38,6 +38,8 @@ out=docs/results.md
   fi
   for result in "${results[@]}"; do
     name=$(basename "$result" .json)
+    # Only grid results have a report; others (serve-hostile.json) are described where they are cited.
+    grep -q '"kind": "edge-infer.bench.grid"' "$result" || continue
     control=$(control_for "$name")
     plots="benchmarks/results/plots/$name"
     $EDGE_INFER bench report "$result" ${control:+--control "$control"} --out "$plots" > /dev/null
