@@ -121,6 +121,44 @@ def test_completion_logprobs(server):
     assert "".join(lp.tokens) == out.choices[0].text
 
 
+PROMPT = "What is the weather like in Berlin?"
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_evaluators_ask(server, tokenizer, served_model):
+    """lm-evaluation-harness's loglikelihood request: echo, logprobs, nothing generated."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = server.client().completions.create(model=model_name(server), prompt=PROMPT, max_tokens=0, echo=True, logprobs=2)
+    choice, ids = out.choices[0], tokenizer.encode(PROMPT)
+    lp = choice.logprobs
+    assert choice.text == PROMPT and "".join(lp.tokens) == PROMPT and len(lp.tokens) == len(ids)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # nothing precedes the first token
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(ids))]
+    assert out.usage.completion_tokens == 0 and out.usage.prompt_tokens == len(ids)
+    # The model's scores: what transformers computes for the same tokens (the server runs fp32).
+    model = AutoModelForCausalLM.from_pretrained(served_model, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.tensor([ids])).logits[0], dim=-1)
+    expected = ref[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+    assert torch.allclose(torch.tensor(lp.token_logprobs[1:]), expected, atol=1e-3)
+    for i, top in enumerate(lp.top_logprobs[1:]):
+        assert len(top) == 2 and max(top.values()) == pytest.approx(ref[i].max().item(), abs=1e-3)
+
+
+def test_echo_with_logprobs_then_generated_tokens_streamed_and_not(server):
+    client, name = server.client(), model_name(server)
+    args = dict(model=name, prompt=PROMPT, max_tokens=3, echo=True, logprobs=1, temperature=0, extra_body={"ignore_eos": True})
+    whole = client.completions.create(**args).choices[0]
+    assert whole.text.startswith(PROMPT) and "".join(whole.logprobs.tokens) == whole.text
+    assert len(whole.logprobs.tokens) == len(whole.logprobs.token_logprobs)
+    assert all(v <= 0 for v in whole.logprobs.token_logprobs[1:])
+    chunks = list(client.completions.create(stream=True, **args))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    assert text == whole.text and tokens == whole.logprobs.tokens
+
+
 def test_json_object_response_format_is_checked_and_reported(server):
     out = server.client().chat.completions.create(
         model=model_name(server), messages=HELLO, max_tokens=5, response_format={"type": "json_object"},

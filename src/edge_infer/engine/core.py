@@ -100,7 +100,7 @@ class EngineCore:
         trimmed = malloc_trim()
         self.cache = KVCache(self.layout, self.layout.blocks_for_budget(config.kv_cache_memory_bytes), dtype)
         self.scheduler = Scheduler(self.layout, self.cache.num_blocks, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, self.cache)
+        self.runner = ModelRunner(self.model, self.cache, config.max_num_seqs)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.scheduler_params = SamplingParams(max_tokens=None)
         self.sequences: dict[str, Sequence] = {}
@@ -147,6 +147,7 @@ class EngineCore:
             credits=req.credits,
             arrival_time=req.arrival_time,
             generator=torch.Generator().manual_seed(p.seed) if p.seed is not None else None,
+            prompt_logprobs=[] if p.prompt_logprobs is not None else None,
         )
         self.sequences[req.request_id] = seq
         self.scheduler.add(seq)
@@ -212,6 +213,11 @@ class EngineCore:
         out: list[TokenDelta] = []
         for row, item in enumerate(sampling):
             seq = item.seq
+            if seq.params.max_tokens == 0:  # the prompt alone was asked for (scoring): done once it is computed
+                self.scheduler.finish(seq, "length")
+                del self.sequences[seq.request_id]
+                out.append(self._delta(seq, None, finished=True))
+                continue
             try:
                 tok = sample_row(logits[row], seq, self.generator)
             except Exception as exc:  # e.g. parameters that turn the distribution into NaN: fail this request only
@@ -248,11 +254,16 @@ class EngineCore:
         return delta
 
     def _delta(self, seq: Sequence, tok, finished: bool) -> TokenDelta:
+        prompt_logprobs = None  # sent once, when every prompt token is scored (not for an unfinished prefill)
+        scored = seq.prompt_logprobs is not None and len(seq.prompt_logprobs) == len(seq.prompt_token_ids) - 1
+        if scored and not seq.prompt_logprobs_sent:
+            prompt_logprobs, seq.prompt_logprobs_sent = seq.prompt_logprobs, True
         return TokenDelta(
             request_id=seq.request_id,
             token_id=None if tok is None else tok.token_id,
             logprob=None if tok is None else tok.logprob,
             top_logprobs=None if tok is None else tok.top_logprobs,
+            prompt_logprobs=prompt_logprobs,
             finished=finished,
             finish_reason=seq.finish_reason if finished else None,
             stop_reason=seq.stop_reason,

@@ -43,6 +43,8 @@ class RequestOutput:
     finished: bool = True
     metrics: RequestMetrics | None = None
     error: str | None = None
+    # with SamplingParams.prompt_logprobs: one entry per prompt token, None for the first (as vLLM)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     extra: dict = field(default_factory=dict)
 
     @property

@@ -13,6 +13,9 @@ from typing import Union
 
 from edge_infer.engine.sampling_params import SamplingParams
 
+# One token's logprob and its top alternatives (token id, logprob).
+TokenLogprobs = tuple[float, list[tuple[int, float]]]
+
 
 @dataclass
 class EngineRequest:
@@ -49,6 +52,7 @@ class TokenDelta:
     token_id: int | None = None
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
+    prompt_logprobs: list[TokenLogprobs] | None = None  # prompt tokens 1.., on the request's first delta
     finished: bool = False
     finish_reason: str | None = None  # stop | length | abort | error
     stop_reason: int | None = None  # the stop token id, when one ended the request

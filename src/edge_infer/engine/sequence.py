@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from edge_infer.engine.protocol import TokenLogprobs
 from edge_infer.engine.sampling_params import SamplingParams
 
 
@@ -32,6 +33,10 @@ class Sequence:
     num_preemptions: int = 0
     finish_reason: str | None = None
     stop_reason: int | None = None
+    # Asked-for prompt logprobs of tokens 1.. (token 0 has none), filled as prefill computes them; recompute
+    # after preemption does not score them again. Sent with the request's first delta.
+    prompt_logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs_sent: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -49,6 +54,12 @@ class Sequence:
     def remaining(self) -> int:
         """Tokens not yet in the cache (1 while decoding, more while prefilling)."""
         return self.num_tokens - self.num_computed
+
+    def prompt_targets(self, start: int, end: int) -> range:
+        """Positions in ``start..end`` whose output scores a prompt token not yet scored."""
+        if self.prompt_logprobs is None:
+            return range(0)
+        return range(max(start, len(self.prompt_logprobs)), min(end, len(self.prompt_token_ids) - 1))
 
     @property
     def paused(self) -> bool:

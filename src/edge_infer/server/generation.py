@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator
 
 from edge_infer.engine.frontend import PreparedPrompt
+from edge_infer.engine.protocol import TokenLogprobs
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.engine.streams import RequestStream, StreamEvent
 from edge_infer.engine.frontend import Frontend
@@ -52,8 +53,8 @@ def token_text(frontend: Frontend, token_id: int) -> str:
 @dataclass
 class TokenLogprob:
     token_id: int
-    logprob: float
-    top: list[tuple[int, float]]
+    logprob: float | None  # None: the first token of an echoed prompt
+    top: list[tuple[int, float]] | None
 
 
 @dataclass
@@ -65,6 +66,7 @@ class Sample:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs] | None = None  # prompt tokens 1.., when asked
     finish_reason: str | None = None
     error: str | None = None
     last_token_at: float | None = None
@@ -162,6 +164,8 @@ class Generation:
 
     def _apply(self, s: Sample, event: StreamEvent) -> None:
         metrics = self.service.metrics
+        if event.prompt_logprobs is not None:
+            s.prompt_logprobs = event.prompt_logprobs
         if event.kind == "token":
             s.text += event.text
             if event.token_ids:
