@@ -67,6 +67,8 @@ class EngineConfig:
     # A tied model's output head read from a second, oneDNN-packed copy of the embedding table:
     # faster decode (the head is read whole every token) for vocab x hidden more bytes.
     packed_head: bool = False
+    # Full KV blocks kept and shared between requests with the same prefix (engine/block_allocator.py).
+    prefix_caching: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

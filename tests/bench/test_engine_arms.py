@@ -59,7 +59,7 @@ def test_pp_tg_prints_llama_bench_rates_and_what_was_loaded(tiny):
     assert len(r["raw"]["reps"]) == 2 and r["engine"] == "edge-infer"
     assert r["loaded"]["dtype"] == "float32"
     assert r["settings"]["max_num_seqs"] == 1 and r["settings"]["max_num_batched_tokens"] == 32
-    assert r["settings"]["prefix_cache"] is False
+    assert r["settings"]["prefix_caching"] is False
 
 
 def test_pp_tg_refuses_more_than_one_sequence(tiny, capsys):

@@ -159,6 +159,21 @@ def test_echo_with_logprobs_then_generated_tokens_streamed_and_not(server):
     assert text == whole.text and tokens == whole.logprobs.tokens
 
 
+def test_a_resent_conversation_reuses_its_cached_prefix(server):
+    """Chat clients resend the whole history: the second request computes only what is new."""
+    client, name = server.client(), model_name(server)
+    history = [{"role": "system", "content": "You are a weather assistant. " * 6}, *HELLO]
+    first = client.chat.completions.create(model=name, messages=history, max_tokens=4, temperature=0)
+    again = client.chat.completions.create(model=name, messages=history, max_tokens=4, temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0 and cached % 16 == 0 and cached < again.usage.prompt_tokens
+    assert again.choices[0].message.content == first.choices[0].message.content
+    metrics = httpx.get(f"{server.base_url}/metrics").text
+    hits = next(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("edge_infer_prefix_cache_hit_tokens"))
+    assert hits >= cached
+
+
 def test_json_object_response_format_is_checked_and_reported(server):
     out = server.client().chat.completions.create(
         model=model_name(server), messages=HELLO, max_tokens=5, response_format={"type": "json_object"},

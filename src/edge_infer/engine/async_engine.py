@@ -294,7 +294,7 @@ class AsyncEngine:
         prompt_logprobs = step.prompt_logprobs  # on the first event that goes out
         if step.token_ids:
             self._emit(active, StreamEvent("token", delta.request_id, step.text, step.token_ids, step.logprobs or None,
-                                           prompt_logprobs, time=now))
+                                           prompt_logprobs, fold.num_cached_tokens, time=now))
             prompt_logprobs = None
         elif step.text:
             self._emit(active, StreamEvent("token", delta.request_id, step.text, time=now))
@@ -307,7 +307,8 @@ class AsyncEngine:
             self._emit(active, StreamEvent("error", delta.request_id, error=step.error, finish_reason="error"))
         else:
             self._emit(active, StreamEvent("finished", delta.request_id, prompt_logprobs=prompt_logprobs,
-                                           finish_reason=step.finish_reason, stop_reason=step.stop_reason))
+                                           num_cached_tokens=fold.num_cached_tokens, finish_reason=step.finish_reason,
+                                           stop_reason=step.stop_reason))
         if step.abort_in_core:
             self._client.send(AbortRequests([delta.request_id]))  # the core still runs it; its ack clears it
         else:

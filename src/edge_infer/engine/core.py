@@ -99,7 +99,8 @@ class EngineCore:
         )
         trimmed = malloc_trim()
         self.cache = KVCache(self.layout, self.layout.blocks_for_budget(config.kv_cache_memory_bytes), dtype)
-        self.scheduler = Scheduler(self.layout, self.cache.num_blocks, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.layout, self.cache.num_blocks, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.prefix_caching)
         self.runner = ModelRunner(self.model, self.cache, config.max_num_seqs)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.scheduler_params = SamplingParams(max_tokens=None)
@@ -208,6 +209,7 @@ class EngineCore:
         self.stats.steps += 1
         for item in batch:
             item.seq.num_computed += item.num_new
+            self.scheduler.cache_computed_blocks(item.seq)
             if len(item.seq.output_token_ids) == 0:
                 self.stats.prompt_tokens_computed += item.num_new
         out: list[TokenDelta] = []
@@ -268,6 +270,7 @@ class EngineCore:
             finish_reason=seq.finish_reason if finished else None,
             stop_reason=seq.stop_reason,
             num_prompt_tokens=len(seq.prompt_token_ids),
+            num_cached_tokens=seq.num_cached_tokens,
             num_preemptions=seq.num_preemptions,
         )
 
@@ -277,4 +280,8 @@ class EngineCore:
         s.num_running = len(self.scheduler.running)
         s.kv_blocks_used = self.scheduler.allocator.num_used
         s.num_preemptions = self.scheduler.num_preemptions
+        s.prefix_cache_query_tokens = self.scheduler.prefix_query_tokens
+        s.prefix_cache_hit_tokens = self.scheduler.prefix_hit_tokens
+        s.prefix_cache_evictions = self.scheduler.allocator.num_evictions
+        s.kv_blocks_cached = self.scheduler.allocator.num_cached
         return s

@@ -106,6 +106,7 @@ class RequestFold:
     prompt_logprobs: list[TokenLogprobs] | None = None  # prompt tokens 1.., once the prefill scored them
     first_token_at: float | None = None
     num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache held
     error: str | None = None
     token_ids: list[int] = field(default_factory=list)
 
@@ -127,6 +128,7 @@ class RequestFold:
 
     def apply(self, delta: TokenDelta) -> FoldStep:
         self.num_preemptions = delta.num_preemptions
+        self.num_cached_tokens = delta.num_cached_tokens
         update = self.text.apply(delta)
         logprobs: list[TokenLogprobs] = []
         if delta.token_id is not None:

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 import time
+from array import array
 from dataclasses import dataclass, field
 
 import torch
@@ -37,6 +39,11 @@ class Sequence:
     # after preemption does not score them again. Sent with the request's first delta.
     prompt_logprobs: list[TokenLogprobs] | None = None
     prompt_logprobs_sent: bool = False
+    # Prefix caching: the hash chain of the full blocks' tokens (tokens only append, so it only grows), how many
+    # of the held blocks are cached, and how many prompt tokens the first admission found cached.
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_cached_blocks: int = 0
+    num_cached_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -54,6 +61,15 @@ class Sequence:
     def remaining(self) -> int:
         """Tokens not yet in the cache (1 while decoding, more while prefilling)."""
         return self.num_tokens - self.num_computed
+
+    def full_block_hashes(self, count: int, block_size: int) -> list[bytes]:
+        """Hashes of the first ``count`` full blocks: each over its parent's hash and its own tokens."""
+        while len(self.block_hashes) < count:
+            i = len(self.block_hashes)
+            parent = self.block_hashes[-1] if self.block_hashes else b""
+            tokens = array("q", self.token_slice(i * block_size, (i + 1) * block_size)).tobytes()
+            self.block_hashes.append(hashlib.blake2b(parent + tokens, digest_size=16).digest())
+        return self.block_hashes[:count]
 
     def prompt_targets(self, start: int, end: int) -> range:
         """Positions in ``start..end`` whose output scores a prompt token not yet scored."""

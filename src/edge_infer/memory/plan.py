@@ -140,6 +140,7 @@ def plan_text_session(
     packed_head: bool = False,
     cpu: CpuCapabilities | None = None,
     priority: str | None = None,
+    prefix_caching: bool = True,
 ) -> TextPlan:
     """Plan a text session; see the module docstring. Raises only for unreadable checkpoints.
 
@@ -155,7 +156,7 @@ def plan_text_session(
         settings = dict(max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         kv_cache_memory_bytes=kv_cache_memory_bytes, dtype=dtype, available_bytes=available_bytes,
                         weight_backend=weight_backend, num_threads=num_threads, seed=seed, eos_token_ids=eos_token_ids,
-                        frontend=frontend, packed_head=packed_head)
+                        frontend=frontend, packed_head=packed_head, prefix_caching=prefix_caching)
         stored_format = (cfg.quantization_config or {}).get("quant_method")
         return plan_auto(plan_text_session, model_dir, priority, cpu or detect(), stored_format, **settings)
     if frontend not in ("library", "server"):
@@ -167,12 +168,14 @@ def plan_text_session(
     kv_blocks = _kv_blocks(r, layout, items, available, kv_cache_memory_bytes)
     items.insert(2, _kv_item(layout, kv_blocks))
     plan = _admit(r, model_dir, items, layout, available)
+    plan.settings["prefix_caching"] = prefix_caching
     if plan.admitted:
         plan.engine_config = EngineConfig(
             model=model_dir, dtype=r.dtype, max_model_len=r.max_model_len, max_num_seqs=r.max_num_seqs,
             max_num_batched_tokens=r.max_num_batched_tokens, kv_cache_memory_bytes=kv_blocks * layout.bytes_per_block,
             block_size=layout.block_size, quant=r.quant, weight_backend="w16" if r.widened else weight_backend,
             num_threads=num_threads, seed=seed, eos_token_ids=tuple(eos_token_ids), packed_head=r.packed_head,
+            prefix_caching=prefix_caching,
         )
     return plan
 

@@ -20,7 +20,7 @@ from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.engine.streams import RequestStream, StreamEvent
 from edge_infer.engine.frontend import Frontend
 from edge_infer.server.errors import APIError
-from edge_infer.server.protocol import SamplingFields, Usage
+from edge_infer.server.protocol import PromptTokensDetails, SamplingFields, Usage
 
 if TYPE_CHECKING:
     from edge_infer.server.text_service import TextService
@@ -70,6 +70,7 @@ class Sample:
     finish_reason: str | None = None
     error: str | None = None
     last_token_at: float | None = None
+    num_cached_tokens: int = 0  # of its prompt, found in the prefix cache
 
     @property
     def ended(self) -> bool:
@@ -108,7 +109,10 @@ class Generation:
 
     def usage(self) -> Usage:
         prompt, completion = self.prompt_tokens, self.completion_tokens
-        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+        per_prompt = len(self.samples) // len(self.prompts)
+        cached = sum(s.num_cached_tokens for s in self.samples if s.index % per_prompt == 0)  # sample 0 of each prompt
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
     def cancel(self, reason: str | None) -> None:
         """End every sample still running (the engine frees its KV blocks)."""
@@ -166,6 +170,7 @@ class Generation:
         metrics = self.service.metrics
         if event.prompt_logprobs is not None:
             s.prompt_logprobs = event.prompt_logprobs
+        s.num_cached_tokens = max(s.num_cached_tokens, event.num_cached_tokens)
         if event.kind == "token":
             s.text += event.text
             if event.token_ids:

@@ -292,10 +292,15 @@ class CompletionRequest(SamplingFields):
 # -- responses ---------------------------------------------------------------------
 
 
+class PromptTokensDetails(_Response):
+    cached_tokens: int  # prompt tokens whose KV came from the prefix cache instead of being computed
+
+
 class Usage(_Response):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class ToolCallRecovery(_KeepNulls):
