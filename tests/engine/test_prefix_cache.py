@@ -95,7 +95,7 @@ def test_a_repeated_prompt_still_computes_its_last_token(model):
 def test_eviction_under_a_tight_budget_keeps_outputs_exact(model):
     requests = {f"r{i}": [(97 * i + 13 * j) % 380 + 1 for j in range(40)] for i in range(6)}
     requests["again"] = requests["r0"]
-    tight = engine(model, kv_cache_memory_bytes=_blocks(model, 8))  # 128 tokens: room for about two
+    tight = engine(model, kv_cache_memory_bytes=_blocks(model, 8), max_model_len=112)  # 128 tokens: about two requests
     outputs = {}
     for rid, prompt in requests.items():  # one after the other: each leaves its blocks cached
         outputs.update(run(tight, {rid: prompt}))
