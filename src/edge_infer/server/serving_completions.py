@@ -46,9 +46,18 @@ def completion_logprobs(service: TextService, items: list[TokenLogprob], offset:
         text = token_text(service.frontend, item.token_id)
         out.tokens.append(text)
         out.token_logprobs.append(item.logprob)
-        out.top_logprobs.append(None if item.top is None else {token_text(service.frontend, t): lp for t, lp in item.top})
+        out.top_logprobs.append(None if item.top is None else _top_by_text(service, item.top))
         out.text_offset.append(offset)
         offset += len(text)
+    return out
+
+
+def _top_by_text(service: TextService, top: list[tuple[int, float]]) -> dict[str, float]:
+    """OpenAI keys alternatives by their text; of two tokens with the same text (e.g. byte pieces shown as
+    U+FFFD) the more likely one is kept."""
+    out: dict[str, float] = {}
+    for t, lp in top:  # most likely first
+        out.setdefault(token_text(service.frontend, t), lp)
     return out
 
 
