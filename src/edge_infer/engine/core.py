@@ -90,13 +90,9 @@ class EngineCore:
         self.model = load_model(config, progress)
         cfg = self.model.cfg
         dtype = TORCH_DTYPES[config.dtype]
-        self.layout = KVLayout(
-            num_layers=cfg.num_hidden_layers,
-            num_kv_heads=cfg.num_key_value_heads,
-            head_dim=cfg.head_dim,
-            dtype_bytes=dtype.itemsize,
-            block_size=config.block_size,
-        )
+        self.layout = KVLayout.for_model(cfg, dtype.itemsize, config.block_size, int8=config.kv_cache_dtype == "int8")
+        if self.layout.int8:  # the fused decode layer reads a 16-bit cache; with int8 codes decode runs the layers
+            self.model.fused_factory = None
         trimmed = malloc_trim()
         self.cache = KVCache(self.layout, self.layout.blocks_for_budget(config.kv_cache_memory_bytes), dtype)
         self.scheduler = Scheduler(self.layout, self.cache.num_blocks, config.max_num_seqs, config.max_num_batched_tokens,
