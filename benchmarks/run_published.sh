@@ -6,7 +6,7 @@
 # Run it on quiet cores: every grid refuses busy cores and holds the host
 # lock. First (once) it writes the synthetic checkpoints and their GGUFs
 # (bf16 export, Q8_0, Q4_K_M and Q4_0 through llama.cpp's quantizer) under
-# benchmarks/models/, then runs every spec in benchmarks/specs/ into
+# benchmarks/models/ and an AVX2-only llama.cpp build under benchmarks/llamacpp-avx2/, then runs every spec in benchmarks/specs/ into
 # benchmarks/results/<spec>.json, profiles batch-1 decode steps into
 # benchmarks/results/profiles/ and speech frames into benchmarks/results/tts-frames/. An arm that fails is kept in its result as a
 # failed pass and makes this script exit 1 after everything else has run.
@@ -16,6 +16,7 @@ if [ -z "${EDGE_INFER:-}" ]; then
   if [ -x .venv/bin/edge-infer ]; then EDGE_INFER=.venv/bin/edge-infer; else EDGE_INFER=edge-infer; fi
 fi
 export EDGE_INFER  # the specs' arms run "${EDGE_INFER:-edge-infer} bench ..."
+PYTHON=$(dirname "$EDGE_INFER")/python; [ -x "$PYTHON" ] || PYTHON=python
 
 models=benchmarks/models
 mkdir -p "$models/gguf" benchmarks/results/raw
@@ -28,6 +29,13 @@ prepare() {  # family preset
     $EDGE_INFER bench llamacpp prepare "$models/$2" "$models/gguf"
   fi
 }
+# The AVX2-only llama.cpp the *-isa grids' "-avx2" arms import (PYTHONPATH): the
+# same llama-cpp-python version as the baseline extra, compiled without AVX-512.
+if [ ! -d benchmarks/llamacpp-avx2/llama_cpp ]; then
+  version=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))')
+  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DLLAVA_BUILD=OFF" \
+    "$PYTHON" -m pip install --no-deps --no-binary llama-cpp-python --target benchmarks/llamacpp-avx2 "llama-cpp-python==$version"
+fi
 prepare qwen2 qwen2.5-0.5b
 prepare llama llama-3.2-1b
 if [ ! -f "$models/qwen3-tts-0.6b/config.json" ]; then  # speech: no GGUF
@@ -40,7 +48,6 @@ for spec in ${SPECS:-benchmarks/specs/*.json}; do  # SPECS: a subset, e.g. SPECS
   echo "== $name" >&2
   $EDGE_INFER bench grid --spec "$spec" --out "benchmarks/results/$name.json" "$@" || status=1
 done
-PYTHON=$(dirname "$EDGE_INFER")/python; [ -x "$PYTHON" ] || PYTHON=python
 if [ "${PROFILES:-1}" = 0 ]; then benchmarks/render_results.sh; exit $status; fi  # grids only
 cores=$(printf '%s\n' "$@" | sed -n '/^--cores$/{n;p;}')  # the grids' --cores, if given
 for arm in "bf16:" "bf16-packed-head:--packed-head" "w4a16:--quantization cpu_int4" \

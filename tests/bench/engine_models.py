@@ -14,7 +14,8 @@ CHATML = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 # The metrics both engines' pp-tg arms print (so one grid compares them key by key).
-PP_TG_METRICS = {"pp_tps", "tg_tps", "pp_median_tps", "tg_median_tps", "init_s", "rss_anon_mb", "rss_file_mb"}
+PP_TG_METRICS = {"pp_tps", "tg_tps", "pp_median_tps", "tg_median_tps", "init_s", "rss_anon_mb", "rss_file_mb",
+                 "tg_read_gb_per_s", "mem_read_gb_per_s"}
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CORPUS = [
     "The lighthouse keeper climbed the stairs every evening to light the lamp.",

@@ -60,6 +60,12 @@ def test_pp_tg_prints_llama_bench_rates_and_what_was_loaded(tiny):
     assert r["loaded"]["dtype"] == "float32"
     assert r["settings"]["max_num_seqs"] == 1 and r["settings"]["max_num_batched_tokens"] == 32
     assert r["settings"]["prefix_caching"] is False
+    # Decode reads every resident weight except an untied embedding table, of which it reads one row.
+    cfg = json.loads((tiny / "config.json").read_text())
+    untied_table = 0 if cfg.get("tie_word_embeddings") else (cfg["vocab_size"] - 1) * cfg["hidden_size"] * 4
+    assert r["loaded"]["weight_bytes"] - r["loaded"]["decode_read_bytes"] == untied_table
+    assert r["tg_read_gb_per_s"] == round(r["tg_tps"] * r["loaded"]["decode_read_bytes"] / 1e9, 3)
+    assert r["mem_read_gb_per_s"] > 0
 
 
 def test_pp_tg_refuses_more_than_one_sequence(tiny, capsys):

@@ -61,6 +61,32 @@ def test_quantized_ggufs_run_as_grid_arms_with_edge_infers_keys(root):
     assert r["loaded"]["file_type"] == "Q4_K - Medium"
     assert r["loaded"]["n_threads"] == len(os.sched_getaffinity(0))
     assert r["loaded"]["n_batch"] == 16
+    # A tied head: decode reads every tensor, which is what llama.cpp says it loaded.
+    assert r["loaded"]["decode_read_bytes"] == r["loaded"]["model_bytes"]
+    assert r["tg_read_gb_per_s"] == round(r["tg_tps"] * r["loaded"]["decode_read_bytes"] / 1e9, 3)
+
+
+def test_decode_reads_one_row_of_a_token_table_the_output_head_does_not_share(tmp_path):
+    import gguf
+    import numpy as np
+
+    from edge_infer.bench.baselines.llamacpp_engine import decode_read_bytes
+
+    def write(path, names):
+        w = gguf.GGUFWriter(str(path), "llama")
+        for name in names:
+            w.add_tensor(name, np.zeros((100, 8), dtype=np.float32))  # 100 rows of 8
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return path
+
+    table = 100 * 8 * 4
+    tied = write(tmp_path / "tied.gguf", ["token_embd.weight", "blk.0.ffn_up.weight"])
+    untied = write(tmp_path / "untied.gguf", ["token_embd.weight", "blk.0.ffn_up.weight", "output.weight"])
+    assert decode_read_bytes(tied) == 2 * table
+    assert decode_read_bytes(untied) == 2 * table + 8 * 4
 
 
 @pytest.mark.slow

@@ -110,6 +110,7 @@ class EngineCore:
             pid=os.getpid(),
             dtype=config.dtype,
             weight_bytes=self.model.resident_bytes(),
+            decode_read_bytes=self.model.decode_read_bytes(),
             kv_cache_bytes=self.cache.nbytes,
             kv_blocks=self.cache.num_blocks,
             rope_bytes=self.model.rope.nbytes,

@@ -85,6 +85,7 @@ class ReadyInfo:
     pid: int
     dtype: str
     weight_bytes: int
+    decode_read_bytes: int  # weight bytes one decode step reads (the embedding table is one row)
     kv_cache_bytes: int
     kv_blocks: int
     rope_bytes: int

@@ -151,6 +151,16 @@ class DecoderLM(nn.Module):
             total += self.lm_head.resident_bytes
         return total
 
+    def decode_read_bytes(self) -> int:
+        """Weight bytes one decode step reads: all that is resident, except that
+        an embedding table the head does not share gives the step one row."""
+        total = self.resident_bytes()
+        kernel = self.lm_head.kernel
+        if self.embed is not None and not (isinstance(kernel, DenseKernel) and kernel.weight is self.embed):
+            rows, width = self.embed.shape
+            total -= (rows - 1) * width * self.embed.element_size()
+        return total
+
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.embed is None:  # tied head held only in its quantized (or 16-bit packed) form
             return self.lm_head.kernel.rows(input_ids)

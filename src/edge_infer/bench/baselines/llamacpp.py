@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edge_infer.bench.harness import llama_bench
+from edge_infer.bench.harness import bandwidth, llama_bench
 from edge_infer.bench.harness.arm_output import emit, mib, model_fingerprint, stamp
 from edge_infer.bench.harness.provenance import now_utc
 
@@ -101,7 +101,7 @@ def _prepare(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _pp_tg(args: argparse.Namespace) -> dict[str, Any]:
-    from edge_infer.bench.baselines.llamacpp_engine import LlamaCppModel, LlamaCppSettings
+    from edge_infer.bench.baselines.llamacpp_engine import LlamaCppModel, LlamaCppSettings, decode_read_bytes
     from edge_infer.memory.measure import tree_rss_anon_bytes, tree_rss_file_bytes
 
     s = llama_bench.settings_from(args)
@@ -117,8 +117,12 @@ def _pp_tg(args: argparse.Namespace) -> dict[str, Any]:
         loaded = model.loaded()
     finally:
         model.close()
+    rates = llama_bench.rates(reps, s)
+    read_bytes = decode_read_bytes(args.gguf)
+    loaded["decode_read_bytes"] = read_bytes
     return {
-        **llama_bench.rates(reps, s),
+        **rates,
+        **bandwidth.read_rates(rates["tg_tps"], read_bytes, settings.n_threads),
         "init_s": round(init_s, 3),
         "rss_anon_mb": mib(anon),
         "rss_file_mb": mib(file_backed),

@@ -46,6 +46,20 @@ def quantize(src: Path, dst: Path, qtype: str, threads: int) -> Path:
     return dst
 
 
+def decode_read_bytes(gguf_path: Path) -> int:
+    """Weight bytes one decode step reads from this GGUF: every tensor, except
+    that a token-embedding table the output head does not share gives one row."""
+    from gguf import GGUFReader
+
+    tensors = {t.name: t for t in GGUFReader(gguf_path).tensors}
+    total = sum(int(t.n_bytes) for t in tensors.values())
+    embed = tensors.get("token_embd.weight")
+    if embed is not None and "output.weight" in tensors:
+        rows = int(embed.shape[-1])  # GGUF lists dimensions innermost first
+        total -= int(embed.n_bytes) - int(embed.n_bytes) // rows
+    return total
+
+
 @dataclass(frozen=True)
 class LlamaCppSettings:
     n_ctx: int

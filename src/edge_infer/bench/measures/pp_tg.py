@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edge_infer.bench.harness import llama_bench
+from edge_infer.bench.harness import bandwidth, llama_bench
 from edge_infer.bench.harness.arm_output import emit, mib, model_fingerprint, stamp
 from edge_infer.bench.harness.provenance import now_utc
 from edge_infer.engine.cli_args import add_engine_args, engine_settings
@@ -68,8 +68,10 @@ def measure(model: str | None, settings: dict[str, Any], s: llama_bench.PpTgSett
         ready, plan = llm.ready, llm.plan
     finally:
         llm.close()
+    rates = llama_bench.rates(reps, s)
     return {
-        **llama_bench.rates(reps, s),
+        **rates,
+        **bandwidth.read_rates(rates["tg_tps"], ready.decode_read_bytes, ready.num_threads),
         "init_s": round(init_s, 3),
         "rss_anon_mb": mib(anon),
         "rss_file_mb": mib(file_backed),
@@ -79,6 +81,7 @@ def measure(model: str | None, settings: dict[str, Any], s: llama_bench.PpTgSett
             "dtype": ready.dtype,
             "quantization": plan.settings["quantization"],
             "weight_bytes": ready.weight_bytes,
+            "decode_read_bytes": ready.decode_read_bytes,
             "weight_kernels": ready.weight_kernels,
             "linear_kernels": ready.linear_kernels,
             "kv_cache_bytes": ready.kv_cache_bytes,
