@@ -16,6 +16,8 @@ QUANT_METHODS = ("cpu_int4", "cpu_w4a8", "cpu_w8a8")
 # "auto": chosen by priority among what this CPU runs (memory/weight_path.py).
 QUANTIZATION_CHOICES = (*QUANT_METHODS, "auto", "none")
 PRIORITIES = ("speed", "fidelity", "memory")
+# auto: the compute dtype; int8: codes with an fp32 scale per token and head (models/layers/kv_cache.py).
+KV_CACHE_DTYPES = ("auto", "int8")
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,9 @@ class EngineConfig:
     # A tied model's output head read from a second, oneDNN-packed copy of the embedding table:
     # faster decode (the head is read whole every token) for vocab x hidden more bytes.
     packed_head: bool = False
+    # Full KV blocks kept and shared between requests with the same prefix (engine/block_allocator.py).
+    prefix_caching: bool = False
+    kv_cache_dtype: str = "auto"  # auto: the compute dtype; int8: codes + an fp32 scale per token and head
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -59,7 +59,7 @@ def test_pp_tg_prints_llama_bench_rates_and_what_was_loaded(tiny):
     assert len(r["raw"]["reps"]) == 2 and r["engine"] == "edge-infer"
     assert r["loaded"]["dtype"] == "float32"
     assert r["settings"]["max_num_seqs"] == 1 and r["settings"]["max_num_batched_tokens"] == 32
-    assert r["settings"]["prefix_cache"] is False
+    assert r["settings"]["prefix_caching"] is False
     # Decode reads every resident weight except an untied embedding table, of which it reads one row.
     cfg = json.loads((tiny / "config.json").read_text())
     untied_table = 0 if cfg.get("tie_word_embeddings") else (cfg["vocab_size"] - 1) * cfg["hidden_size"] * 4

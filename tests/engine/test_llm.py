@@ -100,8 +100,8 @@ def test_chat_uses_the_checkpoint_template(llm):
 
 
 def test_bad_requests_are_refused_clearly_and_the_engine_keeps_serving(llm):
-    with pytest.raises(InvalidRequestError, match="max_tokens must be at least 1"):
-        SamplingParams(max_tokens=0)
+    with pytest.raises(InvalidRequestError, match="max_tokens must be at least 0"):
+        SamplingParams(max_tokens=-1)
     with pytest.raises(InvalidRequestError, match=r"300 tokens but max_model_len is 256"):
         llm.generate({"prompt_token_ids": [5] * 300}, SamplingParams(max_tokens=4))
     with pytest.raises(InvalidRequestError, match=r"prompt \(200 tokens\) \+ max_tokens \(100\).*max_model_len \(256\)"):

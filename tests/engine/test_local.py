@@ -87,8 +87,8 @@ def test_reliability_behaviours(plan):
             session = engine.open_session()
             with pytest.raises(InvalidRequestError, match="max_model_len is 512"):
                 await engine.submit(session, [7] * 600, max_tokens=4)
-            with pytest.raises(InvalidRequestError, match="max_tokens must be at least 1"):
-                await engine.submit(session, PROMPT, max_tokens=0)
+            with pytest.raises(InvalidRequestError, match="max_tokens must be at least 0"):
+                await engine.submit(session, PROMPT, max_tokens=-1)
             rid, stream = await engine.submit(session, PROMPT, max_tokens=5, ignore_eos=True)
             assert len((await collect(stream))[0]) == 5
         finally:

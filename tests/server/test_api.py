@@ -6,6 +6,8 @@ import json
 import httpx
 import pytest
 
+from .conftest import SPECIALS
+
 pytestmark = pytest.mark.slow
 
 HELLO = [{"role": "user", "content": "What is the weather like in Paris?"}]
@@ -39,7 +41,10 @@ def test_chat_stream_equals_non_stream_at_temperature_0(server, tokenizer):
     # usage: the prompt as the chat template renders it, every generated token counted
     prompt_tokens = len(tokenizer.encode_chat(HELLO)[1])
     assert full.usage.prompt_tokens == prompt_tokens
-    assert chunks[-1].usage.model_dump() == full.usage.model_dump()
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert [getattr(chunks[-1].usage, k) for k in counts] == [getattr(full.usage, k) for k in counts]
+    # the second request found the first one's full prompt blocks cached
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == (prompt_tokens - 1) // 16 * 16
     assert full.usage.total_tokens == prompt_tokens + full.usage.completion_tokens
 
 
@@ -118,7 +123,62 @@ def test_completion_logprobs(server):
                                              extra_body={"ignore_eos": True})
     lp = out.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
-    assert "".join(lp.tokens) == out.choices[0].text
+    # logprobs name special tokens too (ignore_eos may sample one); the text skips them
+    assert "".join(t for t in lp.tokens if t not in SPECIALS) == out.choices[0].text
+
+
+PROMPT = "What is the weather like in Berlin?"
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_evaluators_ask(server, tokenizer, served_model):
+    """lm-evaluation-harness's loglikelihood request: echo, logprobs, nothing generated."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = server.client().completions.create(model=model_name(server), prompt=PROMPT, max_tokens=0, echo=True, logprobs=2)
+    choice, ids = out.choices[0], tokenizer.encode(PROMPT)
+    lp = choice.logprobs
+    assert choice.text == PROMPT and "".join(lp.tokens) == PROMPT and len(lp.tokens) == len(ids)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # nothing precedes the first token
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(ids))]
+    assert out.usage.completion_tokens == 0 and out.usage.prompt_tokens == len(ids)
+    # The model's scores: what transformers computes for the same tokens (the server runs fp32).
+    model = AutoModelForCausalLM.from_pretrained(served_model, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.tensor([ids])).logits[0], dim=-1)
+    expected = ref[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+    assert torch.allclose(torch.tensor(lp.token_logprobs[1:]), expected, atol=1e-3)
+    for i, top in enumerate(lp.top_logprobs[1:]):
+        # keyed by token text, as in OpenAI's format: two byte tokens shown as U+FFFD share a key (the likelier kept)
+        assert 1 <= len(top) <= 2 and max(top.values()) == pytest.approx(ref[i].max().item(), abs=1e-3)
+
+
+def test_echo_with_logprobs_then_generated_tokens_streamed_and_not(server):
+    client, name = server.client(), model_name(server)
+    args = dict(model=name, prompt=PROMPT, max_tokens=3, echo=True, logprobs=1, temperature=0, extra_body={"ignore_eos": True})
+    whole = client.completions.create(**args).choices[0]
+    assert whole.text.startswith(PROMPT) and "".join(whole.logprobs.tokens) == whole.text
+    assert len(whole.logprobs.tokens) == len(whole.logprobs.token_logprobs)
+    assert all(v <= 0 for v in whole.logprobs.token_logprobs[1:])
+    chunks = list(client.completions.create(stream=True, **args))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    assert text == whole.text and tokens == whole.logprobs.tokens
+
+
+def test_a_resent_conversation_reuses_its_cached_prefix(server):
+    """Chat clients resend the whole history: the second request computes only what is new."""
+    client, name = server.client(), model_name(server)
+    history = [{"role": "system", "content": "You are a weather assistant. " * 6}, *HELLO]
+    first = client.chat.completions.create(model=name, messages=history, max_tokens=4, temperature=0)
+    again = client.chat.completions.create(model=name, messages=history, max_tokens=4, temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0 and cached % 16 == 0 and cached < again.usage.prompt_tokens
+    assert again.choices[0].message.content == first.choices[0].message.content
+    metrics = httpx.get(f"{server.base_url}/metrics").text
+    hits = next(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("edge_infer_prefix_cache_hit_tokens"))
+    assert hits >= cached
 
 
 def test_json_object_response_format_is_checked_and_reported(server):

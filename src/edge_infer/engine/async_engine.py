@@ -291,8 +291,11 @@ class AsyncEngine:
         now = time.time()
         record.num_preemptions, record.output_token_ids, record.first_token_at = (
             fold.num_preemptions, fold.token_ids, fold.first_token_at)
+        prompt_logprobs = step.prompt_logprobs  # on the first event that goes out
         if step.token_ids:
-            self._emit(active, StreamEvent("token", delta.request_id, step.text, step.token_ids, step.logprobs or None, time=now))
+            self._emit(active, StreamEvent("token", delta.request_id, step.text, step.token_ids, step.logprobs or None,
+                                           prompt_logprobs, fold.num_cached_tokens, time=now))
+            prompt_logprobs = None
         elif step.text:
             self._emit(active, StreamEvent("token", delta.request_id, step.text, time=now))
         record.text = fold.text.text
@@ -303,7 +306,8 @@ class AsyncEngine:
             record.error = step.error
             self._emit(active, StreamEvent("error", delta.request_id, error=step.error, finish_reason="error"))
         else:
-            self._emit(active, StreamEvent("finished", delta.request_id, finish_reason=step.finish_reason,
+            self._emit(active, StreamEvent("finished", delta.request_id, prompt_logprobs=prompt_logprobs,
+                                           num_cached_tokens=fold.num_cached_tokens, finish_reason=step.finish_reason,
                                            stop_reason=step.stop_reason))
         if step.abort_in_core:
             self._client.send(AbortRequests([delta.request_id]))  # the core still runs it; its ack clears it

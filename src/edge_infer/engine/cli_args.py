@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from edge_infer.config import PRIORITIES, QUANT_METHODS, QUANTIZATION_CHOICES, QuantConfig
+from edge_infer.config import KV_CACHE_DTYPES, PRIORITIES, QUANT_METHODS, QUANTIZATION_CHOICES, QuantConfig
 
 
 def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True) -> None:
@@ -31,6 +31,12 @@ def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True
     g.add_argument("--quantize-head", action="store_true", help="quantize the output head too")
     g.add_argument("--packed-head", action="store_true",
                    help="tied models: keep a second, packed copy of the output head (faster decode, vocab x hidden more bytes)")
+    g.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                   help="auto: the compute dtype; int8: int8 codes with a scale per token and head, nearly twice the "
+                        "tokens in the same memory (decode then runs without the fused W4A8 layer)")
+    g.add_argument("--no-prefix-cache", action="store_true",
+                   help="do not keep and share the KV blocks of common prompt prefixes (on by default: a request "
+                        "resending a conversation or a system prompt computes only its new tokens)")
     g.add_argument("--num-threads", type=int, default=None, help="compute threads (default: the CPUs this process may use)")
     g.add_argument("--weight-backend", default="auto", choices=["auto", "onednn", "dense", "w16"], help=argparse.SUPPRESS)
     g.add_argument("--worker", default="process", choices=["process", "thread"], help=argparse.SUPPRESS)
@@ -53,4 +59,6 @@ def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
         num_threads=args.num_threads,
         weight_backend=args.weight_backend,
         packed_head=args.packed_head,
+        prefix_caching=not args.no_prefix_cache,
+        kv_cache_dtype=args.kv_cache_dtype,
     )

@@ -90,17 +90,14 @@ class EngineCore:
         self.model = load_model(config, progress)
         cfg = self.model.cfg
         dtype = TORCH_DTYPES[config.dtype]
-        self.layout = KVLayout(
-            num_layers=cfg.num_hidden_layers,
-            num_kv_heads=cfg.num_key_value_heads,
-            head_dim=cfg.head_dim,
-            dtype_bytes=dtype.itemsize,
-            block_size=config.block_size,
-        )
+        self.layout = KVLayout.for_model(cfg, dtype.itemsize, config.block_size, int8=config.kv_cache_dtype == "int8")
+        if self.layout.int8:  # the fused decode layer reads a 16-bit cache; with int8 codes decode runs the layers
+            self.model.fused_factory = None
         trimmed = malloc_trim()
         self.cache = KVCache(self.layout, self.layout.blocks_for_budget(config.kv_cache_memory_bytes), dtype)
-        self.scheduler = Scheduler(self.layout, self.cache.num_blocks, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, self.cache)
+        self.scheduler = Scheduler(self.layout, self.cache.num_blocks, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.prefix_caching)
+        self.runner = ModelRunner(self.model, self.cache, config.max_num_seqs)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.scheduler_params = SamplingParams(max_tokens=None)
         self.sequences: dict[str, Sequence] = {}
@@ -148,6 +145,7 @@ class EngineCore:
             credits=req.credits,
             arrival_time=req.arrival_time,
             generator=torch.Generator().manual_seed(p.seed) if p.seed is not None else None,
+            prompt_logprobs=[] if p.prompt_logprobs is not None else None,
         )
         self.sequences[req.request_id] = seq
         self.scheduler.add(seq)
@@ -208,11 +206,17 @@ class EngineCore:
         self.stats.steps += 1
         for item in batch:
             item.seq.num_computed += item.num_new
+            self.scheduler.cache_computed_blocks(item.seq)
             if len(item.seq.output_token_ids) == 0:
                 self.stats.prompt_tokens_computed += item.num_new
         out: list[TokenDelta] = []
         for row, item in enumerate(sampling):
             seq = item.seq
+            if seq.params.max_tokens == 0:  # the prompt alone was asked for (scoring): done once it is computed
+                self.scheduler.finish(seq, "length")
+                del self.sequences[seq.request_id]
+                out.append(self._delta(seq, None, finished=True))
+                continue
             try:
                 tok = sample_row(logits[row], seq, self.generator)
             except Exception as exc:  # e.g. parameters that turn the distribution into NaN: fail this request only
@@ -249,15 +253,21 @@ class EngineCore:
         return delta
 
     def _delta(self, seq: Sequence, tok, finished: bool) -> TokenDelta:
+        prompt_logprobs = None  # sent once, when every prompt token is scored (not for an unfinished prefill)
+        scored = seq.prompt_logprobs is not None and len(seq.prompt_logprobs) == len(seq.prompt_token_ids) - 1
+        if scored and not seq.prompt_logprobs_sent:
+            prompt_logprobs, seq.prompt_logprobs_sent = seq.prompt_logprobs, True
         return TokenDelta(
             request_id=seq.request_id,
             token_id=None if tok is None else tok.token_id,
             logprob=None if tok is None else tok.logprob,
             top_logprobs=None if tok is None else tok.top_logprobs,
+            prompt_logprobs=prompt_logprobs,
             finished=finished,
             finish_reason=seq.finish_reason if finished else None,
             stop_reason=seq.stop_reason,
             num_prompt_tokens=len(seq.prompt_token_ids),
+            num_cached_tokens=seq.num_cached_tokens,
             num_preemptions=seq.num_preemptions,
         )
 
@@ -267,4 +277,8 @@ class EngineCore:
         s.num_running = len(self.scheduler.running)
         s.kv_blocks_used = self.scheduler.allocator.num_used
         s.num_preemptions = self.scheduler.num_preemptions
+        s.prefix_cache_query_tokens = self.scheduler.prefix_query_tokens
+        s.prefix_cache_hit_tokens = self.scheduler.prefix_hit_tokens
+        s.prefix_cache_evictions = self.scheduler.allocator.num_evictions
+        s.kv_blocks_cached = self.scheduler.allocator.num_cached
         return s

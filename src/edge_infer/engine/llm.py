@@ -191,6 +191,9 @@ class LLM:
             finished=True,
             metrics=RequestMetrics(arrival, first.first_token_at, time.time(), first.num_preemptions),
             error=errors[0] if errors else None,
+            num_cached_tokens=first.num_cached_tokens,
+            prompt_logprobs=None if first.prompt_logprobs is None else [
+                None, *(_logprob_entry(tid, lp) for tid, lp in zip(prompt.token_ids[1:], first.prompt_logprobs))],
         )
 
 

@@ -43,6 +43,9 @@ class RequestOutput:
     finished: bool = True
     metrics: RequestMetrics | None = None
     error: str | None = None
+    # with SamplingParams.prompt_logprobs: one entry per prompt token, None for the first (as vLLM)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    num_cached_tokens: int = 0  # prompt tokens whose KV the prefix cache held (not computed)
     extra: dict = field(default_factory=dict)
 
     @property

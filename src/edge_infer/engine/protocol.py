@@ -13,6 +13,9 @@ from typing import Union
 
 from edge_infer.engine.sampling_params import SamplingParams
 
+# One token's logprob and its top alternatives (token id, logprob).
+TokenLogprobs = tuple[float, list[tuple[int, float]]]
+
 
 @dataclass
 class EngineRequest:
@@ -49,10 +52,12 @@ class TokenDelta:
     token_id: int | None = None
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
+    prompt_logprobs: list[TokenLogprobs] | None = None  # prompt tokens 1.., on the request's first delta
     finished: bool = False
     finish_reason: str | None = None  # stop | length | abort | error
     stop_reason: int | None = None  # the stop token id, when one ended the request
     num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission
     num_preemptions: int = 0
     error: str | None = None
 
@@ -64,7 +69,11 @@ class CoreStats:
     kv_blocks_total: int = 0
     kv_blocks_used: int = 0
     num_preemptions: int = 0
-    prompt_tokens_computed: int = 0
+    prompt_tokens_computed: int = 0  # prompt tokens run through the model (cache hits are not)
+    prefix_cache_query_tokens: int = 0  # tokens of admitted sequences looked up in the prefix cache
+    prefix_cache_hit_tokens: int = 0  # of those, found in cached blocks
+    prefix_cache_evictions: int = 0  # cached blocks reused for other tokens
+    kv_blocks_cached: int = 0  # blocks findable by prefix (held or not)
     generated_tokens: int = 0
     steps: int = 0
 

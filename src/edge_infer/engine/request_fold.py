@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from edge_infer.engine.protocol import TokenDelta
+from edge_infer.engine.protocol import TokenDelta, TokenLogprobs
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.models.tokenizer import Tokenizer
 
@@ -84,10 +84,6 @@ class RequestText:
         return TextUpdate(out, new_ids, self.finished, self.finish_reason, self.stop_reason, stop_hit and not delta.finished)
 
 
-# One generated token's logprob and its top alternatives (token id, logprob).
-TokenLogprobs = tuple[float, list[tuple[int, float]]]
-
-
 @dataclass
 class FoldStep:
     """What one core delta changed, for the consumer."""
@@ -95,6 +91,7 @@ class FoldStep:
     text: str  # newly releasable text
     token_ids: list[int]
     logprobs: list[TokenLogprobs]  # for token_ids, when the request asked for logprobs
+    prompt_logprobs: list[TokenLogprobs] | None  # prompt tokens 1.., on the delta that completed them
     finished: bool
     finish_reason: str | None
     stop_reason: int | str | None
@@ -106,8 +103,10 @@ class FoldStep:
 class RequestFold:
     text: RequestText
     logprobs: list[TokenLogprobs] | None = None  # one per generated token, when asked for
+    prompt_logprobs: list[TokenLogprobs] | None = None  # prompt tokens 1.., once the prefill scored them
     first_token_at: float | None = None
     num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache held
     error: str | None = None
     token_ids: list[int] = field(default_factory=list)
 
@@ -129,6 +128,7 @@ class RequestFold:
 
     def apply(self, delta: TokenDelta) -> FoldStep:
         self.num_preemptions = delta.num_preemptions
+        self.num_cached_tokens = delta.num_cached_tokens
         update = self.text.apply(delta)
         logprobs: list[TokenLogprobs] = []
         if delta.token_id is not None:
@@ -139,5 +139,7 @@ class RequestFold:
                 self.logprobs += logprobs
         if delta.error and self.error is None:
             self.error = delta.error
-        return FoldStep(update.text, update.token_ids, logprobs, update.finished or self.error is not None,
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs
+        return FoldStep(update.text, update.token_ids, logprobs, delta.prompt_logprobs, update.finished or self.error is not None,
                         self.finish_reason, update.stop_reason, self.error, update.stop_string_hit)

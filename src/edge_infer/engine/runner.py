@@ -1,5 +1,9 @@
 """Turns a scheduled batch into one forward pass and the logits to sample from.
 
+A request that asked for prompt logprobs also has its prompt tokens scored
+as its prefill computes them, a few rows of logits at a time so that scoring
+a long prompt needs no more memory than the plan gives a step's logits.
+
 ``prepare_step`` is model-agnostic: positions, cache slots, per-sequence
 attention metadata and the rows that need an output. Any decoder that runs
 over the paged cache (the text models here, the Qwen3-TTS Talker) builds its
@@ -13,7 +17,9 @@ import torch
 
 from edge_infer.models.layers.attention import AttentionMetadata, build_seq_attention
 from edge_infer.models.layers.kv_cache import KVCache
+from edge_infer.engine.sampler import score_rows
 from edge_infer.engine.scheduler import ScheduledSeq
+from edge_infer.engine.sequence import Sequence
 from edge_infer.models.llama import DecoderLM
 
 
@@ -58,24 +64,45 @@ def prepare_step(
 
 
 class ModelRunner:
-    def __init__(self, model: DecoderLM, cache: KVCache):
+    def __init__(self, model: DecoderLM, cache: KVCache, max_num_seqs: int):
         self.model = model
         self.cache = cache
         cfg = model.cfg
         self.group = cfg.num_attention_heads // cfg.num_key_value_heads
         self.sliding_window = cfg.sliding_window
         self.block_size = cache.layout.block_size
+        # Rows of prompt logits scored at once: their 16-bit and fp32 copies (6 bytes a logit) stay within the
+        # fp32 logits of max_num_seqs + 4 rows that memory.sizing plans for a step.
+        self.score_rows = max(1, 2 * (max_num_seqs + 4) // 3)
 
     @torch.inference_mode()
     def forward(self, batch: list[ScheduledSeq], all_logits: bool = False) -> tuple[torch.Tensor, list[ScheduledSeq]]:
         """Run the batch; returns fp32 logits ``[S, vocab]`` for the S sequences that sample
-        (with ``all_logits``, one row per computed token instead)."""
+        (with ``all_logits``, one row per computed token instead). Prompt logprobs a sequence asked
+        for are appended to its ``prompt_logprobs`` on the way."""
         step = prepare_step(batch, self.block_size, self.group, self.sliding_window, all_logits)
         ids: list[int] = []
+        scoring: list[tuple[Sequence, range, int]] = []  # (sequence, positions to score, flat row of its first token)
         for item, start, end in step.spans:
+            targets = item.seq.prompt_targets(start, end)
+            if targets:
+                scoring.append((item.seq, targets, len(ids) - start))
             ids.extend(item.seq.token_slice(start, end))
-        logits = self.model(torch.tensor(ids, dtype=torch.long), step.positions, step.meta, self.cache, step.output_rows)
-        return logits, step.sampling
+        tokens = torch.tensor(ids, dtype=torch.long)
+        if not scoring:
+            return self.model(tokens, step.positions, step.meta, self.cache, step.output_rows), step.sampling
+        hidden = self.model.run_layers(self.model.embed_tokens(tokens), step.positions, step.meta, self.cache)
+        for seq, targets, row0 in scoring:
+            self._score_prompt(seq, hidden, targets, row0)
+        return self.model.logits(hidden, step.output_rows), step.sampling
+
+    def _score_prompt(self, seq: Sequence, hidden: torch.Tensor, positions: range, row0: int) -> None:
+        top_n = seq.params.prompt_logprobs or 0
+        for first in range(positions.start, positions.stop, self.score_rows):
+            chunk = range(first, min(first + self.score_rows, positions.stop))
+            rows = torch.tensor([row0 + p for p in chunk], dtype=torch.long)
+            targets = torch.tensor(seq.prompt_token_ids[chunk.start + 1 : chunk.stop + 1], dtype=torch.long)
+            seq.prompt_logprobs += score_rows(self.model.logits(hidden, rows), targets, top_n)
 
     def forward_all_logits(self, item: ScheduledSeq) -> torch.Tensor:
         return self.forward([item], all_logits=True)[0]

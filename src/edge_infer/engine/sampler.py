@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from edge_infer.engine.protocol import TokenLogprobs
 from edge_infer.engine.sequence import Sequence
 
 
@@ -80,3 +81,18 @@ def sample_row(logits: torch.Tensor, seq: Sequence, default_generator: torch.Gen
         vals, ids = torch.topk(logprobs, p.logprobs)
         top = list(zip(ids.tolist(), vals.tolist()))
     return SampledToken(token, float(logprobs[token]), top)
+
+
+def score_rows(logits: torch.Tensor, targets: torch.Tensor, top_n: int) -> list[TokenLogprobs]:
+    """Logprob of ``targets[i]`` under row ``i`` of ``logits`` ``[k, vocab]`` and each row's top ``top_n``.
+
+    The raw distribution, as for sampled tokens; normalised in place (the
+    rows are the caller's scratch), so scoring holds one copy of the rows.
+    """
+    logits = logits.float()
+    logits -= torch.logsumexp(logits, dim=-1, keepdim=True)
+    chosen = logits.gather(1, targets[:, None])[:, 0].tolist()
+    if top_n == 0:
+        return [(lp, []) for lp in chosen]
+    vals, ids = torch.topk(logits, top_n, dim=-1)
+    return [(lp, list(zip(i, v))) for lp, i, v in zip(chosen, ids.tolist(), vals.tolist())]

@@ -27,6 +27,7 @@ class SamplingParams:
     max_tokens: int | None = 16
     min_tokens: int = 0
     logprobs: int | None = None  # number of top alternatives per token (0: only the chosen one)
+    prompt_logprobs: int | None = None  # the same for every prompt token after the first (scoring)
     skip_special_tokens: bool = True
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -45,8 +46,8 @@ class SamplingParams:
 
         if self.n < 1:
             bad(f"n must be at least 1, got {self.n}")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            bad(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.max_tokens is not None and self.max_tokens < 0:
+            bad(f"max_tokens must be at least 0 (0: only process the prompt), got {self.max_tokens}")
         if self.temperature < 0:
             bad(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -65,8 +66,10 @@ class SamplingParams:
             bad(f"min_tokens must be >= 0, got {self.min_tokens}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             bad(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            bad(f"logprobs must be between 0 and 20, got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 20:
+                bad(f"{name} must be between 0 and 20, got {value}")
         if any(not s for s in self.stop):
             bad("stop strings must be non-empty")
 

@@ -11,6 +11,11 @@ front of the queue, to be recomputed (prompt + tokens so far) when blocks
 are free again. Its tokens are unchanged; it only loses time. A sequence
 whose consumer has not read its output (no credits left) keeps its blocks but
 is not scheduled.
+
+With prefix caching, a sequence being admitted first takes the cached blocks
+of its longest cached prefix of full blocks (never its last token: that one
+is computed so that its logits can be sampled), and every block a step
+fills is cached for later requests (engine/block_allocator.py).
 """
 from __future__ import annotations
 
@@ -34,14 +39,18 @@ class ScheduledSeq:
 
 
 class Scheduler:
-    def __init__(self, layout: KVLayout, num_blocks: int, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, layout: KVLayout, num_blocks: int, max_num_seqs: int, max_num_batched_tokens: int,
+                 prefix_caching: bool = False):
         self.layout = layout
         self.allocator = BlockAllocator(num_blocks)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.prefix_caching = prefix_caching
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.prefix_query_tokens = 0  # tokens looked up at admission
+        self.prefix_hit_tokens = 0  # of those, found cached
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -73,6 +82,29 @@ class Scheduler:
     def _release(self, seq: Sequence) -> None:
         self.allocator.free(seq.blocks)
         seq.blocks = []
+        seq.num_cached_blocks = 0
+
+    def _take_cached_prefix(self, seq: Sequence) -> None:
+        if seq.prompt_logprobs is not None:  # every prompt token must be computed to be scored
+            return
+        size = self.layout.block_size
+        reusable = (seq.num_tokens - 1) // size  # the last token is always computed: it is sampled from
+        blocks = self.allocator.take_cached(seq.full_block_hashes(reusable, size))
+        seq.blocks, seq.num_cached_blocks, seq.num_computed = blocks, len(blocks), len(blocks) * size
+        self.prefix_query_tokens += seq.num_tokens
+        self.prefix_hit_tokens += seq.num_computed
+        if seq.num_preemptions == 0:
+            seq.num_cached_tokens = seq.num_computed
+
+    def cache_computed_blocks(self, seq: Sequence) -> None:
+        """Cache the blocks of ``seq`` that are now full and computed."""
+        full = seq.num_computed // self.layout.block_size
+        if not self.prefix_caching or full <= seq.num_cached_blocks:
+            return
+        hashes = seq.full_block_hashes(full, self.layout.block_size)
+        for j in range(seq.num_cached_blocks, full):
+            self.allocator.cache(seq.blocks[j], hashes[j])
+        seq.num_cached_blocks = full
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
@@ -106,8 +138,12 @@ class Scheduler:
             i += 1
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if self.prefix_caching and not seq.blocks:
+                self._take_cached_prefix(seq)
             n = min(seq.remaining, budget)
             if not self._ensure_blocks(seq, seq.num_computed + n):
+                self._release(seq)  # a waiting sequence holds nothing (not even cached blocks others could evict)
+                seq.num_computed = 0
                 break
             self.waiting.popleft()
             seq.status = Status.RUNNING

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 import time
+from array import array
 from dataclasses import dataclass, field
 
 import torch
 
+from edge_infer.engine.protocol import TokenLogprobs
 from edge_infer.engine.sampling_params import SamplingParams
 
 
@@ -32,6 +35,15 @@ class Sequence:
     num_preemptions: int = 0
     finish_reason: str | None = None
     stop_reason: int | None = None
+    # Asked-for prompt logprobs of tokens 1.. (token 0 has none), filled as prefill computes them; recompute
+    # after preemption does not score them again. Sent with the request's first delta.
+    prompt_logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs_sent: bool = False
+    # Prefix caching: the hash chain of the full blocks' tokens (tokens only append, so it only grows), how many
+    # of the held blocks are cached, and how many prompt tokens the first admission found cached.
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_cached_blocks: int = 0
+    num_cached_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -49,6 +61,21 @@ class Sequence:
     def remaining(self) -> int:
         """Tokens not yet in the cache (1 while decoding, more while prefilling)."""
         return self.num_tokens - self.num_computed
+
+    def full_block_hashes(self, count: int, block_size: int) -> list[bytes]:
+        """Hashes of the first ``count`` full blocks: each over its parent's hash and its own tokens."""
+        while len(self.block_hashes) < count:
+            i = len(self.block_hashes)
+            parent = self.block_hashes[-1] if self.block_hashes else b""
+            tokens = array("q", self.token_slice(i * block_size, (i + 1) * block_size)).tobytes()
+            self.block_hashes.append(hashlib.blake2b(parent + tokens, digest_size=16).digest())
+        return self.block_hashes[:count]
+
+    def prompt_targets(self, start: int, end: int) -> range:
+        """Positions in ``start..end`` whose output scores a prompt token not yet scored."""
+        if self.prompt_logprobs is None:
+            return range(0)
+        return range(max(start, len(self.prompt_logprobs)), min(end, len(self.prompt_token_ids) - 1))
 
     @property
     def paused(self) -> bool:

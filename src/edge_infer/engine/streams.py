@@ -26,6 +26,8 @@ class StreamEvent:
     token_ids: list[int] = field(default_factory=list)
     # per token: (chosen logprob, [(token id, logprob), ...] top alternatives)
     logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+    prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None  # prompt tokens 1.., once
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache held for this request
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     error: str | None = None

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edge_infer.config import QUANT_METHODS, EngineConfig, QuantConfig
+from edge_infer.config import KV_CACHE_DTYPES, QUANT_METHODS, EngineConfig, QuantConfig
 from edge_infer.errors import InvalidRequestError
 from edge_infer.hardware.cpu import CpuCapabilities, detect
 from edge_infer.hardware.kernels import KernelSelection, select_kernels
@@ -140,6 +140,8 @@ def plan_text_session(
     packed_head: bool = False,
     cpu: CpuCapabilities | None = None,
     priority: str | None = None,
+    prefix_caching: bool = True,
+    kv_cache_dtype: str = "auto",
 ) -> TextPlan:
     """Plan a text session; see the module docstring. Raises only for unreadable checkpoints.
 
@@ -155,24 +157,30 @@ def plan_text_session(
         settings = dict(max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         kv_cache_memory_bytes=kv_cache_memory_bytes, dtype=dtype, available_bytes=available_bytes,
                         weight_backend=weight_backend, num_threads=num_threads, seed=seed, eos_token_ids=eos_token_ids,
-                        frontend=frontend, packed_head=packed_head)
+                        frontend=frontend, packed_head=packed_head, prefix_caching=prefix_caching,
+                        kv_cache_dtype=kv_cache_dtype)
         stored_format = (cfg.quantization_config or {}).get("quant_method")
         return plan_auto(plan_text_session, model_dir, priority, cpu or detect(), stored_format, **settings)
     if frontend not in ("library", "server"):
         raise InvalidRequestError(f"frontend must be 'library' or 'server', got {frontend!r}")
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise InvalidRequestError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
     r = _resolve(cfg, model_dir, quantization, dtype, cpu or detect(), weight_backend, packed_head, priority,
                  max_model_len, max_num_seqs, max_num_batched_tokens)
-    items, layout = _size_items(r, model_dir, frontend)
+    items, layout = _size_items(r, model_dir, frontend, kv_cache_dtype == "int8")
     available = available_bytes if available_bytes is not None else available_memory_bytes()
     kv_blocks = _kv_blocks(r, layout, items, available, kv_cache_memory_bytes)
     items.insert(2, _kv_item(layout, kv_blocks))
     plan = _admit(r, model_dir, items, layout, available)
+    plan.settings["prefix_caching"] = prefix_caching
+    plan.settings["kv_cache_dtype"] = "int8" if layout.int8 else r.dtype
     if plan.admitted:
         plan.engine_config = EngineConfig(
             model=model_dir, dtype=r.dtype, max_model_len=r.max_model_len, max_num_seqs=r.max_num_seqs,
             max_num_batched_tokens=r.max_num_batched_tokens, kv_cache_memory_bytes=kv_blocks * layout.bytes_per_block,
             block_size=layout.block_size, quant=r.quant, weight_backend="w16" if r.widened else weight_backend,
             num_threads=num_threads, seed=seed, eos_token_ids=tuple(eos_token_ids), packed_head=r.packed_head,
+            prefix_caching=prefix_caching, kv_cache_dtype=kv_cache_dtype,
         )
     return plan
 
@@ -261,7 +269,7 @@ def _resolve(cfg: ModelConfig, model_dir: str, quantization: str | QuantConfig |
                      stored_16bit, packed_head, max_model_len, max_num_seqs, max_num_batched_tokens, notes, reasons, levers)
 
 
-def _size_items(r: _Resolved, model_dir: str, frontend: str) -> tuple[list[PlanItem], KVLayout]:
+def _size_items(r: _Resolved, model_dir: str, frontend: str, int8_kv: bool) -> tuple[list[PlanItem], KVLayout]:
     """Every item but the KV cache (its blocks depend on what is left), and the KV layout."""
     cfg = r.cfg
     overhead = runtime_overhead()
@@ -275,16 +283,23 @@ def _size_items(r: _Resolved, model_dir: str, frontend: str) -> tuple[list[PlanI
     rope = 2 * r.max_model_len * cfg.head_dim * 4
     acts = activation_bytes(cfg, r.dtype_bytes, r.max_num_batched_tokens, r.max_num_seqs, r.max_model_len,
                             r.quant.name if r.quant is not None else None)
+    acts_note = f"one step of {r.max_num_batched_tokens} tokens, {r.max_num_seqs} logit rows"
+    if int8_kv:  # attention reads one sequence's K and V back at the compute dtype, a layer at a time
+        acts += 2 * r.max_model_len * cfg.num_key_value_heads * cfg.head_dim * r.dtype_bytes
+        acts_note += f", one {r.max_model_len}-token sequence's int8 K/V read back"
+        if r.quant is not None and r.quant.int8_activations:
+            r.notes.append("kv cache int8: decode runs the model's layers, not the fused int8 decode layer (it reads a "
+                           "16-bit cache); expect slower decode than with --kv-cache-dtype auto")
     src_bytes = max((CHECKPOINT_DTYPE_BYTES.get(t.dtype, 4) for t in r.tensors.values()), default=4)
     transient = load_transient_bytes(cfg, r.quant, r.widened, largest_linear, src_bytes, r.dtype_bytes)
     file_bytes = sum(t.file.stat().st_size for t in {t.file: t for t in r.tensors.values()}.values())
-    layout = KVLayout(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, r.dtype_bytes, DEFAULT_BLOCK_SIZE)
+    layout = KVLayout.for_model(cfg, r.dtype_bytes, DEFAULT_BLOCK_SIZE, int8=int8_kv)
     weights_note = _weights_note(cfg, r.dtype, r.quant, r.packed_head, r.widened and r.stored_16bit)
     return [
         PlanItem("runtime overhead", overhead_bytes, "anon", "steady", f"{frontend} frontend + worker + tokenizer (measured once)"),
         PlanItem("weights", weights, "anon", "steady", weights_note),
         PlanItem("rope tables", rope, "anon", "steady", f"cos+sin fp32 for {r.max_model_len} positions"),
-        PlanItem("activations", acts, "anon", "steady", f"one step of {r.max_num_batched_tokens} tokens, {r.max_num_seqs} logit rows"),
+        PlanItem("activations", acts, "anon", "steady", acts_note),
         PlanItem("load transient", transient, "anon", "load", "one block being converted + the largest linear being repacked"),
         PlanItem("checkpoint pages", file_bytes, "file", "load", "memory-mapped while loading; page cache, released after"),
     ], layout

@@ -186,8 +186,12 @@ class DecoderLM(nn.Module):
         kv_cache: "KVCache",
         logits_rows: torch.Tensor,
     ) -> torch.Tensor:
-        x = self.run_layers(self.embed_tokens(input_ids), positions, meta, kv_cache)
-        if logits_rows.numel() == 0:  # only mid-prompt chunks this step: nothing to sample
+        hidden = self.run_layers(self.embed_tokens(input_ids), positions, meta, kv_cache)
+        return self.logits(hidden, logits_rows)
+
+    def logits(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """fp32 next-token logits ``[len(rows), vocab]`` from rows of the decoder's output ``hidden``."""
+        if rows.numel() == 0:  # only mid-prompt chunks this step: nothing to sample
             return torch.empty(0, self.cfg.vocab_size)
-        x = rms_norm(x.index_select(0, logits_rows), self.final_norm, self.cfg.rms_norm_eps)
+        x = rms_norm(hidden.index_select(0, rows), self.final_norm, self.cfg.rms_norm_eps)
         return self.lm_head(x).float()

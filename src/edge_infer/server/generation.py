@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator
 
 from edge_infer.engine.frontend import PreparedPrompt
+from edge_infer.engine.protocol import TokenLogprobs
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.engine.streams import RequestStream, StreamEvent
 from edge_infer.engine.frontend import Frontend
 from edge_infer.server.errors import APIError
-from edge_infer.server.protocol import SamplingFields, Usage
+from edge_infer.server.protocol import PromptTokensDetails, SamplingFields, Usage
 
 if TYPE_CHECKING:
     from edge_infer.server.text_service import TextService
@@ -52,8 +53,8 @@ def token_text(frontend: Frontend, token_id: int) -> str:
 @dataclass
 class TokenLogprob:
     token_id: int
-    logprob: float
-    top: list[tuple[int, float]]
+    logprob: float | None  # None: the first token of an echoed prompt
+    top: list[tuple[int, float]] | None
 
 
 @dataclass
@@ -65,9 +66,11 @@ class Sample:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs] | None = None  # prompt tokens 1.., when asked
     finish_reason: str | None = None
     error: str | None = None
     last_token_at: float | None = None
+    num_cached_tokens: int = 0  # of its prompt, found in the prefix cache
 
     @property
     def ended(self) -> bool:
@@ -106,7 +109,10 @@ class Generation:
 
     def usage(self) -> Usage:
         prompt, completion = self.prompt_tokens, self.completion_tokens
-        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+        per_prompt = len(self.samples) // len(self.prompts)
+        cached = sum(s.num_cached_tokens for s in self.samples if s.index % per_prompt == 0)  # sample 0 of each prompt
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
     def cancel(self, reason: str | None) -> None:
         """End every sample still running (the engine frees its KV blocks)."""
@@ -162,6 +168,9 @@ class Generation:
 
     def _apply(self, s: Sample, event: StreamEvent) -> None:
         metrics = self.service.metrics
+        if event.prompt_logprobs is not None:
+            s.prompt_logprobs = event.prompt_logprobs
+        s.num_cached_tokens = max(s.num_cached_tokens, event.num_cached_tokens)
         if event.kind == "token":
             s.text += event.text
             if event.token_ids:

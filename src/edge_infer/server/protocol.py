@@ -267,9 +267,9 @@ PromptField = Union[
 
 class CompletionRequest(SamplingFields):
     prompt: PromptField
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=0, description="0: only score the prompt (with echo and logprobs)")
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    echo: bool = False
+    echo: bool = Field(False, description="the prompt before the completion; with logprobs, the prompt's logprobs too")
     suffix: str | None = Field(None, description="not supported: must be absent")
     best_of: int | None = Field(None, description="not supported beyond n")
 
@@ -279,8 +279,6 @@ class CompletionRequest(SamplingFields):
             raise ValueError("suffix (insertion) is not supported by edge-infer; remove it")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of is not supported by edge-infer; use n")
-        if self.echo and self.logprobs is not None:
-            raise ValueError("echo with logprobs would need prompt logprobs, which edge-infer does not compute")
         return self
 
     @property
@@ -294,10 +292,15 @@ class CompletionRequest(SamplingFields):
 # -- responses ---------------------------------------------------------------------
 
 
+class PromptTokensDetails(_Response):
+    cached_tokens: int  # prompt tokens whose KV came from the prefix cache instead of being computed
+
+
 class Usage(_Response):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class ToolCallRecovery(_KeepNulls):
@@ -407,8 +410,8 @@ class ChatCompletionChunk(_Response):
 
 class CompletionLogprobs(_Response):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]  # None: the first token of an echoed prompt (nothing precedes it)
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 

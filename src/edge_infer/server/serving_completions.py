@@ -11,7 +11,7 @@ from typing import AsyncIterator
 from edge_infer.engine.frontend import PreparedPrompt
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.server.errors import APIError
-from edge_infer.server.generation import Generation, Sample, build_params, token_text
+from edge_infer.server.generation import Generation, Sample, TokenLogprob, build_params, token_text
 from edge_infer.server.protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Usage
 from edge_infer.server.text_service import TextService
 from edge_infer.server.streaming import sse, sse_done, sse_error
@@ -26,7 +26,10 @@ class CompletionJob:
 
 def prepare(service: TextService, req: CompletionRequest) -> CompletionJob:
     prompts = [service.frontend.prepare(prompt) for prompt in req.prompts]
-    return CompletionJob(req, prompts, build_params(service.frontend, req, req.max_tokens, req.logprobs))
+    params = build_params(service.frontend, req, req.max_tokens, req.logprobs)
+    if req.echo and req.logprobs is not None:  # an echoed prompt comes with its logprobs (what evaluators score)
+        params = params.clone(prompt_logprobs=req.logprobs)
+    return CompletionJob(req, prompts, params)
 
 
 def _echo(service: TextService, job: CompletionJob, s: Sample) -> str:
@@ -36,17 +39,33 @@ def _echo(service: TextService, job: CompletionJob, s: Sample) -> str:
     return prompt.prompt if prompt.prompt is not None else service.frontend.require_tokenizer().decode(prompt.token_ids)
 
 
-def completion_logprobs(service: TextService, s: Sample, start: int, offset: int) -> CompletionLogprobs:
-    """Logprobs of tokens ``start:`` of a sample; ``offset`` is the text length before them."""
+def completion_logprobs(service: TextService, items: list[TokenLogprob], offset: int) -> CompletionLogprobs:
+    """OpenAI's logprobs of ``items``; ``offset`` is the text length before them."""
     out = CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
-    for item in s.logprobs[start:]:
+    for item in items:
         text = token_text(service.frontend, item.token_id)
         out.tokens.append(text)
         out.token_logprobs.append(item.logprob)
-        out.top_logprobs.append({token_text(service.frontend, t): lp for t, lp in item.top})
+        out.top_logprobs.append(None if item.top is None else _top_by_text(service, item.top))
         out.text_offset.append(offset)
         offset += len(text)
     return out
+
+
+def _top_by_text(service: TextService, top: list[tuple[int, float]]) -> dict[str, float]:
+    """OpenAI keys alternatives by their text; of two tokens with the same text (e.g. byte pieces shown as
+    U+FFFD) the more likely one is kept."""
+    out: dict[str, float] = {}
+    for t, lp in top:  # most likely first
+        out.setdefault(token_text(service.frontend, t), lp)
+    return out
+
+
+def echoed_logprobs(job: CompletionJob, s: Sample) -> list[TokenLogprob]:
+    """The echoed prompt's tokens with their logprobs: none for the first (nothing precedes it)."""
+    ids = job.prompts[s.prompt_index].token_ids
+    scored = s.prompt_logprobs or []
+    return [TokenLogprob(ids[0], None, None), *(TokenLogprob(t, lp, top) for t, (lp, top) in zip(ids[1:], scored))]
 
 
 
@@ -58,7 +77,10 @@ async def complete(service: TextService, job: CompletionJob, gen: Generation) ->
     choices = []
     for s in samples:
         echo = _echo(service, job, s)
-        logprobs = completion_logprobs(service, s, 0, len(echo)) if job.request.logprobs is not None else None
+        logprobs = None
+        if job.request.logprobs is not None:
+            items = (echoed_logprobs(job, s) if echo else []) + s.logprobs
+            logprobs = completion_logprobs(service, items, 0)
         choices.append(CompletionChoice(index=s.index, text=echo + s.text, logprobs=logprobs, finish_reason=s.finish_reason))
     return CompletionResponse(id=f"cmpl-{gen.id}", model=service.settings.served_model_name, choices=choices, usage=gen.usage())
 
@@ -73,16 +95,20 @@ async def stream(service: TextService, job: CompletionJob, gen: Generation) -> A
         return sse(CompletionResponse(id=ident, created=created, model=model, choices=list(choices), usage=usage_))
 
     offsets = {}
+    scored_echo = req.echo and req.logprobs is not None  # the echo waits for its logprobs (the prefill's)
     for s in gen.samples:
         echo = _echo(service, job, s)
         offsets[s.index] = len(echo)
-        if echo:
+        if echo and not scored_echo:
             yield chunk(CompletionChoice(index=s.index, text=echo, finish_reason=None))
     async for s, event in gen.events():
+        if scored_echo and event.prompt_logprobs is not None:
+            echoed = completion_logprobs(service, echoed_logprobs(job, s), 0)
+            yield chunk(CompletionChoice(index=s.index, text=_echo(service, job, s), logprobs=echoed, finish_reason=None))
         if event.kind == "token":
             logprobs = None
             if req.logprobs is not None and event.token_ids:
-                logprobs = completion_logprobs(service, s, len(s.logprobs) - len(event.token_ids), offsets[s.index])
+                logprobs = completion_logprobs(service, s.logprobs[len(s.logprobs) - len(event.token_ids):], offsets[s.index])
             offsets[s.index] += len(event.text)
             if event.text or logprobs is not None:
                 yield chunk(CompletionChoice(index=s.index, text=event.text, logprobs=logprobs, finish_reason=None))

@@ -75,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
         model_max = ModelConfig.from_dir(args.reference).max_position_embeddings
         if max_len > model_max:
             raise ValueError(f"the longest prompt plus --max-new-tokens needs {max_len} positions; the model has {model_max}")
-        settings = dict(dtype=args.dtype, max_model_len=max_len, max_num_seqs=1, max_num_batched_tokens=max(256, max_len))
+        # Each prompt computed whole (no cached prefix): both models see the same chunks, run after run.
+        settings = dict(dtype=args.dtype, max_model_len=max_len, max_num_seqs=1, max_num_batched_tokens=max(256, max_len),
+                        prefix_caching=False)
         ref_frontend = Frontend.create(args.reference, **settings)
         cand_frontend = Frontend.create(candidate_dir, skip_tokenizer_init=True, quantization=quant, **settings)
         reference = EngineCore(ref_frontend.engine_config)

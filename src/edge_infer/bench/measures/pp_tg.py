@@ -3,8 +3,8 @@
 One sequence at a time (`max_num_seqs=1`), the whole prompt in one step
 (`max_num_batched_tokens` = `--pp` unless given), greedy, end-of-sequence
 ignored, prompts given as token ids so no detokenization runs (as in
-`llama-bench`). edge-infer keeps no prefix cache, so nothing is reused
-between repetitions. Prints one JSON line with `pp_tps` and `tg_tps`
+`llama-bench`). The prefix cache is off, so nothing is reused between
+repetitions (their prompts differ anyway). Prints one JSON line with `pp_tps` and `tg_tps`
 (`edge-infer bench llamacpp pp-tg` prints the same keys), what was actually
 loaded, and provenance.
 """
@@ -36,6 +36,7 @@ def engine_kwargs(args: argparse.Namespace, s: llama_bench.PpTgSettings) -> dict
     settings["max_num_seqs"] = 1
     settings["max_num_batched_tokens"] = settings["max_num_batched_tokens"] or s.pp
     settings["max_model_len"] = settings["max_model_len"] or s.context_tokens
+    settings["prefix_caching"] = False
     return settings
 
 
@@ -90,7 +91,7 @@ def measure(model: str | None, settings: dict[str, Any], s: llama_bench.PpTgSett
         "settings": {
             **plan.settings,
             "pp": s.pp, "tg": s.tg, "reps": s.reps, "seed": s.seed,
-            "worker": worker, "prefix_cache": False, "detokenize": False,
+            "worker": worker, "detokenize": False,
         },
     }
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from edge_infer.models.layers.kv_cache import Int8KV
+
 
 @dataclass
 class SeqAttention:
@@ -73,15 +75,24 @@ def build_seq_attention(
     )
 
 
-def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+KVTensor = torch.Tensor | Int8KV
+
+
+def write_kv(k_cache: KVTensor, v_cache: KVTensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
     """Store new keys/values ``[T, kv_heads, head_dim]`` at their cache slots."""
+    if isinstance(k_cache, Int8KV):
+        k_cache.write(slots, k)
+        v_cache.write(slots, v)
+        return
     n_kv, d = k.shape[1], k.shape[2]
     k_cache.view(-1, n_kv, d).index_copy_(0, slots, k)
     v_cache.view(-1, n_kv, d).index_copy_(0, slots, v)
 
 
-def _cached(cache: torch.Tensor, seq: SeqAttention) -> torch.Tensor:
-    """``[kv_heads, visible_ctx, head_dim]`` for one sequence (a view when contiguous)."""
+def _cached(cache: KVTensor, seq: SeqAttention) -> torch.Tensor:
+    """``[kv_heads, visible_ctx, head_dim]`` for one sequence (a view when contiguous and 16/32-bit)."""
+    if isinstance(cache, Int8KV):
+        return cache.read(seq.blocks, seq.contiguous_from)[seq.window_start : seq.ctx_len].transpose(0, 1)
     n_kv, d = cache.shape[2], cache.shape[3]
     if seq.contiguous_from is not None:
         start = seq.contiguous_from
@@ -93,8 +104,8 @@ def _cached(cache: torch.Tensor, seq: SeqAttention) -> torch.Tensor:
 
 def paged_attention(
     q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    k_cache: KVTensor,
+    v_cache: KVTensor,
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
