@@ -35,6 +35,19 @@ def drain(core: EngineCore, requests) -> dict[str, list[int]]:
     return out
 
 
+def deltas_of(core: EngineCore, rid: str, prompt: list[int], params: SamplingParams = GREEDY) -> list:
+    """One more request on ``core``, run to its end: its deltas."""
+    core.add_request(EngineRequest(rid, prompt, params))
+    deltas = []
+    while core.has_work():
+        deltas += core.step()
+    return deltas
+
+
+def tokens(deltas) -> list[int]:
+    return [d.token_id for d in deltas if d.token_id is not None]
+
+
 def cold(path, requests: dict[str, list[int]], params: SamplingParams = GREEDY) -> dict[str, list[int]]:
     """Each request alone on an engine without a prefix cache."""
     return {rid: run(engine(path, prefix_caching=False), {rid: p}, params)[rid] for rid, p in requests.items()}
@@ -67,13 +80,8 @@ def test_a_shared_prefix_is_computed_once_and_gives_the_cold_tokens(model):
     core = engine(model)
     first = run(core, {"a": requests["a"]})
     computed = core.stats.prompt_tokens_computed
-    second = {}
-    core.add_request(EngineRequest("b", requests["b"], GREEDY))
-    deltas = []
-    while core.has_work():
-        deltas += core.step()
-    second["b"] = [d.token_id for d in deltas if d.token_id is not None]
-    assert {**first, **second} == cold(model, requests)
+    deltas = deltas_of(core, "b", requests["b"])
+    assert {**first, "b": tokens(deltas)} == cold(model, requests)
     assert deltas[0].num_cached_tokens == 48  # SYSTEM's three full blocks
     assert core.stats.prompt_tokens_computed - computed == len(requests["b"]) - 48
     stats = core.current_stats()
@@ -84,12 +92,9 @@ def test_a_repeated_prompt_still_computes_its_last_token(model):
     prompt = SYSTEM[:48]  # exactly three blocks: the third is computed again (its last token is sampled from)
     core = engine(model)
     assert run(core, {"a": prompt}) == cold(model, {"a": prompt})
-    core.add_request(EngineRequest("b", prompt, GREEDY))
-    deltas = []
-    while core.has_work():
-        deltas += core.step()
+    deltas = deltas_of(core, "b", prompt)
     assert deltas[0].num_cached_tokens == 32
-    assert [d.token_id for d in deltas if d.token_id is not None] == cold(model, {"b": prompt})["b"]
+    assert tokens(deltas) == cold(model, {"b": prompt})["b"]
 
 
 def test_eviction_under_a_tight_budget_keeps_outputs_exact(model):
@@ -120,12 +125,9 @@ def test_a_request_cancelled_mid_prefill_leaves_only_computed_blocks_cached(mode
     core.step()  # the first 32 tokens: two full blocks computed
     core.abort(["a"])
     assert core.current_stats().kv_blocks_used == 0
-    core.add_request(EngineRequest("b", long_prompt, GREEDY))
-    deltas = []
-    while core.has_work():
-        deltas += core.step()
+    deltas = deltas_of(core, "b", long_prompt)
     assert deltas[0].num_cached_tokens == 32
-    assert [d.token_id for d in deltas if d.token_id is not None] == cold(model, {"b": long_prompt})["b"]
+    assert tokens(deltas) == cold(model, {"b": long_prompt})["b"]
 
 
 def test_concurrent_requests_share_blocks_and_free_them_all(model):
@@ -145,10 +147,7 @@ def test_concurrent_requests_share_blocks_and_free_them_all(model):
 def test_prompt_logprobs_requests_compute_every_prompt_token(model):
     core = engine(model)
     run(core, {"warm": SYSTEM + [1]})
-    core.add_request(EngineRequest("s", SYSTEM + [2], SamplingParams(max_tokens=1, prompt_logprobs=0)))
-    deltas = []
-    while core.has_work():
-        deltas += core.step()
+    deltas = deltas_of(core, "s", SYSTEM + [2], SamplingParams(max_tokens=1, prompt_logprobs=0))
     assert deltas[0].num_cached_tokens == 0 and len(deltas[0].prompt_logprobs) == len(SYSTEM)
 
 

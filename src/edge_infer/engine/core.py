@@ -18,7 +18,7 @@ from edge_infer.config import EngineConfig
 from edge_infer.models.layers.kv_cache import KVCache, KVLayout
 from edge_infer.engine.protocol import CoreStats, EngineRequest, ReadyInfo, TokenDelta, request_problem
 from edge_infer.engine.runner import ModelRunner
-from edge_infer.engine.sampler import sample_row
+from edge_infer.engine.sampler import SampledToken, sample_row
 from edge_infer.engine.scheduler import ScheduledSeq, Scheduler
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.engine.sequence import Sequence
@@ -154,11 +154,9 @@ class EngineCore:
     def abort(self, request_ids: list[str]) -> list[TokenDelta]:
         out = []
         for rid in request_ids:
-            seq = self.sequences.pop(rid, None)
-            if seq is None:
-                continue
-            self.scheduler.finish(seq, "abort")
-            out.append(self._delta(seq, None, finished=True))
+            seq = self.sequences.get(rid)
+            if seq is not None:
+                out.append(self._finish(seq, "abort"))
         return out
 
     def grant(self, request_id: str, credits: int) -> None:
@@ -213,9 +211,7 @@ class EngineCore:
         for row, item in enumerate(sampling):
             seq = item.seq
             if seq.params.max_tokens == 0:  # the prompt alone was asked for (scoring): done once it is computed
-                self.scheduler.finish(seq, "length")
-                del self.sequences[seq.request_id]
-                out.append(self._delta(seq, None, finished=True))
+                out.append(self._finish(seq, "length"))
                 continue
             try:
                 tok = sample_row(logits[row], seq, self.generator)
@@ -228,12 +224,9 @@ class EngineCore:
             if seq.credits is not None:
                 seq.credits -= 1
             reason = self._finish_reason(seq, tok.token_id)
-            if reason is not None:
-                if reason == "stop":
-                    seq.stop_reason = tok.token_id
-                self.scheduler.finish(seq, reason)
-                del self.sequences[seq.request_id]
-            out.append(self._delta(seq, tok, finished=reason is not None))
+            if reason == "stop":
+                seq.stop_reason = tok.token_id
+            out.append(self._delta(seq, tok, finished=False) if reason is None else self._finish(seq, reason, tok))
         return out
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
@@ -245,10 +238,14 @@ class EngineCore:
             return "length"
         return None
 
-    def _fail(self, seq: Sequence, message: str) -> TokenDelta:
-        self.scheduler.finish(seq, "error")
+    def _finish(self, seq: Sequence, reason: str, tok: SampledToken | None = None) -> TokenDelta:
+        """End ``seq`` (its blocks are released) and the delta that says so."""
+        self.scheduler.finish(seq, reason)
         self.sequences.pop(seq.request_id, None)
-        delta = self._delta(seq, None, finished=True)
+        return self._delta(seq, tok, finished=True)
+
+    def _fail(self, seq: Sequence, message: str) -> TokenDelta:
+        delta = self._finish(seq, "error")
         delta.error = message
         return delta
 

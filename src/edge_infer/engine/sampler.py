@@ -75,12 +75,9 @@ def sample_row(logits: torch.Tensor, seq: Sequence, default_generator: torch.Gen
         token = int(torch.multinomial(probs, 1, generator=gen))
     if p.logprobs is None:
         return SampledToken(token)
-    logprobs = torch.log_softmax(raw, dim=-1)
-    top = []
-    if p.logprobs > 0:
-        vals, ids = torch.topk(logprobs, p.logprobs)
-        top = list(zip(ids.tolist(), vals.tolist()))
-    return SampledToken(token, float(logprobs[token]), top)
+    # score_rows normalises in place: a copy, so that the step's logits stay as they were
+    [(logprob, top)] = score_rows(raw.unsqueeze(0).clone(), torch.tensor([token]), p.logprobs)
+    return SampledToken(token, logprob, top)
 
 
 def score_rows(logits: torch.Tensor, targets: torch.Tensor, top_n: int) -> list[TokenLogprobs]:

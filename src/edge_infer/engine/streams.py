@@ -15,6 +15,8 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Generic, Protocol, TypeVar
 
+from edge_infer.engine.protocol import TokenLogprobs
+
 TERMINAL = ("finished", "error", "cancelled")
 
 
@@ -24,9 +26,8 @@ class StreamEvent:
     request_id: str
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
-    # per token: (chosen logprob, [(token id, logprob), ...] top alternatives)
-    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
-    prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None  # prompt tokens 1.., once
+    logprobs: list[TokenLogprobs] | None = None  # per token
+    prompt_logprobs: list[TokenLogprobs] | None = None  # prompt tokens 1.., once
     num_cached_tokens: int = 0  # prompt tokens the prefix cache held for this request
     finish_reason: str | None = None
     stop_reason: int | str | None = None

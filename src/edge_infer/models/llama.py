@@ -146,17 +146,19 @@ class DecoderLM(nn.Module):
                 if t is not None:
                     total += t.numel() * t.element_size()
         total += self.final_norm.numel() * self.final_norm.element_size()
-        kernel = self.lm_head.kernel
-        if not (isinstance(kernel, DenseKernel) and kernel.weight is self.embed):  # the head has storage of its own
+        if not self._head_reads_table():  # the head has storage of its own
             total += self.lm_head.resident_bytes
         return total
+
+    def _head_reads_table(self) -> bool:
+        kernel = self.lm_head.kernel
+        return isinstance(kernel, DenseKernel) and kernel.weight is self.embed
 
     def decode_read_bytes(self) -> int:
         """Weight bytes one decode step reads: all that is resident, except that
         an embedding table the head does not share gives the step one row."""
         total = self.resident_bytes()
-        kernel = self.lm_head.kernel
-        if self.embed is not None and not (isinstance(kernel, DenseKernel) and kernel.weight is self.embed):
+        if self.embed is not None and not self._head_reads_table():
             rows, width = self.embed.shape
             total -= (rows - 1) * width * self.embed.element_size()
         return total

@@ -10,9 +10,10 @@ The machine figure is a reduction (`torch.sum`) over a buffer far larger
 than any last-level cache: a plain streaming read, the best of several
 passes. It is a floor, not the machine's peak: on the AVX-512 host every
 PyTorch reduction stopped near 30-33 GB/s while decode arms streamed up to
-42 GB/s (docs/performance.md), so compare arms by their read rates and
-take the fastest of them as the least the machine can do. The KV cache a tg step reads (at most `tg` tokens of context) is
-not counted; on the published shapes it is under 1% of the weights.
+42 GB/s (docs/performance.md), so compare arms by their read rates and take
+the fastest of them as the least the machine can do. The KV cache a tg step
+reads (at most `tg` tokens of context) is not counted; on the published
+shapes it is under 1% of the weights.
 """
 from __future__ import annotations
 

@@ -4,9 +4,9 @@ One sequence at a time (`max_num_seqs=1`), the whole prompt in one step
 (`max_num_batched_tokens` = `--pp` unless given), greedy, end-of-sequence
 ignored, prompts given as token ids so no detokenization runs (as in
 `llama-bench`). The prefix cache is off, so nothing is reused between
-repetitions (their prompts differ anyway). Prints one JSON line with `pp_tps` and `tg_tps`
-(`edge-infer bench llamacpp pp-tg` prints the same keys), what was actually
-loaded, and provenance.
+repetitions (their prompts differ anyway). Prints one JSON line with
+`pp_tps` and `tg_tps` (`edge-infer bench llamacpp pp-tg` prints the same
+keys), what was actually loaded, and provenance.
 """
 from __future__ import annotations
 
