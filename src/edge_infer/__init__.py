@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "LLM": "edge_infer.engine.llm",
     "SamplingParams": "edge_infer.engine.sampling_params",
+    "StructuredOutputsParams": "edge_infer.engine.sampling_params",
     "RequestOutput": "edge_infer.engine.outputs",
     "CompletionOutput": "edge_infer.engine.outputs",
     "LocalTextEngine": "edge_infer.engine.local",
@@ -27,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from edge_infer.engine.llm import LLM
     from edge_infer.engine.local import LocalTextEngine
     from edge_infer.engine.outputs import CompletionOutput, RequestOutput
-    from edge_infer.engine.sampling_params import SamplingParams
+    from edge_infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
     from edge_infer.memory.plan import plan_text_session
     from edge_infer.runtime.omni import AsyncOmni, Omni
 

@@ -10,13 +10,16 @@ import logging
 import os
 import time
 import traceback
+from concurrent.futures import Future
+from pathlib import Path
 from typing import Callable
 
 import torch
 
 from edge_infer.config import EngineConfig
 from edge_infer.models.layers.kv_cache import KVCache, KVLayout
-from edge_infer.engine.protocol import CoreStats, EngineRequest, ReadyInfo, TokenDelta, request_problem
+from edge_infer.engine.grammar import GrammarMatchers
+from edge_infer.engine.protocol import GRAMMAR_DEAD_END, CoreStats, EngineRequest, ReadyInfo, TokenDelta, request_problem
 from edge_infer.engine.runner import ModelRunner
 from edge_infer.engine.sampler import SampledToken, sample_row
 from edge_infer.engine.scheduler import ScheduledSeq, Scheduler
@@ -99,6 +102,8 @@ class EngineCore:
                                    config.prefix_caching)
         self.runner = ModelRunner(self.model, self.cache, config.max_num_seqs)
         self.generator = torch.Generator().manual_seed(config.seed)
+        self.grammars = GrammarMatchers(Path(config.model) / "tokenizer.json", self.model.cfg.vocab_size,
+                                        config.eos_token_ids)
         self.scheduler_params = SamplingParams(max_tokens=None)
         self.sequences: dict[str, Sequence] = {}
         self.stats = CoreStats(kv_blocks_total=self.cache.num_blocks)
@@ -131,7 +136,7 @@ class EngineCore:
             problem = f"request id {req.request_id!r} is already in use"
         else:
             problem = request_problem(req.prompt_token_ids, p.max_tokens or 1, self.config.max_model_len,
-                                      self.model.cfg.vocab_size)
+                                      self.model.cfg.vocab_size, p.logit_bias or ())
         if problem is not None:
             return TokenDelta(req.request_id, finished=True, finish_reason="error", error=problem, num_prompt_tokens=n_prompt)
         stop_ids = set(p.stop_token_ids or ())
@@ -146,6 +151,7 @@ class EngineCore:
             arrival_time=req.arrival_time,
             generator=torch.Generator().manual_seed(p.seed) if p.seed is not None else None,
             prompt_logprobs=[] if p.prompt_logprobs is not None else None,
+            grammar=None if req.grammar is None else self.grammars.start(req.grammar),
         )
         self.sequences[req.request_id] = seq
         self.scheduler.add(seq)
@@ -208,13 +214,25 @@ class EngineCore:
             if len(item.seq.output_token_ids) == 0:
                 self.stats.prompt_tokens_computed += item.num_new
         out: list[TokenDelta] = []
+        rows: list[tuple[int, Sequence]] = []
         for row, item in enumerate(sampling):
-            seq = item.seq
-            if seq.params.max_tokens == 0:  # the prompt alone was asked for (scoring): done once it is computed
-                out.append(self._finish(seq, "length"))
+            if item.seq.params.max_tokens == 0:  # the prompt alone was asked for (scoring): done once it is computed
+                out.append(self._finish(item.seq, "length"))
+            else:
+                rows.append((row, item.seq))
+        allowed = self._grammar_masks([seq for _, seq in rows], out)
+        for row, seq in rows:
+            if seq.finish_reason is not None:  # its grammar could not be built
+                continue
+            mask = allowed.get(seq.request_id)
+            if mask is not None and (seq.grammar.is_error() or not bool(mask.any())):
+                # llguidance then allows only EOS; ending here keeps that EOS out of the output
+                log.warning("%s: the grammar allows no token after %d generated (%s)", seq.request_id,
+                            len(seq.output_token_ids), seq.grammar.get_error() or "empty mask")
+                out.append(self._finish(seq, GRAMMAR_DEAD_END))
                 continue
             try:
-                tok = sample_row(logits[row], seq, self.generator)
+                tok = sample_row(logits[row], seq, self.generator, mask)
             except Exception as exc:  # e.g. parameters that turn the distribution into NaN: fail this request only
                 log.error("sampling failed for %s:\n%s", seq.request_id, traceback.format_exc())
                 out.append(self._fail(seq, f"sampling failed: {exc}"))
@@ -229,8 +247,30 @@ class EngineCore:
             out.append(self._delta(seq, tok, finished=False) if reason is None else self._finish(seq, reason, tok))
         return out
 
+    def _grammar_masks(self, seqs: list[Sequence], out: list[TokenDelta]) -> dict[str, torch.Tensor]:
+        """The allowed tokens of each constrained sequence, by request id; a grammar that could not be built
+        ends its request here."""
+        ready = []
+        for seq in seqs:
+            if isinstance(seq.grammar, Future):
+                try:
+                    seq.grammar = seq.grammar.result()
+                except Exception as exc:
+                    out.append(self._fail(seq, str(exc)))
+                    continue
+            if seq.grammar is not None:
+                ready.append(seq)
+        if not ready:
+            return {}
+        masks = self.grammars.allowed([seq.grammar for seq in ready])
+        return {seq.request_id: masks[i] for i, seq in enumerate(ready)}
+
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        if seq.grammar is not None and not seq.grammar.consume_token(token):
+            return GRAMMAR_DEAD_END  # only a token the mask allowed is sampled: the matcher itself failed
         if token in seq.stop_ids:  # the sampler masks them until min_tokens is reached
+            return "stop"
+        if seq.grammar is not None and seq.grammar.is_stopped():  # complete, and nothing may follow
             return "stop"
         if seq.params.max_tokens is not None and len(seq.output_token_ids) >= seq.params.max_tokens:
             return "length"

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Iterable, Union
 
 from edge_infer.engine.sampling_params import SamplingParams
+
+# The finish reason of a request whose grammar allows no further token (none the tokenizer has can continue it).
+GRAMMAR_DEAD_END = "grammar_dead_end"
 
 # One token's logprob and its top alternatives (token id, logprob).
 TokenLogprobs = tuple[float, list[tuple[int, float]]]
@@ -25,9 +28,12 @@ class EngineRequest:
     # Tokens the core may produce ahead of the consumer; None = unbounded.
     credits: int | None = None
     arrival_time: float = field(default_factory=time.time)
+    # What the output must match, as llguidance's grammar text, checked by the frontend (engine/grammar.py).
+    grammar: str | None = None
 
 
-def request_problem(prompt_ids: list[int], max_tokens: int, max_model_len: int, vocab_size: int) -> str | None:
+def request_problem(prompt_ids: list[int], max_tokens: int, max_model_len: int, vocab_size: int,
+                    biased_ids: Iterable[int] = ()) -> str | None:
     """Why a request cannot run, as the user should read it, or None. The frontends raise it before a request
     leaves them; the core checks it again only because code may hand it requests directly."""
     n = len(prompt_ids)
@@ -41,6 +47,9 @@ def request_problem(prompt_ids: list[int], max_tokens: int, max_model_len: int, 
     high, low = max(prompt_ids), min(prompt_ids)
     if high >= vocab_size or low < 0:
         return f"prompt token id {high if high >= vocab_size else low} is outside the vocabulary (ids 0 to {vocab_size - 1})"
+    outside = sorted(t for t in biased_ids if t >= vocab_size)
+    if outside:
+        return f"logit_bias names token id {outside[0]}, outside the vocabulary (ids 0 to {vocab_size - 1})"
     return None
 
 

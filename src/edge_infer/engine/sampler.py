@@ -1,4 +1,4 @@
-"""Next-token selection: penalties, temperature, top-k/top-p/min-p, seeds, logprobs.
+"""Next-token selection: penalties, logit bias, the grammar's mask, temperature, top-k/top-p/min-p, seeds, logprobs.
 
 Rows are processed one sequence at a time: a step samples at most
 ``max_num_seqs`` rows, and per-row code keeps every request's randomness its
@@ -6,7 +6,7 @@ own (a seeded request draws from its own generator, so its tokens do not
 depend on its batch neighbours).
 
 Logprobs are taken from the model's raw distribution, before any penalty,
-temperature or truncation.
+bias, mask, temperature or truncation.
 """
 from __future__ import annotations
 
@@ -36,6 +36,9 @@ def _apply_penalties(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
         counts = torch.bincount(torch.tensor(seq.output_token_ids, dtype=torch.long), minlength=logits.numel())
         counts = counts[: logits.numel()].to(logits.dtype)
         logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+    if p.logit_bias:
+        ids = torch.tensor(list(p.logit_bias), dtype=torch.long)
+        logits[ids] += torch.tensor(list(p.logit_bias.values()), dtype=logits.dtype)
     return logits
 
 
@@ -57,15 +60,21 @@ def _truncate(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> t
     return logits
 
 
-def sample_row(logits: torch.Tensor, seq: Sequence, default_generator: torch.Generator) -> SampledToken:
-    """Choose the next token for ``seq`` from its fp32 logits row ``[vocab]``."""
+def sample_row(logits: torch.Tensor, seq: Sequence, default_generator: torch.Generator,
+               allowed: torch.Tensor | None = None) -> SampledToken:
+    """Choose the next token for ``seq`` from its fp32 logits row ``[vocab]``; ``allowed`` (bool ``[vocab]``,
+    at least one set) is what its grammar permits."""
     p = seq.params
     raw = logits
-    logits = logits.clone()
+    logits = _apply_penalties(logits.clone(), seq)
+    if allowed is not None:
+        logits.masked_fill_(~allowed, float("-inf"))
     if len(seq.output_token_ids) < p.min_tokens and seq.stop_ids:
         ids = torch.tensor(sorted(i for i in seq.stop_ids if i < logits.numel()), dtype=torch.long)
+        held = logits[ids]
         logits[ids] = float("-inf")
-    logits = _apply_penalties(logits, seq)
+        if allowed is not None and torch.isneginf(logits).all():  # the grammar is complete: ending beats min_tokens
+            logits[ids] = held
     if p.greedy:
         token = int(torch.argmax(logits))
     else:

@@ -7,6 +7,33 @@ from typing import Any
 from edge_infer.errors import InvalidRequestError
 
 _GREEDY_EPS = 1e-5
+# OpenAI's bound on logit_bias values; at -100 a token is in effect banned, at 100 forced.
+LOGIT_BIAS_LIMIT = 100.0
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """What the output must match: exactly one of a JSON schema, any JSON object, a regular expression, one
+    of a list of strings, or a grammar (Lark in llguidance's dialect, or GBNF as llama.cpp writes it).
+    Enforced while decoding, as a token mask (engine/grammar.py). vLLM's names."""
+
+    json: dict[str, Any] | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.choice is not None:
+            object.__setattr__(self, "choice", tuple(self.choice))
+        given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        given += ["json_object"] if self.json_object else []
+        if len(given) != 1:
+            raise InvalidRequestError(
+                "structured output takes exactly one of json, json_object, regex, choice and grammar, got "
+                + (", ".join(given) if given else "none"))
+        if self.choice is not None and (not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
+            raise InvalidRequestError("choice must be a non-empty list of non-empty strings")
 
 
 @dataclass
@@ -29,6 +56,8 @@ class SamplingParams:
     logprobs: int | None = None  # number of top alternatives per token (0: only the chosen one)
     prompt_logprobs: int | None = None  # the same for every prompt token after the first (scoring)
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -38,6 +67,8 @@ class SamplingParams:
         self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
         if self.top_k == -1:
             self.top_k = 0
+        if self.logit_bias is not None:
+            self.logit_bias = {int(t): float(b) for t, b in self.logit_bias.items()}
         self.validate()
 
     def validate(self) -> None:
@@ -72,6 +103,11 @@ class SamplingParams:
                 bad(f"{name} must be between 0 and 20, got {value}")
         if any(not s for s in self.stop):
             bad("stop strings must be non-empty")
+        for token, bias in (self.logit_bias or {}).items():
+            if token < 0:
+                bad(f"logit_bias token id {token} is negative")
+            if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
+                bad(f"logit_bias for token {token} is {bias}; biases must be in [-100, 100]")
 
     @property
     def greedy(self) -> bool:

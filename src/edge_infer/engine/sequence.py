@@ -6,6 +6,7 @@ import hashlib
 import time
 from array import array
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -44,6 +45,8 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)
     num_cached_blocks: int = 0
     num_cached_tokens: int = 0
+    # Structured output: the llguidance matcher the output must satisfy (a Future until it is built).
+    grammar: Any = None
 
     @property
     def num_tokens(self) -> int:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 
 from edge_infer.engine.frontend import PreparedPrompt
 from edge_infer.engine.protocol import TokenLogprobs
-from edge_infer.engine.sampling_params import SamplingParams
+from edge_infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from edge_infer.engine.streams import RequestStream, StreamEvent
 from edge_infer.engine.frontend import Frontend
 from edge_infer.server.errors import APIError
@@ -37,11 +37,17 @@ _OPTIONAL_SAMPLING = (
 )
 
 
-def build_params(frontend: Frontend, req: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-    """The request's sampling over the checkpoint's generation_config.json defaults."""
+def build_params(frontend: Frontend, req: SamplingFields, max_tokens: int | None, logprobs: int | None,
+                 structured: StructuredOutputsParams | None = None) -> SamplingParams:
+    """The request's sampling over the checkpoint's generation_config.json defaults; ``structured``: what the
+    output must match, when the request's guided_* fields do not say."""
     overrides = {k: getattr(req, k) for k in _OPTIONAL_SAMPLING if getattr(req, k) is not None}
+    if req.guided:
+        structured = StructuredOutputsParams(**req.guided)
+    bias = {int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None
     return frontend.default_params(
-        **overrides, n=req.n, stop=req.stop, ignore_eos=req.ignore_eos, max_tokens=max_tokens, logprobs=logprobs
+        **overrides, n=req.n, stop=req.stop, ignore_eos=req.ignore_eos, max_tokens=max_tokens, logprobs=logprobs,
+        structured_outputs=structured, logit_bias=bias,
     )
 
 

@@ -3,7 +3,7 @@
 Bounds live here, on the fields, so that they are part of the published
 OpenAPI document and a request outside them is refused with a 400 naming the
 field before anything reaches the engine. Fields that OpenAI defines but
-edge-infer cannot honour (``logit_bias``, ``suffix``, ``best_of``) are
+edge-infer cannot honour (``suffix``, ``best_of``) are
 declared so that using them is refused with a clear message instead of
 being ignored.
 """
@@ -126,15 +126,32 @@ class SamplingFields(_TopRequest):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    logit_bias: dict[str, float] | None = Field(None, description="not supported: must be empty")
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+        None, description="token id (as a string) -> bias added to its logit, in [-100, 100]")
+    # vLLM's structured-output extensions; at most one, enforced while decoding (docs/serving.md)
+    guided_json: dict[str, Any] | str | None = Field(None, description="a JSON schema the output must match")
+    guided_regex: str | None = Field(None, description="a regular expression the whole output must match")
+    guided_choice: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None, min_length=1, description="the output is exactly one of these strings")
+    guided_grammar: str | None = Field(None, description="a grammar the output must match: Lark (llguidance) or GBNF")
 
     @model_validator(mode="after")
     def _check_common(self) -> "SamplingFields":
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed with stream=true")
-        if self.logit_bias:
-            raise ValueError("logit_bias is not supported by edge-infer; remove it")
+        for key in self.logit_bias or {}:
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys are token ids written as strings, such as \"1234\"; got {key!r}")
+        if len(self.guided) > 1:
+            raise ValueError(f"at most one of guided_json, guided_regex, guided_choice and guided_grammar; got "
+                             f"{', '.join(self.guided)}")
         return self
+
+    @property
+    def guided(self) -> dict[str, Any]:
+        """The guided_* fields given, by their structured-output name (json, regex, choice, grammar)."""
+        return {name: value for name in ("json", "regex", "choice", "grammar")
+                if (value := getattr(self, f"guided_{name}")) is not None}
 
 
 # -- chat ------------------------------------------------------------------------
@@ -219,10 +236,26 @@ class NamedToolChoice(_Request):
 ToolChoice = Union[Literal["none", "auto", "required"], NamedToolChoice]
 
 
+class JsonSchemaFormat(_Request):
+    name: str = Field(pattern=r"^[A-Za-z0-9_\-]{1,64}$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = Field(None, description="the schema is enforced while decoding either way")
+
+
 class ResponseFormat(_Request):
-    type: Literal["text", "json_object"] = Field(
-        description="json_object output is checked to be a JSON object and the check reported; json_schema is not supported"
+    type: Literal["text", "json_object", "json_schema"] = Field(
+        description="json_object and json_schema are enforced while decoding, as a token mask"
     )
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _check_format(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError('response_format of type "json_schema" needs a json_schema object: {"name": ..., "schema": {...}}')
+        if self.type != "json_schema" and self.json_schema is not None:
+            raise ValueError(f'json_schema is only allowed with type "json_schema", not {self.type!r}')
+        return self
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -240,6 +273,8 @@ class ChatCompletionRequest(SamplingFields):
     def _check_chat(self) -> "ChatCompletionRequest":
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
+        if self.guided and self.response_format is not None and self.response_format.type != "text":
+            raise ValueError(f"response_format and guided_{next(iter(self.guided))} both constrain the output; send one")
         if isinstance(self.tool_choice, NamedToolChoice) or self.tool_choice == "required":
             if not self.tools:
                 raise ValueError("tool_choice names a tool or requires one, but no tools are given")

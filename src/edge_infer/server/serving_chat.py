@@ -2,7 +2,7 @@
 
 The chat template renders the messages (and the tools, when offered); the
 output goes through the tool-call extractor when tools are in play, and
-through the JSON check when ``response_format`` asks for a JSON object.
+through the JSON check when ``response_format`` asks for JSON (enforced while decoding: ``output_constraint``).
 Streaming and non-streaming responses use the same extractor, so they give
 the same calls.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from edge_infer.engine.frontend import PreparedPrompt
-from edge_infer.engine.sampling_params import SamplingParams
+from edge_infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from edge_infer.errors import InvalidRequestError
 from edge_infer.server.errors import APIError
 from edge_infer.server.generation import Generation, Sample, TokenLogprob, build_params, token_text
@@ -46,7 +46,9 @@ from edge_infer.server.protocol import (
 from edge_infer.server.protocol import TokenLogprob as TokenLogprobOut
 from edge_infer.server.text_service import TextService
 from edge_infer.server.streaming import sse, sse_done, sse_error
-from edge_infer.server.tool_parsers import PARSERS, ParsedCall, Recovery, ToolCallExtractor, ToolCallParser, extract
+from edge_infer.server.tool_parsers import (
+    END_TAG, PARSERS, START_TAG, ParsedCall, Recovery, ToolCallExtractor, ToolCallParser, extract, hermes_calls_grammar,
+)
 
 
 @dataclass
@@ -124,8 +126,33 @@ def prepare(service: TextService, req: ChatCompletionRequest) -> ChatJob:
         tools = [t.model_dump(exclude_none=True) for t in req.tools if named is None or t.function.name == named]
     prompt = frontend.prepare_chat(template_messages(req), tools=tools or None, add_generation_prompt=True)
     top = (req.top_logprobs or 0) if req.logprobs else None
-    params = build_params(frontend, req, req.output_limit, top)
+    params = build_params(frontend, req, req.output_limit, top, output_constraint(service, req, tools))
     return ChatJob(req, prompt, params, tools)
+
+
+def output_constraint(service: TextService, req: ChatCompletionRequest,
+                      tools: list[dict[str, Any]]) -> StructuredOutputsParams | None:
+    """What response_format and the tools ask the output to match, enforced while decoding: the JSON schema or
+    object; calls in the parser's format when a call is required (tool_choice "required" or a named tool) or a
+    tool is strict."""
+    fmt = req.response_format
+    if fmt is not None and fmt.type == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if fmt is not None and fmt.type == "json_schema":
+        if fmt.json_schema.schema_ is None:
+            return StructuredOutputsParams(json_object=True)
+        return StructuredOutputsParams(json=fmt.json_schema.schema_)
+    required = req.tool_choice == "required" or isinstance(req.tool_choice, NamedToolChoice)
+    if not tools or not (required or any(t["function"].get("strict") for t in tools)):
+        return None
+    if service.settings.tool_call_parser != "hermes":
+        raise APIError(400, f"strict tools and required tool calls are enforced for the hermes call format only; "
+                       f"this server parses {service.settings.tool_call_parser!r}: drop strict, or tool_choice",
+                       param="tools", code="unsupported_tool_constraint")
+    tokenizer = service.frontend.require_tokenizer()
+    tags_are_tokens = all(tokenizer.token_to_id(tag) is not None for tag in (START_TAG, END_TAG))
+    parallel = req.parallel_tool_calls is not False
+    return StructuredOutputsParams(grammar=hermes_calls_grammar(tools, required, parallel, tags_are_tokens))
 
 
 class ChoiceBuilder:
@@ -175,8 +202,8 @@ class ChoiceBuilder:
                 for r in self.recoveries
             ]
         fmt = self.job.request.response_format
-        if fmt is not None and fmt.type == "json_object":
-            rep.response_format = check_json_object(content)
+        if fmt is not None and fmt.type != "text":
+            rep.response_format = check_json_object(content, fmt.type)
             self.service.metrics.format_checks.labels(str(rep.response_format.valid).lower()).inc()
         label = self.job.tool_choice_label
         if label is not None:
@@ -185,15 +212,16 @@ class ChoiceBuilder:
         return rep if rep.model_fields_set else None
 
 
-def check_json_object(text: str) -> FormatCheck:
-    """response_format json_object is not enforced while decoding: the output is checked and the check reported."""
+def check_json_object(text: str, kind: str) -> FormatCheck:
+    """The JSON the grammar enforced, checked once more as the client will read it: it fails only when
+    decoding stopped before the value was complete (max_tokens, or a grammar dead end)."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        return FormatCheck(type="json_object", valid=False, error=f"not valid JSON: {exc}")
-    if not isinstance(value, dict):
-        return FormatCheck(type="json_object", valid=False, error=f"valid JSON but a {type(value).__name__}, not an object")
-    return FormatCheck(type="json_object", valid=True)
+        return FormatCheck(type=kind, valid=False, error=f"not valid JSON: {exc}")
+    if kind == "json_object" and not isinstance(value, dict):
+        return FormatCheck(type=kind, valid=False, error=f"valid JSON but a {type(value).__name__}, not an object")
+    return FormatCheck(type=kind, valid=True)
 
 
 def chat_logprobs(service: TextService, items: list[TokenLogprob]) -> ChatLogprobs:

@@ -22,6 +22,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from edge_infer.engine.grammar import JSON_OPTIONS
+
 START_TAG = "<tool_call>"
 END_TAG = "</tool_call>"
 
@@ -288,3 +290,29 @@ def extract(parser: ToolCallParser, text: str) -> tuple[str, list[ParsedCall], l
     extractor = ToolCallExtractor(parser)
     content = extractor.feed(text).content + extractor.finish().content
     return content, extractor.calls, extractor.recoveries
+
+
+def hermes_calls_grammar(tools: list[dict[str, Any]], required: bool, parallel: bool, tags_are_tokens: bool) -> str:
+    """A Lark grammar (llguidance's dialect) for output in the ``hermes`` format whose calls name one of
+    ``tools``, with arguments matching the parameters of each tool marked ``strict`` (any object for the
+    others). ``required``: the output is calls only (tool_choice "required" or a named tool); otherwise text
+    may come first, and it may not spell the start tag. ``tags_are_tokens``: the tokenizer has the tags as
+    tokens of their own, which llguidance writes as ``<tool_call>`` (a quoted string would be the characters)."""
+    variants = []
+    for tool in tools:
+        fn = tool["function"]
+        arguments = (fn.get("parameters") or {"type": "object"}) if fn.get("strict") else {"type": "object"}
+        variants.append({"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": arguments},
+                         "required": ["name", "arguments"], "additionalProperties": False})
+    schema = variants[0] if len(variants) == 1 else {"anyOf": variants}
+    schema["x-guidance"] = JSON_OPTIONS  # whitespace as for any JSON output
+    start, end = (START_TAG, END_TAG) if tags_are_tokens else (json.dumps(START_TAG), json.dumps(END_TAG))
+    calls = "call+" if parallel else "call"
+    lines = [
+        f"start: {calls}" if required else f"start: TEXT? {calls}?",
+        f"call: {start} WS? %json {json.dumps(schema)} WS? {end} WS?",
+        r"WS: /[ \n]{1,4}/",
+    ]
+    if not required:
+        lines.append(r"TEXT: /(.|\n)+/ & ~/(.|\n)*<tool_call>(.|\n)*/")
+    return "\n".join(lines)

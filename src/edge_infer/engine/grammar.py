@@ -1,0 +1,156 @@
+"""Structured output: what a request's output must match, compiled by llguidance and applied as a token mask.
+
+Two sides, one library (llguidance; docs/serving.md has the comparison with
+xgrammar that chose it):
+
+- the frontend compiles a request's ``StructuredOutputsParams`` to
+  llguidance's grammar text and checks it against the tokenizer
+  (``GrammarCompiler``), so a bad schema, regex or grammar is refused before
+  the request leaves, with llguidance's words for what is wrong;
+- the core keeps one matcher per request (``GrammarMatchers``): each step it
+  fills the masks of every constrained row at once (llguidance's threads, the
+  GIL released), the sampler sends the disallowed tokens to -inf, and the
+  sampled token advances the matcher.
+
+Both sides build the tokenizer view llguidance needs from ``tokenizer.json``,
+lazily, so a server that never sees a constrained request never pays for it.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edge_infer.engine.sampling_params import StructuredOutputsParams
+from edge_infer.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    import llguidance
+    import torch
+
+# JSON is written compactly or pretty-printed as the model likes, but whitespace between two tokens is one
+# space or a line break and an indent of at most 20 (as llama.cpp's JSON grammars bound it): a weak model must
+# not be able to fill max_tokens with blanks between two keys.
+JSON_OPTIONS = {"whitespace_pattern": r"(?: |\n[ \t]{0,20})?"}
+
+
+class _LLTokenizer:
+    """llguidance's view of the tokenizer, built on first use (a large vocabulary takes it a moment)."""
+
+    def __init__(self, tokenizer_file: Path, vocab_size: int, eos_token_ids: tuple[int, ...]):
+        self._args = (tokenizer_file, vocab_size, eos_token_ids)
+        self._tokenizer: Any = None
+        self._lock = threading.Lock()
+
+    def get(self) -> "llguidance.LLTokenizer":
+        with self._lock:
+            if self._tokenizer is None:
+                self._tokenizer = self._build(*self._args)
+            return self._tokenizer
+
+    @staticmethod
+    def _build(tokenizer_file: Path, vocab_size: int, eos_token_ids: tuple[int, ...]) -> "llguidance.LLTokenizer":
+        import llguidance
+
+        # n_vocab: the model's rows (often padded past the tokenizer's ids); the extra rows are never allowed.
+        try:
+            return llguidance.LLTokenizer(tokenizer_file.read_text(), n_vocab=vocab_size,
+                                          eos_token=list(eos_token_ids) or None)
+        except ValueError as exc:  # a tokenizer whose pieces llguidance cannot map to bytes (e.g. its decoder type)
+            raise InvalidRequestError(f"structured output is not available for this model: llguidance cannot "
+                                      f"read its tokenizer ({exc})") from exc
+
+
+def grammar_text(spec: StructuredOutputsParams) -> str:
+    """llguidance's grammar for ``spec`` (not yet checked: ``GrammarCompiler.compile`` does that)."""
+    from llguidance import LLMatcher
+
+    if spec.json is not None:
+        schema = spec.json
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as exc:
+                raise InvalidRequestError(f"the JSON schema is not valid JSON: {exc}") from exc
+        if not isinstance(schema, (dict, bool)):
+            raise InvalidRequestError(f"a JSON schema is an object (or true/false), not a {type(schema).__name__}")
+        return LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    if spec.json_object:
+        return LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
+    if spec.regex is not None:
+        return LLMatcher.grammar_from_regex(spec.regex)
+    if spec.choice is not None:
+        # Lark string literals take JSON's escapes, so any text (quotes, newlines, non-ASCII) is spelled exactly.
+        return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in spec.choice))
+    grammar = spec.grammar or ""
+    if "::=" in grammar:  # GBNF, as llama.cpp's grammars are written
+        from llguidance.gbnf_to_lark import gbnf_to_lark
+
+        try:
+            grammar = gbnf_to_lark(grammar)
+        except Exception as exc:  # the converter raises plain exceptions on syntax errors
+            raise InvalidRequestError(f"the GBNF grammar could not be read: {exc}") from exc
+    return LLMatcher.grammar_from_lark(grammar)
+
+
+class GrammarCompiler:
+    """The frontend's side: a request's structured-output spec to a checked grammar."""
+
+    def __init__(self, tokenizer_file: Path | None, vocab_size: int, eos_token_ids: tuple[int, ...]):
+        # no tokenizer loaded (skip_tokenizer_init): the grammar alone is checked
+        self._tokenizer = None if tokenizer_file is None else _LLTokenizer(tokenizer_file, vocab_size, eos_token_ids)
+
+    def compile(self, spec: StructuredOutputsParams) -> str:
+        from llguidance import LLMatcher
+
+        try:
+            grammar = grammar_text(spec)
+        except ValueError as exc:  # llguidance: the schema argument is not JSON
+            raise InvalidRequestError(f"the structured-output spec could not be read: {exc}") from exc
+        problem = LLMatcher.validate_grammar(grammar, self._tokenizer and self._tokenizer.get())
+        if problem:
+            kind = next(k for k in ("json", "regex", "choice", "grammar", "json_object") if getattr(spec, k))
+            raise InvalidRequestError(f"the {kind.replace('_', ' ')} for structured output is not usable: "
+                                      f"{problem.strip()}")
+        return grammar
+
+
+class GrammarMatchers:
+    """The core's side: matchers built off the loop thread, masks filled for a step's rows at once."""
+
+    def __init__(self, tokenizer_file: Path, vocab_size: int, eos_token_ids: tuple[int, ...]):
+        self.vocab_size = vocab_size
+        self._tokenizer = _LLTokenizer(tokenizer_file, vocab_size, eos_token_ids)
+        self._executor: Any = None
+        # One builder thread: a large schema takes llguidance up to a second to build, which must not stall the
+        # step loop; the request's prefill runs meanwhile and the matcher is waited for at its first sample.
+        self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
+
+    def start(self, grammar: str) -> "Future[llguidance.LLMatcher]":
+        def build() -> "llguidance.LLMatcher":
+            from llguidance import LLMatcher
+
+            matcher = LLMatcher(self._tokenizer.get(), grammar, log_level=0)
+            if matcher.is_error():
+                raise InvalidRequestError(f"the structured-output grammar could not be built: {matcher.get_error()}")
+            return matcher
+
+        return self._builder.submit(build)
+
+    def allowed(self, matchers: list["llguidance.LLMatcher"]) -> "torch.Tensor":
+        """``[len(matchers), vocab]`` bool: the tokens each matcher allows next."""
+        import torch
+        from llguidance import LLExecutor
+
+        if self._executor is None:
+            self._executor = LLExecutor()
+        words = (self.vocab_size + 31) // 32
+        bits = torch.zeros((len(matchers), words), dtype=torch.int32)
+        self._executor.unsafe_compute_mask_ptr([(m, i) for i, m in enumerate(matchers)], bits.data_ptr(),
+                                               words * 4, len(matchers))
+        # token t is bit t % 32 of word t // 32: in little-endian bytes, bit t % 8 of byte t // 8
+        shifts = torch.arange(8, dtype=torch.uint8)
+        flags = (bits.view(torch.uint8).unsqueeze(-1) >> shifts) & 1
+        return flags.view(len(matchers), -1)[:, : self.vocab_size].bool()

@@ -1,0 +1,150 @@
+"""Structured output through the offline API: what the grammar admits is what comes out, on the trained demo
+model and on a random checkpoint, sampled as well as greedy; bad specs are refused before decoding."""
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from edge_infer import LLM, SamplingParams, StructuredOutputsParams
+from edge_infer.engine.protocol import GRAMMAR_DEAD_END
+from edge_infer.errors import InvalidRequestError
+
+ASK = [{"role": "user", "content": "What is the weather in Paris? Answer in JSON."}]
+
+
+@pytest.fixture(scope="module", params=["demo", "random"])
+def llm(request, demo_model, tiny_model):
+    model = demo_model if request.param == "demo" else tiny_model
+    with LLM(model, max_model_len=512, max_num_seqs=4, worker="thread") as engine:
+        yield engine
+
+
+def generate(llm, spec: StructuredOutputsParams, n: int = 1, **params) -> list:
+    params = {"temperature": 1.0, "seed": 7, "max_tokens": 400, **params}
+    out = llm.chat(ASK, SamplingParams(n=n, structured_outputs=spec, **params))[0]
+    return out.outputs
+
+
+# Schemas whose documents are bounded (strings, arrays and numbers have limits), so a complete document always
+# fits max_tokens and every sample must end with "stop" and validate.
+_names = st.text(alphabet="abcdefghij_", min_size=1, max_size=6)
+_leaves = st.one_of(
+    st.just({"type": "boolean"}),
+    st.just({"type": "null"}),
+    st.builds(lambda lo, span: {"type": "integer", "minimum": lo, "maximum": lo + span},
+              st.integers(-1000, 1000), st.integers(0, 5000)),
+    st.builds(lambda n: {"type": "string", "maxLength": n}, st.integers(0, 8)),
+    st.builds(lambda n: {"type": "string", "minLength": 1, "maxLength": n, "pattern": "^[a-z]+$"}, st.integers(1, 6)),
+    st.lists(st.text(alphabet="xyz é\"", min_size=1, max_size=4), min_size=1, max_size=3, unique=True).map(
+        lambda vs: {"enum": vs}),
+    st.integers(-9, 9).map(lambda v: {"const": v}),
+)
+
+
+def _object(children):
+    def build(props, data):
+        names = list(props)
+        required = data.draw(st.lists(st.sampled_from(names), unique=True)) if names else []
+        return {"type": "object", "properties": props, "required": required, "additionalProperties": False}
+
+    return st.builds(build, st.dictionaries(_names, children, max_size=3), st.data())
+
+
+_schemas = st.recursive(
+    _leaves,
+    lambda children: st.one_of(
+        _object(children),
+        st.builds(lambda items, n: {"type": "array", "items": items, "maxItems": n}, children, st.integers(0, 3)),
+    ),
+    max_leaves=4,
+)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(schema=_object(_schemas), seed=st.integers(0, 2**31))
+def test_sampled_outputs_always_validate_against_generated_schemas(llm, schema, seed):
+    for out in generate(llm, StructuredOutputsParams(json=schema), n=2, seed=seed):
+        assert out.finish_reason == "stop", (schema, out.text)
+        jsonschema.validate(json.loads(out.text), schema)
+
+
+def test_json_object_regex_choice_and_grammars_shape_the_output(llm):
+    [obj] = generate(llm, StructuredOutputsParams(json_object=True), temperature=0, max_tokens=200)
+    assert obj.finish_reason != "stop" or isinstance(json.loads(obj.text), dict)
+    assert obj.text.startswith("{")
+    for out in generate(llm, StructuredOutputsParams(regex=r"[0-9]{3}-[a-z]{2,4}"), n=3):
+        assert re.fullmatch(r"[0-9]{3}-[a-z]{2,4}", out.text) and out.finish_reason == "stop"
+    choices = ["wifi on", "wifi off", 'say "hi"\n', "中文"]
+    seen = {out.text for out in generate(llm, StructuredOutputsParams(choice=choices), n=8)}
+    assert seen <= set(choices) and len(seen) > 1
+    gbnf = 'root ::= "set " item " " ("on" | "off")\nitem ::= "wifi" | "airplane"'
+    for out in generate(llm, StructuredOutputsParams(grammar=gbnf), n=3):
+        assert re.fullmatch(r"set (wifi|airplane) (on|off)", out.text), out.text
+    lark = 'start: "level=" /[1-5]/'
+    assert {o.text for o in generate(llm, StructuredOutputsParams(grammar=lark), n=3)} <= {f"level={i}" for i in range(1, 6)}
+
+
+def test_greedy_structured_output_is_reproducible_and_logprobs_stay_the_models(llm):
+    spec = StructuredOutputsParams(choice=["alpha", "beta"])
+    a = generate(llm, spec, temperature=0, logprobs=2)[0]
+    b = generate(llm, spec, temperature=0, logprobs=2)[0]
+    assert a.text == b.text and a.text in ("alpha", "beta")
+    # logprobs are of the raw distribution: the grammar's mask does not renormalise them
+    assert all(lp.logprob <= 0 for step in a.logprobs for lp in step.values())
+
+
+@pytest.mark.parametrize(
+    "spec, fragment",
+    [
+        (dict(json={"type": "strin"}), "strin"),
+        (dict(json={"type": "object", "properties": 5}), "properties"),
+        (dict(json={"type": "integer", "minimum": 5, "maximum": 2}), "minimum (5) is greater than maximum (2)"),
+        (dict(json="{not json"), "not valid JSON"),
+        (dict(regex="(unclosed"), "unclosed group"),
+        (dict(grammar="start: missing_rule"), "missing_rule"),
+        (dict(grammar='root ::= "a" ( "b"'), "GBNF"),
+    ],
+)
+def test_unusable_specs_are_refused_before_decoding_naming_the_problem(llm, spec, fragment):
+    with pytest.raises(InvalidRequestError, match=re.escape(fragment)):
+        llm.chat(ASK, SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(**spec)))
+
+
+def test_a_spec_takes_exactly_one_constraint():
+    with pytest.raises(InvalidRequestError, match="exactly one"):
+        StructuredOutputsParams(regex="a", choice=["b"])
+    with pytest.raises(InvalidRequestError, match="exactly one"):
+        StructuredOutputsParams()
+
+
+def test_a_complete_grammar_ends_the_request_even_before_min_tokens(llm):
+    [out] = generate(llm, StructuredOutputsParams(choice=["done"]), min_tokens=20)
+    assert out.text == "done" and out.finish_reason == "stop"
+
+
+def test_logit_bias_bans_and_forces_tokens(llm):
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    base = llm.generate("The weather in Paris is", greedy)[0].outputs[0].token_ids
+    banned = llm.generate("The weather in Paris is", greedy.clone(logit_bias={base[0]: -100}))[0].outputs[0].token_ids
+    assert banned[0] != base[0] and base[0] not in banned
+    forced_id = llm.get_tokenizer().encode("!", add_special_tokens=False)[0]
+    forced = llm.generate("The weather in Paris is", greedy.clone(logit_bias={forced_id: 100}))[0].outputs[0].token_ids
+    assert forced == [forced_id] * 6
+    with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+        llm.generate("Hi", greedy.clone(logit_bias={10**7: 1}))
+    with pytest.raises(InvalidRequestError, match=r"\[-100, 100\]"):
+        SamplingParams(logit_bias={1: 101})
+
+
+def test_a_grammar_that_cannot_be_completed_ends_with_a_dead_end_not_a_hang(llm):
+    """After "x" the grammar wants a character that is both a digit and a letter: no token can follow."""
+    spec = StructuredOutputsParams(grammar='start: "x" A\nA: /[0-9]/ & /[a-z]/')
+    for out in generate(llm, spec, n=2, max_tokens=50):
+        assert out.finish_reason == GRAMMAR_DEAD_END and out.text == "x"
+    [empty] = generate(llm, StructuredOutputsParams(grammar="start: A\nA: /a+/ & /b+/"))
+    assert empty.finish_reason == GRAMMAR_DEAD_END and empty.token_ids == []

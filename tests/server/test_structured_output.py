@@ -1,0 +1,142 @@
+"""End-to-end: structured output through the real server, driven by the official openai client and by
+langchain-openai; on a random checkpoint (the tags are plain text to its tokenizer) and on the demo model
+(the tags are tokens of their own)."""
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import openai
+import pytest
+
+from .serverutil import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+ASK = [{"role": "user", "content": "What is the weather like in Paris?"}]
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 10}, "celsius": {"type": "integer", "minimum": -40, "maximum": 50},
+                   "sky": {"enum": ["sunny", "cloudy", "rain"]}},
+    "required": ["city", "celsius", "sky"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+        "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "set_wifi", "parameters": {
+        "type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]}}},
+]
+
+
+@pytest.fixture(scope="module")
+def demo_server():
+    from edge_infer.engine.frontend import demo_model_dir
+
+    with ServerProcess(demo_model_dir(), "--max-num-seqs", "4", "--max-model-len", "1024") as proc:
+        yield proc
+
+
+@pytest.fixture(params=["random", "demo"])
+def any_server(request, server, demo_server):
+    return server if request.param == "random" else demo_server
+
+
+def _model(server) -> str:
+    return server.client().models.list().data[0].id
+
+
+def _max_model_len(server) -> int:
+    return server.client().models.list().data[0].max_model_len
+
+
+def test_json_schema_response_format_always_validates(any_server):
+    client = any_server.client()
+    for seed in range(3):
+        out = client.chat.completions.create(
+            model=_model(any_server), messages=ASK, temperature=1.0, seed=seed, max_tokens=120,
+            response_format={"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER, "strict": True}},
+        )
+        choice = out.choices[0]
+        assert choice.finish_reason == "stop", choice.message.content
+        jsonschema.validate(json.loads(choice.message.content), WEATHER)
+        assert choice.model_extra["edge_infer"]["response_format"] == {"type": "json_schema", "valid": True}
+
+
+def test_streamed_structured_output_equals_the_non_streamed(any_server):
+    client = any_server.client()
+    body = dict(model=_model(any_server), messages=ASK, temperature=0, max_tokens=120,
+                response_format={"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER}})
+    whole = client.chat.completions.create(**body).choices[0].message.content
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**body, stream=True)
+                       if c.choices)
+    assert streamed == whole and json.loads(whole)
+
+
+def test_guided_extensions_on_completions_and_chat(any_server):
+    client = any_server.client()
+    out = client.completions.create(model=_model(any_server), prompt="Code:", max_tokens=20, temperature=1.0, n=3,
+                                    seed=1, extra_body={"guided_regex": r"[A-Z]{2}-[0-9]{3}"})
+    assert all(re.fullmatch(r"[A-Z]{2}-[0-9]{3}", c.text) and c.finish_reason == "stop" for c in out.choices)
+    out = client.chat.completions.create(model=_model(any_server), messages=ASK, max_tokens=20, temperature=1.0, n=4,
+                                         seed=2, extra_body={"guided_choice": ["wifi on", "wifi off"]})
+    assert {c.message.content for c in out.choices} <= {"wifi on", "wifi off"}
+    grammar = 'root ::= "turn " ("on" | "off") " the " ("wifi" | "clock")'
+    out = client.chat.completions.create(model=_model(any_server), messages=ASK, max_tokens=20,
+                                         extra_body={"guided_grammar": grammar})
+    assert re.fullmatch(r"turn (on|off) the (wifi|clock)", out.choices[0].message.content)
+
+
+def test_required_and_strict_tool_calls_match_their_schemas(any_server):
+    client = any_server.client()
+    # the random checkpoint's small vocabulary spells the tools' JSON in many tokens: one tool fits its context
+    tools = TOOLS if _max_model_len(any_server) > 512 else TOOLS[:1]
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        for seed in range(2):
+            out = client.chat.completions.create(model=_model(any_server), messages=ASK, tools=tools, tool_choice=choice,
+                                                 temperature=1.0, seed=seed)  # max_tokens: what fits
+            calls = out.choices[0].message.tool_calls
+            assert calls and out.choices[0].finish_reason == "tool_calls", out.choices[0].message.content
+            for call in calls:
+                assert call.function.name in ("get_weather", "set_wifi")
+                arguments = json.loads(call.function.arguments)
+                if call.function.name == "get_weather":  # strict: its arguments follow its schema
+                    jsonschema.validate(arguments, TOOLS[0]["function"]["parameters"])
+            if isinstance(choice, dict):
+                assert [c.function.name for c in calls] == ["get_weather"]
+
+
+def test_logit_bias_forces_and_bans_a_token(server, tokenizer):
+    client = server.client()
+    [weather] = tokenizer.encode(" weather", add_special_tokens=False)
+    body = dict(model=_model(server), prompt="The", max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+    forced = client.completions.create(**body, logit_bias={str(weather): 100}).choices[0].text
+    assert forced == " weather" * 3
+    banned = client.completions.create(**body, logit_bias={str(weather): -100, "0": 0}).choices[0].text
+    assert " weather" not in banned
+
+
+def test_an_unusable_schema_is_a_400_and_the_server_serves_on(any_server):
+    client = any_server.client()
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model=_model(any_server), messages=ASK, response_format={
+            "type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "object", "minProperties": 3, "maxProperties": 1}}})
+    assert "structured output" in exc.value.body["message"]
+    assert client.chat.completions.create(model=_model(any_server), messages=ASK, max_tokens=3).choices[0].message
+
+
+def test_langchain_with_structured_output_parses_into_the_model(demo_server):
+    from langchain_openai import ChatOpenAI
+    from pydantic import BaseModel, Field
+
+    class Weather(BaseModel):
+        city: str = Field(max_length=10)
+        celsius: int = Field(ge=-40, le=50)
+
+    llm = ChatOpenAI(base_url=demo_server.base_url + "/v1", api_key="none", model=_model(demo_server), temperature=0,
+                     max_tokens=80)
+    for method in ("json_schema", "function_calling"):
+        result = llm.with_structured_output(Weather, method=method, strict=True).invoke("What is the weather in Paris?")
+        assert isinstance(result, Weather) and -40 <= result.celsius <= 50
