@@ -81,13 +81,19 @@ def build_tokenizer(out: Path) -> Path:
 
     if (out / "tokenizer.json").is_file():
         return out
-    files = sorted(glob.glob(f"{os.path.dirname(os.__file__)}/**/*.py", recursive=True))
+    def texts():
+        for path in sorted(glob.glob(f"{os.path.dirname(os.__file__)}/**/*.py", recursive=True)):
+            try:
+                yield Path(path).read_text(encoding="utf-8")
+            except (UnicodeDecodeError, OSError):  # a few test files are deliberately in other encodings
+                continue
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
-    tok.train(files, trainer)
+    tok.train_from_iterator(texts(), trainer)
     tok.add_special_tokens(QWEN_SPECIALS)
     out.mkdir(parents=True, exist_ok=True)
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>").save_pretrained(out)
