@@ -123,8 +123,8 @@ def run_llguidance(tokenizer_json: str, vocab: int, eos: int, load: dict, ids: l
     t0 = time.perf_counter()
     tok = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab, eos_token=eos)
     setup_s = time.perf_counter() - t0
-    spec = {"json": StructuredOutputsParams(json=load.get("schema")), "regex": StructuredOutputsParams(regex=load.get("regex")),
-            "choice": StructuredOutputsParams(choice=load.get("choices"))}[load["kind"]]
+    field = {"json": "schema", "regex": "regex", "choice": "choices"}[load["kind"]]
+    spec = StructuredOutputsParams(**{load["kind"]: load[field]})
     grammar = grammar_text(spec)  # what edge-infer compiles (its JSON whitespace rule included)
     words = (vocab + 31) // 32
     mask = torch.zeros(words, dtype=torch.int32)
