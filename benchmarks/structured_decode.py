@@ -7,7 +7,7 @@ The mask's cost grows with the vocabulary, so ``--tokenizer`` swaps in a
 Qwen2.5-sized tokenizer (benchmarks/grammar_masks.py trains one) on a copy
 of MODEL whose weights are links to the original. Each arm decodes
 ``--tokens`` tokens from the same short prompt, one request at a time:
-unconstrained (ignore_eos), a JSON schema, any JSON object and a regex, each
+unconstrained (ignore_eos), a JSON schema, free JSON (an object of any shape) and a regex, each
 grammar too long to complete within the tokens (so every arm decodes the
 same count). Reported: decode tokens/s (first token to last) per arm, the
 median of ``--repeats`` with its spread, and the cost per token against the
@@ -27,6 +27,10 @@ REPO = Path(__file__).resolve().parents[1]
 LONG_LIST = {"type": "object", "properties": {"notes": {"type": "array", "minItems": 500, "items": {
     "type": "object", "properties": {"id": {"type": "integer"}, "text": {"type": "string", "maxLength": 30}},
     "required": ["id", "text"], "additionalProperties": False}}}, "required": ["notes"]}
+
+
+FREE_THEN_LONG = {"type": "object", "properties": {"data": {"type": "object"}, "end": {"type": "string", "minLength": 4000}},
+                  "required": ["data", "end"]}
 
 
 def with_tokenizer(model: Path, tokenizer: Path, out: Path) -> Path:
@@ -60,7 +64,8 @@ def main() -> int:
     arms = {
         "unconstrained": None,
         "json-schema": StructuredOutputsParams(json=LONG_LIST),
-        "json-object": StructuredOutputsParams(json_object=True),
+        # any object can close at once ("{}"): free JSON, then a string long enough to last
+        "json-free-object": StructuredOutputsParams(json=FREE_THEN_LONG),
         "regex": StructuredOutputsParams(regex=r"(?:[a-z]{2,8} ){400,}"),
     }
     settings = dict(dtype=args.dtype, max_model_len=1024, max_num_seqs=1, prefix_caching=False)
