@@ -52,6 +52,59 @@ if tok != "-":
 print(base, rss_anon_bytes())
 """
 
+# llguidance's view of a tokenizer (engine/grammar.py), built in the worker on the first constrained request.
+GRAMMAR_PROBE = """
+import sys
+from pathlib import Path
+from edge_infer.engine.grammar import GrammarTokenizer
+from edge_infer.memory.measure import rss_anon_bytes
+import llguidance  # noqa: F401  (the library's own bytes are the worker's, not the tokenizer's)
+base = rss_anon_bytes()
+GrammarTokenizer(Path(sys.argv[1]) / "tokenizer.json", int(sys.argv[2]), (0,)).get()
+print(base, rss_anon_bytes())
+"""
+
+
+def grammar_tokenizer_calibration(tokenizer_dirs: list[Path], vocab_sizes: list[int]) -> dict[str, float]:
+    """Fixed bytes and bytes per tokenizer.json byte of llguidance's tokenizer: a line through two sizes."""
+    points = []
+    for directory, vocab in zip(tokenizer_dirs, vocab_sizes):
+        runs = []
+        for _ in range(REPEATS):
+            out = subprocess.run([sys.executable, "-c", GRAMMAR_PROBE, str(directory), str(vocab)],
+                                 capture_output=True, text=True, check=True)
+            base, after = (int(x) for x in out.stdout.split())
+            runs.append(after - base)
+        points.append(((directory / "tokenizer.json").stat().st_size, statistics.median(runs)))
+    (x0, y0), (x1, y1) = points
+    slope = (y1 - y0) / (x1 - x0)
+    return {"grammar_tokenizer_bytes_per_json_byte": round(slope, 3),
+            "grammar_tokenizer_fixed_bytes": int(max(0, y0 - slope * x0))}
+
+
+def larger_tokenizer(out: Path, pieces: int = 32_000) -> Path:
+    """A byte-level BPE of ``pieces`` trained on the Python standard library's sources (no model hub)."""
+    import glob
+    import os
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    def texts():
+        for path in sorted(glob.glob(f"{os.path.dirname(os.__file__)}/**/*.py", recursive=True)):
+            try:
+                yield Path(path).read_text(encoding="utf-8")
+            except (UnicodeDecodeError, OSError):
+                continue
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts(), trainers.BpeTrainer(vocab_size=pieces, show_progress=False,
+                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    return out
+
 
 ACTIVATION_PROBE = """
 import sys
@@ -147,6 +200,7 @@ def main() -> None:
     tok_dir = str(demo_model_dir())
     real_shape = str(write_checkpoint(Path(tempfile.mkdtemp()) / "qwen2.5-0.5b", "qwen2", "qwen2.5-0.5b"))
     json_bytes = (demo_model_dir() / "tokenizer.json").stat().st_size
+    big_tok = larger_tokenizer(Path(real_shape).parent / "bpe-32k")
     worker = median("worker")[0]
     lib_base, lib_tok = median("library", tok_dir)
     server_base, server_tok = median("server", tok_dir)
@@ -155,6 +209,7 @@ def main() -> None:
         "server_frontend_bytes": server_base,
         "worker_bytes": worker,
         "tokenizer_bytes_per_json_byte": round(max(0, lib_tok - lib_base) / json_bytes, 3),
+        **grammar_tokenizer_calibration([demo_model_dir(), big_tok], [1408, 32_000]),
         **shared_mask_cost(
             activation_calibration([str(demo_model_dir()), real_shape]),
             activation_calibration([str(demo_model_dir()), real_shape], "cpu_int4"),
@@ -166,6 +221,7 @@ def main() -> None:
             "machine": platform.machine(),
             "method": f"median RssAnon of {REPEATS} fresh processes per kind (scripts/measure_overhead.py)",
             "tokenizer_probe": f"demo model tokenizer.json, {json_bytes} bytes",
+            "grammar_tokenizer_probe": "llguidance's tokenizer from the demo model's and a 32k-piece BPE's tokenizer.json",
             "activation_probe": (
                 f"demo model and a synthetic qwen2.5-0.5b shape, bf16 and cpu_int4 (g128), prefill chunks of {ACTIVATION_POINTS} tokens "
                 f"at a {ACTIVATION_CONTEXTS[0]}-token context and {ACTIVATION_POINTS[1]} at {ACTIVATION_CONTEXTS[1]}; "

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from edge_infer.config import EngineConfig
-from edge_infer.engine.grammar import GrammarCompiler
+from edge_infer.engine.grammar import compile_grammar
 from edge_infer.engine.protocol import EngineRequest, request_problem
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.errors import CheckpointError, InvalidRequestError, PlanRefusedError
@@ -72,8 +72,6 @@ class Frontend:
         self.specials_in_content = False  # the server's --parse-special-tokens-in-content
         self.engine_config: EngineConfig = plan.engine_config
         self.vocab_size = plan.model_config.vocab_size
-        tokenizer_file = None if tokenizer is None else Path(plan.model) / "tokenizer.json"
-        self.grammars = GrammarCompiler(tokenizer_file, self.vocab_size, tuple(defaults.eos_token_ids))
 
     @classmethod
     def create(cls, model: str | Path | None = None, skip_tokenizer_init: bool = False, **settings: Any) -> "Frontend":
@@ -163,5 +161,5 @@ class Frontend:
         if problem is not None:
             raise InvalidRequestError(problem)
         spec = params.structured_outputs
-        grammar = None if spec is None else self.grammars.compile(spec)
+        grammar = None if spec is None else compile_grammar(spec)
         return EngineRequest(request_id, prompt.token_ids, params, credits, grammar=grammar)

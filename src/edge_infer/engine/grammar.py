@@ -4,16 +4,16 @@ Two sides, one library (llguidance; docs/serving.md has the comparison with
 xgrammar that chose it):
 
 - the frontend compiles a request's ``StructuredOutputsParams`` to
-  llguidance's grammar text and checks it against the tokenizer
-  (``GrammarCompiler``), so a bad schema, regex or grammar is refused before
+  llguidance's grammar text and checks it (``compile_grammar``), so a bad
+  schema, regex or grammar is refused before
   the request leaves, with llguidance's words for what is wrong;
 - the core keeps one matcher per request (``GrammarMatchers``): each step it
   fills the masks of every constrained row at once (llguidance's threads, the
   GIL released), the sampler sends the disallowed tokens to -inf, and the
   sampled token advances the matcher.
 
-Both sides build the tokenizer view llguidance needs from ``tokenizer.json``,
-lazily, so a server that never sees a constrained request never pays for it.
+The core builds the tokenizer view llguidance needs from ``tokenizer.json``
+on the first constrained request; the memory plan counts it all the same.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 JSON_OPTIONS = {"whitespace_pattern": r"(?: |\n[ \t]{0,20})?"}
 
 
-class _LLTokenizer:
+class GrammarTokenizer:
     """llguidance's view of the tokenizer, built on first use (a large vocabulary takes it a moment)."""
 
     def __init__(self, tokenizer_file: Path, vocab_size: int, eos_token_ids: tuple[int, ...]):
@@ -64,7 +64,7 @@ class _LLTokenizer:
 
 
 def grammar_text(spec: StructuredOutputsParams) -> str:
-    """llguidance's grammar for ``spec`` (not yet checked: ``GrammarCompiler.compile`` does that)."""
+    """llguidance's grammar for ``spec`` (not yet checked: ``compile_grammar`` does that)."""
     from llguidance import LLMatcher
 
     if spec.json is not None:
@@ -95,26 +95,22 @@ def grammar_text(spec: StructuredOutputsParams) -> str:
     return LLMatcher.grammar_from_lark(grammar)
 
 
-class GrammarCompiler:
-    """The frontend's side: a request's structured-output spec to a checked grammar."""
+def compile_grammar(spec: StructuredOutputsParams) -> str:
+    """The frontend's side: a request's structured-output spec to a checked grammar. Checked without the
+    tokenizer: llguidance's view of a 150k vocabulary is about as large as the tokenizer itself (memory/sizing
+    plans the worker's copy), and only a grammar naming special tokens needs it (the worker then reports)."""
+    from llguidance import LLMatcher
 
-    def __init__(self, tokenizer_file: Path | None, vocab_size: int, eos_token_ids: tuple[int, ...]):
-        # no tokenizer loaded (skip_tokenizer_init): the grammar alone is checked
-        self._tokenizer = None if tokenizer_file is None else _LLTokenizer(tokenizer_file, vocab_size, eos_token_ids)
-
-    def compile(self, spec: StructuredOutputsParams) -> str:
-        from llguidance import LLMatcher
-
-        try:
-            grammar = grammar_text(spec)
-        except ValueError as exc:  # llguidance: the schema argument is not JSON
-            raise InvalidRequestError(f"the structured-output spec could not be read: {exc}") from exc
-        problem = LLMatcher.validate_grammar(grammar, self._tokenizer and self._tokenizer.get())
-        if problem:
-            kind = next(k for k in ("json", "regex", "choice", "grammar", "json_object") if getattr(spec, k))
-            raise InvalidRequestError(f"the {kind.replace('_', ' ')} for structured output is not usable: "
-                                      f"{problem.strip()}")
-        return grammar
+    try:
+        grammar = grammar_text(spec)
+    except ValueError as exc:  # llguidance: the schema argument is not JSON
+        raise InvalidRequestError(f"the structured-output spec could not be read: {exc}") from exc
+    problem = LLMatcher.validate_grammar(grammar)
+    if problem:
+        kind = next(k for k in ("json", "regex", "choice", "grammar", "json_object") if getattr(spec, k))
+        raise InvalidRequestError(f"the {kind.replace('_', ' ')} for structured output is not usable: "
+                                  f"{problem.strip()}")
+    return grammar
 
 
 class GrammarMatchers:
@@ -122,7 +118,7 @@ class GrammarMatchers:
 
     def __init__(self, tokenizer_file: Path, vocab_size: int, eos_token_ids: tuple[int, ...]):
         self.vocab_size = vocab_size
-        self._tokenizer = _LLTokenizer(tokenizer_file, vocab_size, eos_token_ids)
+        self._tokenizer = GrammarTokenizer(tokenizer_file, vocab_size, eos_token_ids)
         self._executor: Any = None
         # One builder thread: a large schema takes llguidance up to a second to build, which must not stall the
         # step loop; the request's prefill runs meanwhile and the matcher is waited for at its first sample.

@@ -274,9 +274,12 @@ def _size_items(r: _Resolved, model_dir: str, frontend: str, int8_kv: bool) -> t
     cfg = r.cfg
     overhead = runtime_overhead()
     tokenizer_json = Path(model_dir) / "tokenizer.json"
-    tok_bytes = int(overhead["tokenizer_bytes_per_json_byte"] * (tokenizer_json.stat().st_size if tokenizer_json.exists() else 0))
+    json_bytes = tokenizer_json.stat().st_size if tokenizer_json.exists() else 0
+    tok_bytes = int(overhead["tokenizer_bytes_per_json_byte"] * json_bytes)
+    # the worker's structured-output view of the tokenizer (engine/grammar.py), built on the first constrained request
+    grammar_bytes = int(overhead["grammar_tokenizer_fixed_bytes"] + overhead["grammar_tokenizer_bytes_per_json_byte"] * json_bytes)
     frontend_bytes = overhead["server_frontend_bytes" if frontend == "server" else "frontend_bytes"]
-    overhead_bytes = frontend_bytes + overhead["worker_bytes"] + tok_bytes
+    overhead_bytes = frontend_bytes + overhead["worker_bytes"] + tok_bytes + grammar_bytes
     weights, largest_linear = weight_bytes(cfg, r.dtype_bytes, r.quant, r.widened)
     if r.packed_head:
         weights += cfg.vocab_size * cfg.hidden_size * r.dtype_bytes  # the head's own copy beside the embedding
@@ -296,7 +299,7 @@ def _size_items(r: _Resolved, model_dir: str, frontend: str, int8_kv: bool) -> t
     layout = KVLayout.for_model(cfg, r.dtype_bytes, DEFAULT_BLOCK_SIZE, int8=int8_kv)
     weights_note = _weights_note(cfg, r.dtype, r.quant, r.packed_head, r.widened and r.stored_16bit)
     return [
-        PlanItem("runtime overhead", overhead_bytes, "anon", "steady", f"{frontend} frontend + worker + tokenizer (measured once)"),
+        PlanItem("runtime overhead", overhead_bytes, "anon", "steady", f"{frontend} frontend + worker + tokenizer + its structured-output view (measured once)"),
         PlanItem("weights", weights, "anon", "steady", weights_note),
         PlanItem("rope tables", rope, "anon", "steady", f"cos+sin fp32 for {r.max_model_len} positions"),
         PlanItem("activations", acts, "anon", "steady", acts_note),
