@@ -55,6 +55,16 @@ def test_bench_fidelity_command_prints_json(chat_model, tmp_path, capsys):
     assert len(json.loads(out.read_text())["per_prompt"]) == 2
 
 
+def test_bench_fidelity_compares_an_int8_kv_cache_with_the_16_bit_one(demo_model, capsys):
+    argv = ["bench", "fidelity", "--reference", str(demo_model), "--candidate-kv-cache-dtype", "int8", "--max-new-tokens", "8",
+            "--json"]
+    assert main(argv) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["candidate"].endswith("int8 kv]") and not line["reference"].endswith("int8 kv]")
+    # int8 K/V change the distributions measurably, but not the trained model's greedy choices much
+    assert 0.0 < line["mean_kl"] < 0.01 and line["greedy_kept_fraction"] > 0.8
+
+
 def test_bench_fidelity_refuses_a_candidate_that_is_the_reference(chat_model, capsys):
     assert main(["bench", "fidelity", "--reference", str(chat_model)]) == 2
     assert "--candidate" in capsys.readouterr().err

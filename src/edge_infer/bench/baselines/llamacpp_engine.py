@@ -100,6 +100,23 @@ class LlamaCppModel:
                 return out
             feed = out[-1:]
 
+    def first_token(self, ids: list[int], reuse_prefix: bool) -> tuple[int, int]:
+        """The greedy token after ``ids`` and how many of them the context already held: with ``reuse_prefix``
+        the longest common prefix with the last call stays (what llama.cpp's server does with cache_prompt),
+        else the context starts empty."""
+        import numpy as np
+
+        keep = 0
+        if reuse_prefix:
+            held = self.llm.input_ids[: self.llm.n_tokens]
+            limit = min(len(held), len(ids) - 1)  # the last prompt token is always evaluated: its logits are needed
+            while keep < limit and held[keep] == ids[keep]:
+                keep += 1
+        self.llm.n_tokens = keep  # eval drops the KV past n_tokens
+        self.llm.eval(ids[keep:])
+        logits = np.ctypeslib.as_array(self._lc.llama_get_logits_ith(self.llm.ctx, -1), shape=(self.n_vocab,))
+        return int(logits.argmax()), keep
+
     def timed_generate(self, ids: list[int], n: int) -> float:
         start = time.perf_counter()
         self.greedy(ids, n)

@@ -25,6 +25,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group-size", type=int, default=128, help="cpu_int4 group size of the candidate (default 128)")
     parser.add_argument("--asym", action="store_true", help="cpu_int4 candidate with zero points")
     parser.add_argument("--quantize-head", action="store_true", help="cpu_int4 candidate with its output head quantized too")
+    parser.add_argument("--candidate-kv-cache-dtype", default="auto", choices=["auto", "int8"],
+                        help="the candidate's KV cache (int8: codes and a scale per token and head)")
     parser.add_argument("--prompts", default=None, help="text file, one prompt per line ('#' comments); default: a built-in set")
     parser.add_argument("--chat", default="auto", choices=["auto", "yes", "no"],
                         help="wrap each prompt as a user message with the reference's chat template (auto: when it has one)")
@@ -56,8 +58,9 @@ def run(args: argparse.Namespace) -> int:
     from edge_infer.bench.measures.fidelity_metrics import measure_fidelity
 
     candidate_dir = args.candidate or args.reference
-    if candidate_dir == args.reference and args.candidate_quantization is None:
-        print("error: the candidate is the reference itself; pass --candidate DIR or --candidate-quantization cpu_int4", file=sys.stderr)
+    if candidate_dir == args.reference and args.candidate_quantization is None and args.candidate_kv_cache_dtype == "auto":
+        print("error: the candidate is the reference itself; pass --candidate DIR, --candidate-quantization cpu_int4 "
+              "or --candidate-kv-cache-dtype int8", file=sys.stderr)
         return 2
     quant = None
     if args.candidate_quantization:
@@ -79,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
         settings = dict(dtype=args.dtype, max_model_len=max_len, max_num_seqs=1, max_num_batched_tokens=max(256, max_len),
                         prefix_caching=False)
         ref_frontend = Frontend.create(args.reference, **settings)
-        cand_frontend = Frontend.create(candidate_dir, skip_tokenizer_init=True, quantization=quant, **settings)
+        cand_frontend = Frontend.create(candidate_dir, skip_tokenizer_init=True, quantization=quant,
+                                        kv_cache_dtype=args.candidate_kv_cache_dtype, **settings)
         reference = EngineCore(ref_frontend.engine_config)
         candidate = EngineCore(cand_frontend.engine_config)
         report = measure_fidelity(
@@ -107,4 +111,5 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _describe(model: str, settings: dict) -> str:
-    return f"{model} [{settings['dtype']}, {settings['quantization'] or 'unquantized'}]"
+    kv = settings.get("kv_cache_dtype", "auto")
+    return f"{model} [{settings['dtype']}, {settings['quantization'] or 'unquantized'}{', int8 kv' if kv == 'int8' else ''}]"
