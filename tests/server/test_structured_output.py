@@ -108,6 +108,23 @@ def test_required_and_strict_tool_calls_match_their_schemas(any_server):
                 assert [c.function.name for c in calls] == ["get_weather"]
 
 
+def test_auto_tool_choice_with_a_strict_tool_may_answer_in_text_but_its_calls_follow_the_schema(demo_server):
+    client = demo_server.client()
+    saw_call = False
+    for seed in range(4):
+        out = client.chat.completions.create(model=_model(demo_server), messages=ASK, tools=TOOLS, temperature=1.0,
+                                             seed=seed, max_tokens=150, parallel_tool_calls=False)
+        choice = out.choices[0]
+        assert choice.finish_reason in ("stop", "tool_calls")
+        calls = choice.message.tool_calls or []
+        assert len(calls) <= 1 and "<tool_call>" not in (choice.message.content or "")
+        for call in calls:
+            saw_call = True
+            if call.function.name == "get_weather":
+                jsonschema.validate(json.loads(call.function.arguments), TOOLS[0]["function"]["parameters"])
+    assert saw_call  # the demo model was trained to call the weather tool for this question
+
+
 def test_logit_bias_forces_and_bans_a_token(server, tokenizer):
     client = server.client()
     [weather] = tokenizer.encode(" weather", add_special_tokens=False)
