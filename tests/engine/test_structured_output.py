@@ -73,6 +73,21 @@ def test_sampled_outputs_always_validate_against_generated_schemas(llm, schema, 
         jsonschema.validate(json.loads(out.text), schema)
 
 
+def test_objects_with_properties_are_closed_unless_the_schema_opens_them(llm):
+    listed = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["a"]}
+    for out in generate(llm, StructuredOutputsParams(json=listed), n=3):
+        assert list(json.loads(out.text)) == ["a"]
+    # keys by pattern (bounded, so the output always completes), and no word on others: the pattern's keys stay open
+    opened = {**listed, "patternProperties": {"^x[0-9]$": {"type": "boolean"}}, "maxProperties": 3}
+    keys = set()
+    for out in generate(llm, StructuredOutputsParams(json=opened), n=6, max_tokens=60):
+        if out.finish_reason == "stop":
+            value = json.loads(out.text)
+            jsonschema.validate(value, opened)
+            keys |= set(value)
+    assert "a" in keys
+
+
 def test_json_object_regex_choice_and_grammars_shape_the_output(llm):
     [obj] = generate(llm, StructuredOutputsParams(json_object=True), temperature=0, max_tokens=200)
     assert obj.finish_reason != "stop" or isinstance(json.loads(obj.text), dict)

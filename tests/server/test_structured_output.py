@@ -9,6 +9,7 @@ import re
 import jsonschema
 import openai
 import pytest
+from pydantic import BaseModel, Field
 
 from .serverutil import ServerProcess
 
@@ -99,11 +100,9 @@ def test_required_and_strict_tool_calls_match_their_schemas(any_server):
                                                  temperature=1.0, seed=seed)  # max_tokens: what fits
             calls = out.choices[0].message.tool_calls
             assert calls and out.choices[0].finish_reason == "tool_calls", out.choices[0].message.content
-            for call in calls:
-                assert call.function.name in ("get_weather", "set_wifi")
-                arguments = json.loads(call.function.arguments)
-                if call.function.name == "get_weather":  # strict: its arguments follow its schema
-                    jsonschema.validate(arguments, TOOLS[0]["function"]["parameters"])
+            for call in calls:  # a call was required: every call's arguments follow its tool's parameters
+                params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+                jsonschema.validate(json.loads(call.function.arguments), params[call.function.name])
             if isinstance(choice, dict):
                 assert [c.function.name for c in calls] == ["get_weather"]
 
@@ -144,9 +143,23 @@ def test_an_unusable_schema_is_a_400_and_the_server_serves_on(any_server):
     assert client.chat.completions.create(model=_model(any_server), messages=ASK, max_tokens=3).choices[0].message
 
 
+def test_instructor_gets_its_response_model_in_tools_and_json_schema_modes(demo_server):
+    import instructor
+
+    class Weather(BaseModel):  # no additionalProperties: the schema is read closed, as OpenAI's strict mode reads it
+        city: str = Field(max_length=10)
+        celsius: int = Field(ge=-40, le=50)
+
+    raw = demo_server.client()
+    for mode in (instructor.Mode.TOOLS, instructor.Mode.JSON_SCHEMA):
+        client = instructor.from_openai(raw, mode=mode)
+        result = client.chat.completions.create(model=_model(demo_server), response_model=Weather, max_retries=0,
+                                                max_tokens=120, messages=ASK)
+        assert isinstance(result, Weather) and -40 <= result.celsius <= 50
+
+
 def test_langchain_with_structured_output_parses_into_the_model(demo_server):
     from langchain_openai import ChatOpenAI
-    from pydantic import BaseModel, Field
 
     class Weather(BaseModel):
         city: str = Field(max_length=10)

@@ -36,6 +36,24 @@ if TYPE_CHECKING:
 JSON_OPTIONS = {"whitespace_pattern": r"(?: |\n[ \t]{0,20})?"}
 
 
+def closed_objects(schema: Any) -> Any:
+    """``schema`` with every object that lists ``properties`` but says nothing of other keys closed to them
+    (``additionalProperties: false``), as OpenAI's strict mode and xgrammar's default read a schema. Output
+    that matches the closed schema matches the original; an open one lets a weak model add keys until
+    max_tokens. An object without ``properties`` (any JSON object) stays open."""
+    if isinstance(schema, list):
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: closed_objects(v) if k not in ("const", "enum", "default", "examples") else v for k, v in schema.items()}
+    for key in ("properties", "$defs", "definitions", "patternProperties"):
+        if isinstance(schema.get(key), dict):
+            out[key] = {name: closed_objects(sub) for name, sub in schema[key].items()}
+    if "properties" in schema and "additionalProperties" not in schema and "patternProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
+
+
 class GrammarTokenizer:
     """llguidance's view of the tokenizer, built on first use (a large vocabulary takes it a moment)."""
 
@@ -76,7 +94,7 @@ def grammar_text(spec: StructuredOutputsParams) -> str:
                 raise InvalidRequestError(f"the JSON schema is not valid JSON: {exc}") from exc
         if not isinstance(schema, (dict, bool)):
             raise InvalidRequestError(f"a JSON schema is an object (or true/false), not a {type(schema).__name__}")
-        return LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+        return LLMatcher.grammar_from_json_schema(closed_objects(schema), defaults=JSON_OPTIONS)
     if spec.json_object:
         return LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
     if spec.regex is not None:

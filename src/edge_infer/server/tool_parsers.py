@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge_infer.engine.grammar import JSON_OPTIONS
+from edge_infer.engine.grammar import JSON_OPTIONS, closed_objects
 
 START_TAG = "<tool_call>"
 END_TAG = "</tool_call>"
@@ -294,14 +294,16 @@ def extract(parser: ToolCallParser, text: str) -> tuple[str, list[ParsedCall], l
 
 def hermes_calls_grammar(tools: list[dict[str, Any]], required: bool, parallel: bool, tags_are_tokens: bool) -> str:
     """A Lark grammar (llguidance's dialect) for output in the ``hermes`` format whose calls name one of
-    ``tools``, with arguments matching the parameters of each tool marked ``strict`` (any object for the
-    others). ``required``: the output is calls only (tool_choice "required" or a named tool); otherwise text
-    may come first, and it may not spell the start tag. ``tags_are_tokens``: the tokenizer has the tags as
-    tokens of their own, which llguidance writes as ``<tool_call>`` (a quoted string would be the characters)."""
+    ``tools``. ``required``: the output is calls only (tool_choice "required" or a named tool), and every
+    call's arguments match its tool's parameters (as vLLM forces them); otherwise text may come first, it may
+    not spell the start tag, and only tools marked ``strict`` have their arguments held to their parameters
+    (any object for the others). ``tags_are_tokens``: the tokenizer has the tags as tokens of their own,
+    which llguidance writes as ``<tool_call>`` (a quoted string would be the characters)."""
     variants = []
     for tool in tools:
         fn = tool["function"]
-        arguments = (fn.get("parameters") or {"type": "object"}) if fn.get("strict") else {"type": "object"}
+        held = required or fn.get("strict")
+        arguments = closed_objects(fn.get("parameters") or {"type": "object"}) if held else {"type": "object"}
         variants.append({"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": arguments},
                          "required": ["name", "arguments"], "additionalProperties": False})
     schema = variants[0] if len(variants) == 1 else {"anyOf": variants}
