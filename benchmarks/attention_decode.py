@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -34,7 +33,8 @@ def main() -> int:
     import torch
     import torch.nn.functional as F
 
-    from edge_infer.bench.harness.provenance import collect, now_utc
+    from edge_infer.bench.harness.arm_output import stamp, write_json_atomic
+    from edge_infer.bench.harness.provenance import now_utc
 
     started = now_utc()
     torch.set_num_threads(args.threads)
@@ -60,12 +60,10 @@ def main() -> int:
                          "kv_read_gb_per_s": round(read / per_layer / 1e9, 2),
                          "spread_pct": round((max(runs) - min(runs)) / per_layer * 100, 1)})
             print(json.dumps(rows[-1]), flush=True)
-    stamp = collect(sorted(os.sched_getaffinity(0)))
-    stamp.started_at, stamp.finished_at = started, now_utc()
     result = {"kind": "edge-infer.attention-decode", "torch": torch.__version__, "threads": args.threads,
               "shape": {"kv_heads": KV_HEADS, "group": GROUP, "head_dim": HEAD_DIM, "layers": LAYERS},
-              "rows": rows, "provenance": stamp.model_dump()}
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+              "rows": rows, "provenance": stamp(started)}
+    write_json_atomic(args.out, result)
     return 0
 
 

@@ -182,7 +182,8 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
     sys.path.insert(0, str(REPO / "src"))
-    from edge_infer.bench.harness.provenance import collect, now_utc
+    from edge_infer.bench.harness.arm_output import stamp, write_json_atomic
+    from edge_infer.bench.harness.provenance import now_utc
     from transformers import AutoTokenizer
 
     started = now_utc()
@@ -201,8 +202,6 @@ def main() -> int:
         print(load["name"], json.dumps(results[load["name"]]), flush=True)
     from importlib import metadata
 
-    stamp = collect(sorted(os.sched_getaffinity(0)))
-    stamp.started_at, stamp.finished_at = started, now_utc()
     out = {
         "kind": "edge-infer.grammar-masks",
         "tokenizer": {"source": str(args.tokenizer) if args.tokenizer else "trained: Python stdlib sources",
@@ -211,9 +210,9 @@ def main() -> int:
         "threads": 1,
         "repeats": args.repeats,
         "workloads": results,
-        "provenance": stamp.model_dump(),
+        "provenance": stamp(started),
     }
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    write_json_atomic(args.out, out)
     return 0
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 from pathlib import Path
@@ -33,7 +32,8 @@ def main() -> int:
     args = p.parse_args()
     sys.path.insert(0, str(REPO / "src"))
     from edge_infer import LLM, SamplingParams
-    from edge_infer.bench.harness.provenance import collect, now_utc
+    from edge_infer.bench.harness.arm_output import stamp, write_json_atomic
+    from edge_infer.bench.harness.provenance import now_utc
     from edge_infer.memory.measure import tree_rss_anon_bytes
     from edge_infer.models.config import ModelConfig
     from edge_infer.models.layers.kv_cache import KVLayout
@@ -62,12 +62,10 @@ def main() -> int:
                     "decode_tps": round((n - 1) / (m.finished_time - m.first_token_time), 2),
                 })
             print(json.dumps(rows[-1]), flush=True)
-    stamp = collect(sorted(os.sched_getaffinity(0)))
-    stamp.started_at, stamp.finished_at = started, now_utc()
     result = {"kind": "edge-infer.kv-int8", "model": str(args.model),
               "settings": {"dtype": args.dtype, "tokens": args.tokens, "contexts": args.contexts}, "rows": rows,
-              "provenance": stamp.model_dump()}
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+              "provenance": stamp(started)}
+    write_json_atomic(args.out, result)
     return 0
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import sys
@@ -63,7 +62,8 @@ def main() -> int:
     sys.path.insert(0, str(REPO / "src"))
     from edge_infer import LLM, SamplingParams
     from edge_infer.bench.baselines.llamacpp_engine import LlamaCppModel, LlamaCppSettings
-    from edge_infer.bench.harness.provenance import collect, now_utc
+    from edge_infer.bench.harness.arm_output import stamp, write_json_atomic
+    from edge_infer.bench.harness.provenance import now_utc
     from edge_infer.models.tokenizer import Tokenizer
 
     started = now_utc()
@@ -119,14 +119,12 @@ def main() -> int:
     base = summary["edge-infer cache off"]["total_s"]
     for arm in summary:
         summary[arm]["total_vs_edge_cache_off"] = round(summary[arm]["total_s"] / base, 3)
-    stamp = collect(sorted(os.sched_getaffinity(0)))
-    stamp.started_at, stamp.finished_at = started, now_utc()
     result = {"kind": "edge-infer.multi-turn", "model": str(args.model), "gguf": str(args.gguf),
               "settings": {**settings, "turns": args.turns, "repeats": args.repeats,
                            "prompt_tokens_by_turn": [len(ids) for ids in convs[0]]},
               "summary": summary, "greedy_first_token_agreement": f"{agree}/{len(firsts['edge-infer cache on'])}",
-              "provenance": stamp.model_dump()}
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+              "provenance": stamp(started)}
+    write_json_atomic(args.out, result)
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import sys
@@ -44,7 +43,8 @@ def main() -> int:
     args = p.parse_args()
     sys.path.insert(0, str(REPO / "src"))
     from edge_infer import LLM, SamplingParams
-    from edge_infer.bench.harness.provenance import collect, now_utc
+    from edge_infer.bench.harness.arm_output import stamp, write_json_atomic
+    from edge_infer.bench.harness.provenance import now_utc
 
     started = now_utc()
     settings = dict(dtype=args.dtype, max_model_len=args.prefix + args.tail + 8, max_num_seqs=1,
@@ -87,10 +87,8 @@ def main() -> int:
         "warm_speedup": round(summary["cache-off"]["warm"]["median"] / summary["cache-on"]["warm"]["median"], 2),
         "cached_tokens": cached,
     }
-    stamp = collect(sorted(os.sched_getaffinity(0)))
-    stamp.started_at, stamp.finished_at = started, now_utc()
-    result["provenance"] = stamp.model_dump()
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    result["provenance"] = stamp(started)
+    write_json_atomic(args.out, result)
     print(json.dumps({k: result[k] for k in ("summary", "warm_speedup")}, indent=2))
     return 0
 

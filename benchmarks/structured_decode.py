@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -55,7 +54,8 @@ def main() -> int:
     args = p.parse_args()
     sys.path.insert(0, str(REPO / "src"))
     from edge_infer import LLM, SamplingParams, StructuredOutputsParams
-    from edge_infer.bench.harness.provenance import collect, now_utc
+    from edge_infer.bench.harness.arm_output import stamp, write_json_atomic
+    from edge_infer.bench.harness.provenance import now_utc
 
     started = now_utc()
     model = args.model
@@ -91,13 +91,11 @@ def main() -> int:
         summary[arm] = {"decode_tps": round(med, 2), "spread_pct": round((max(values) - min(values)) / med * 100, 1),
                         "values": [round(v, 2) for v in values],
                         "cost_per_token_ms": round((1 / med - 1 / base) * 1e3, 3), "ratio": round(med / base, 3)}
-    stamp = collect(sorted(os.sched_getaffinity(0)))
-    stamp.started_at, stamp.finished_at = started, now_utc()
     result = {"kind": "edge-infer.structured-decode", "model": str(args.model),
               "tokenizer": str(args.tokenizer) if args.tokenizer else None,
               "settings": {**settings, "tokens": args.tokens, "repeats": args.repeats}, "summary": summary,
-              "provenance": stamp.model_dump()}
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+              "provenance": stamp(started)}
+    write_json_atomic(args.out, result)
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -56,11 +56,11 @@ print(base, rss_anon_bytes())
 GRAMMAR_PROBE = """
 import sys
 from pathlib import Path
-from edge_infer.engine.grammar import GrammarTokenizer
+from edge_infer.engine.grammar import load_ll_tokenizer
 from edge_infer.memory.measure import rss_anon_bytes
 import llguidance  # noqa: F401  (the library's own bytes are the worker's, not the tokenizer's)
 base = rss_anon_bytes()
-GrammarTokenizer(Path(sys.argv[1]) / "tokenizer.json", int(sys.argv[2]), (0,)).get()
+load_ll_tokenizer(Path(sys.argv[1]) / "tokenizer.json", int(sys.argv[2]), (0,))
 print(base, rss_anon_bytes())
 """
 

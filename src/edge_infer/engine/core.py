@@ -222,17 +222,10 @@ class EngineCore:
                 rows.append((row, item.seq))
         allowed = self._grammar_masks([seq for _, seq in rows], out)
         for row, seq in rows:
-            if seq.finish_reason is not None:  # its grammar could not be built
-                continue
-            mask = allowed.get(seq.request_id)
-            if mask is not None and (seq.grammar.is_error() or not bool(mask.any())):
-                # llguidance then allows only EOS; ending here keeps that EOS out of the output
-                log.warning("%s: the grammar allows no token after %d generated (%s)", seq.request_id,
-                            len(seq.output_token_ids), seq.grammar.get_error() or "empty mask")
-                out.append(self._finish(seq, GRAMMAR_DEAD_END))
+            if seq.finish_reason is not None:  # its grammar could not be built, or allows no token
                 continue
             try:
-                tok = sample_row(logits[row], seq, self.generator, mask)
+                tok = sample_row(logits[row], seq, self.generator, allowed.get(seq.request_id))
             except Exception as exc:  # e.g. parameters that turn the distribution into NaN: fail this request only
                 log.error("sampling failed for %s:\n%s", seq.request_id, traceback.format_exc())
                 out.append(self._fail(seq, f"sampling failed: {exc}"))
@@ -248,8 +241,8 @@ class EngineCore:
         return out
 
     def _grammar_masks(self, seqs: list[Sequence], out: list[TokenDelta]) -> dict[str, torch.Tensor]:
-        """The allowed tokens of each constrained sequence, by request id; a grammar that could not be built
-        ends its request here."""
+        """The allowed tokens of each constrained sequence, by request id; a grammar that could not be built,
+        or that allows no token, ends its request here."""
         ready = []
         for seq in seqs:
             if isinstance(seq.grammar, Future):
@@ -262,8 +255,16 @@ class EngineCore:
                 ready.append(seq)
         if not ready:
             return {}
-        masks = self.grammars.allowed([seq.grammar for seq in ready])
-        return {seq.request_id: masks[i] for i, seq in enumerate(ready)}
+        live = {}
+        for seq, mask in zip(ready, self.grammars.allowed([seq.grammar for seq in ready])):
+            if seq.grammar.is_error() or not bool(mask.any()):
+                # llguidance then allows only EOS; ending here keeps that EOS out of the output
+                log.warning("%s: the grammar allows no token after %d generated (%s)", seq.request_id,
+                            len(seq.output_token_ids), seq.grammar.get_error() or "empty mask")
+                out.append(self._finish(seq, GRAMMAR_DEAD_END))
+            else:
+                live[seq.request_id] = mask
+        return live
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         if seq.grammar is not None and not seq.grammar.consume_token(token):

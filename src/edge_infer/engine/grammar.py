@@ -18,7 +18,6 @@ on the first constrained request; the memory plan counts it all the same.
 from __future__ import annotations
 
 import json
-import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,31 +53,17 @@ def closed_objects(schema: Any) -> Any:
     return out
 
 
-class GrammarTokenizer:
-    """llguidance's view of the tokenizer, built on first use (a large vocabulary takes it a moment)."""
+def load_ll_tokenizer(tokenizer_file: Path, vocab_size: int, eos_token_ids: tuple[int, ...]) -> "llguidance.LLTokenizer":
+    """llguidance's view of the tokenizer (as large as the tokenizer itself: memory/sizing plans it)."""
+    import llguidance
 
-    def __init__(self, tokenizer_file: Path, vocab_size: int, eos_token_ids: tuple[int, ...]):
-        self._args = (tokenizer_file, vocab_size, eos_token_ids)
-        self._tokenizer: Any = None
-        self._lock = threading.Lock()
-
-    def get(self) -> "llguidance.LLTokenizer":
-        with self._lock:
-            if self._tokenizer is None:
-                self._tokenizer = self._build(*self._args)
-            return self._tokenizer
-
-    @staticmethod
-    def _build(tokenizer_file: Path, vocab_size: int, eos_token_ids: tuple[int, ...]) -> "llguidance.LLTokenizer":
-        import llguidance
-
-        # n_vocab: the model's rows (often padded past the tokenizer's ids); the extra rows are never allowed.
-        try:
-            return llguidance.LLTokenizer(tokenizer_file.read_text(), n_vocab=vocab_size,
-                                          eos_token=list(eos_token_ids) or None)
-        except ValueError as exc:  # a tokenizer whose pieces llguidance cannot map to bytes (e.g. its decoder type)
-            raise InvalidRequestError(f"structured output is not available for this model: llguidance cannot "
-                                      f"read its tokenizer ({exc})") from exc
+    # n_vocab: the model's rows (often padded past the tokenizer's ids); the extra rows are never allowed.
+    try:
+        return llguidance.LLTokenizer(tokenizer_file.read_text(), n_vocab=vocab_size,
+                                      eos_token=list(eos_token_ids) or None)
+    except ValueError as exc:  # a tokenizer whose pieces llguidance cannot map to bytes (e.g. its decoder type)
+        raise InvalidRequestError(f"structured output is not available for this model: llguidance cannot "
+                                  f"read its tokenizer ({exc})") from exc
 
 
 def grammar_text(spec: StructuredOutputsParams) -> str:
@@ -136,7 +121,8 @@ class GrammarMatchers:
 
     def __init__(self, tokenizer_file: Path, vocab_size: int, eos_token_ids: tuple[int, ...]):
         self.vocab_size = vocab_size
-        self._tokenizer = GrammarTokenizer(tokenizer_file, vocab_size, eos_token_ids)
+        self._tokenizer_args = (tokenizer_file, vocab_size, eos_token_ids)
+        self._tokenizer: Any = None  # built by the builder thread, on the first constrained request
         self._executor: Any = None
         # One builder thread: a large schema takes llguidance up to a second to build, which must not stall the
         # step loop; the request's prefill runs meanwhile and the matcher is waited for at its first sample.
@@ -146,7 +132,9 @@ class GrammarMatchers:
         def build() -> "llguidance.LLMatcher":
             from llguidance import LLMatcher
 
-            matcher = LLMatcher(self._tokenizer.get(), grammar, log_level=0)
+            if self._tokenizer is None:  # only the one builder thread gets here: no lock needed
+                self._tokenizer = load_ll_tokenizer(*self._tokenizer_args)
+            matcher = LLMatcher(self._tokenizer, grammar, log_level=0)
             if matcher.is_error():
                 raise InvalidRequestError(f"the structured-output grammar could not be built: {matcher.get_error()}")
             return matcher

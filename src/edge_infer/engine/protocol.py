@@ -47,9 +47,9 @@ def request_problem(prompt_ids: list[int], max_tokens: int, max_model_len: int, 
     high, low = max(prompt_ids), min(prompt_ids)
     if high >= vocab_size or low < 0:
         return f"prompt token id {high if high >= vocab_size else low} is outside the vocabulary (ids 0 to {vocab_size - 1})"
-    outside = sorted(t for t in biased_ids if t >= vocab_size)
+    outside = [t for t in biased_ids if t >= vocab_size]
     if outside:
-        return f"logit_bias names token id {outside[0]}, outside the vocabulary (ids 0 to {vocab_size - 1})"
+        return f"logit_bias names token id {min(outside)}, outside the vocabulary (ids 0 to {vocab_size - 1})"
     return None
 
 

@@ -203,7 +203,7 @@ class ChoiceBuilder:
             ]
         fmt = self.job.request.response_format
         if fmt is not None and fmt.type != "text":
-            rep.response_format = check_json_object(content, fmt.type)
+            rep.response_format = check_json_output(content, fmt.type)
             self.service.metrics.format_checks.labels(str(rep.response_format.valid).lower()).inc()
         label = self.job.tool_choice_label
         if label is not None:
@@ -212,7 +212,7 @@ class ChoiceBuilder:
         return rep if rep.model_fields_set else None
 
 
-def check_json_object(text: str, kind: str) -> FormatCheck:
+def check_json_output(text: str, kind: str) -> FormatCheck:
     """The JSON the grammar enforced, checked once more as the client will read it: it fails only when
     decoding stopped before the value was complete (max_tokens, or a grammar dead end)."""
     try:
