@@ -41,6 +41,8 @@ def decode_audio(data: bytes, limits: MediaLimits, *, rate: int = 16000, part: s
                 limits.check("max_audio_seconds", f.frames / source_rate, part=part,
                              shown=f"{f.frames / source_rate:.1f} s")
             mono = mono_samples(f.blocks(_BLOCK_FRAMES, dtype="float32", always_2d=True), source_rate, limits, part)
+    except MediaError:
+        raise
     except (RuntimeError, ValueError, TypeError, EOFError) as exc:  # LibsndfileError is a RuntimeError
         raise MediaError(f"{part}: cannot be decoded as {AUDIO_FORMATS} ({exc})") from None
     return to_rate(mono, source_rate, rate, part=part)

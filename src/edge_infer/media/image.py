@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from PIL import Image
 
 # Decoders we accept; Pillow's rarer formats stay out of reach of untrusted bytes.
-IMAGE_FORMATS = ("PNG", "JPEG", "MPO", "WEBP", "GIF", "BMP", "TIFF")
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")  # JPEG also opens MPO (multi-picture JPEG)
 MAX_ASPECT_RATIO = 200
 
 
@@ -55,7 +55,11 @@ def decode_image(data: bytes, limits: MediaLimits, *, part: str = "image") -> "I
         raise MediaError(f"{part}: is empty (0 bytes); send a PNG, JPEG, WebP, GIF or BMP image")
     try:
         image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)  # reads the header only
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+    except Image.DecompressionBombError:  # Pillow's own guard, far above our default limit, checks first
+        bomb = 2 * Image.MAX_IMAGE_PIXELS
+        limits.check("max_image_pixels", bomb + 1, part=part, shown=f"more than {bomb} pixels")
+        raise MediaError(f"{part}: more than {bomb} pixels is more than Pillow decodes safely; resize it") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise MediaError(f"{part}: is not an image edge-infer decodes ({_reason(exc)}); "
                          "send a PNG, JPEG, WebP, GIF or BMP image") from None
     width, height, kind = *image.size, image.format

@@ -52,8 +52,9 @@ def read_source(url: str, policy: MediaPolicy, *, part: str = "media") -> bytes:
 def decode_base64(text: str, policy: MediaPolicy, *, part: str = "media") -> bytes:
     """Standard base64 (line breaks allowed), refused before decoding when it would exceed max_bytes."""
     compact = "".join(text.split())
-    if len(compact) // 4 * 3 > policy.max_bytes:
-        _too_big(part, f"about {len(compact) // 4 * 3} bytes", policy)
+    size = len(compact) * 3 // 4 - compact[-2:].count("=")  # the decoded length, before decoding
+    if size > policy.max_bytes:
+        _too_big(part, f"{size} bytes", policy)
     try:
         return base64.b64decode(compact, validate=True)
     except (binascii.Error, ValueError) as exc:
@@ -92,10 +93,11 @@ def _local_file(url: str, policy: MediaPolicy, part: str) -> bytes:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
         raise MediaError(f"{part}: {_short(url)} cannot be read ({exc.strerror})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise MediaError(f"{part}: {_short(url)} is not a regular file")
     with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise MediaError(f"{part}: {_short(url)} is not a regular file")
         if info.st_size > policy.max_bytes:
             _too_big(part, f"{info.st_size} bytes", policy)
         return _capped(f.read, part, policy, deadline=None)
