@@ -100,8 +100,12 @@ class MediaProcessing:
         if video and image is None:
             raise CheckpointError(f"{video[0].where} configures videos but no file configures images "
                                   f"(an image processor in {PREPROCESSOR_FILE}); restore it from the original checkpoint")
-        vision = _one(video, lambda keys: _video(keys, image)) if video else image
-        return cls(vision=vision, audio=_one(sections["audio"], _audio))
+        media = cls(vision=_one(video, lambda keys: _video(keys, image)) if video else image,
+                    audio=_one(sections["audio"], _audio))
+        # Checked once every part has read its keys: Omni's flat file holds the image's and the audio's.
+        for keys in {id(k): k for found in sections.values() for k in found}.values():
+            keys.check_known()
+        return media
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -186,23 +190,11 @@ class _Keys:
     def fail(self, key: str, problem: str) -> None:
         raise CheckpointError(f"{self.where}: {key!r} {problem}")
 
-    def check_known(self, also: frozenset[str] = frozenset()) -> None:
-        unknown = sorted(set(self.data) - self.used - _INERT - also)
+    def check_known(self) -> None:
+        unknown = sorted(set(self.data) - self.used - _INERT)
         if unknown:
             self.fail(unknown[0], "is not a key edge-infer knows; it may change preprocessing in ways edge-infer "
                                   "does not implement (remove it only if the reference ignores it)")
-
-
-# The keys each part reads, so a flat file holding two parts (Omni's) can tell its own keys from the other's.
-_IMAGE_KEYS = frozenset({
-    "image_processor_type", "patch_size", "temporal_patch_size", "merge_size", "min_pixels", "max_pixels", "size",
-    "image_mean", "image_std", "rescale_factor", "resample", "do_resize", "do_rescale", "do_normalize",
-    "do_convert_rgb", "do_center_crop", "do_pad",
-})
-_AUDIO_KEYS = frozenset({
-    "feature_extractor_type", "feature_size", "sampling_rate", "hop_length", "n_fft", "chunk_length", "n_samples",
-    "nb_max_frames", "padding_value", "padding_side", "dither",
-})
 
 
 def _type(keys: _Keys, key: str, allowed: tuple[str, ...]) -> None:
@@ -274,7 +266,6 @@ def _image(keys: _Keys) -> VisionProcessing:
     base = VisionProcessing()
     shared = _pixels(keys, base)
     min_pixels, max_pixels = _pixel_range(keys, base.min_pixels, base.max_pixels)
-    keys.check_known(_AUDIO_KEYS)
     return VisionProcessing(**shared, min_pixels=min_pixels, max_pixels=max_pixels)
 
 
@@ -296,7 +287,6 @@ def _video(keys: _Keys, image: VisionProcessing) -> VisionProcessing:
     max_frames = keys.positive("max_frames", int, image.video_max_frames)
     if min_frames > max_frames:
         keys.fail("min_frames", f"{min_frames} is above max_frames {max_frames}")
-    keys.check_known()
     return VisionProcessing(**{f.name: getattr(image, f.name) for f in fields(image)} | dict(
         video_fps=fps, video_min_frames=min_frames, video_max_frames=max_frames,
         video_min_pixels=min_pixels, video_max_pixels=max_pixels))
@@ -321,5 +311,4 @@ def _audio(keys: _Keys) -> AudioProcessing:
     keys.only("padding_value", 0.0, "silence pads the clip")
     keys.only("padding_side", "right", "the clip starts at frame 0")
     keys.only("dither", 0.0, "no random noise, so features are reproducible")
-    keys.check_known(_IMAGE_KEYS)
     return cfg

@@ -82,6 +82,8 @@ def _decode(container: "av.container.InputContainer", cfg: MediaProcessing, visi
     if fps <= 0:
         raise MediaError(f"{part}: its frame rate is unknown; re-encode it with a constant frame rate")
     width, height = stream.codec_context.width, stream.codec_context.height
+    if not width or not height:
+        raise MediaError(f"{part}: its frame size is unknown; re-encode it")
     limits.check("max_image_pixels", width * height, part=part, shown=f"frames of {width}x{height} pixels")
     total = _frame_count(container, stream, fps)
     limits.check("max_video_seconds", total / fps, part=part, shown=f"{total / fps:.1f} s")
