@@ -3,7 +3,8 @@
 The operator decides (MediaPolicy): local files are read only under
 ``--allowed-media-dir`` (after resolving symlinks and ``..``), remote URLs only
 with ``--allow-remote-media``; every source is capped at ``max_bytes`` and remote
-reads at ``timeout_s`` in all.
+reads at ``timeout_s`` in all (checked as bytes arrive; a connection that stalls
+completely is cut by the socket timeout, so the worst case is twice it).
 """
 from __future__ import annotations
 
