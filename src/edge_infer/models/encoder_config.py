@@ -21,7 +21,7 @@ from typing import Any
 from edge_infer.errors import CheckpointError
 
 # Activations the towers' MLPs use in released checkpoints (transformers' ACT2FN names).
-VISION_ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "quick_gelu")
+VISION_ACTIVATIONS = ("silu",)
 AUDIO_ACTIVATIONS = ("gelu",)
 # Both ViT variants hard-code these in transformers (no config key).
 VISION_NORM_EPS = 1e-6
