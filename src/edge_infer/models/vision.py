@@ -36,6 +36,7 @@ from edge_infer.models.weights import WeightSpec
 
 __all__ = ["VisionConfig", "VisionEncoder", "VisionLayout"]
 
+
 class VisionLayout:
     """Where each merged block of one call goes: window order, attention segments, 2-D positions.
 
@@ -66,9 +67,8 @@ class VisionLayout:
             unit_hw.append(torch.stack((r, c), -1).reshape(1, -1, 2).expand(t, -1, -1).reshape(-1, 2))
             first += t * rows * cols
         self.num_units = first
-        self.merge_unit = m * m
+        self.merge_unit = unit = m * m
         self.order = torch.cat(orders)  # unit at each window-order place
-        unit = m * m
         self.windows = Segments([n * unit for n in window_units])
         # Full-attention blocks: within each frame. Windows never cross a frame, so the window
         # order keeps every frame's units together and in frame order.
