@@ -8,6 +8,7 @@ copy of the model. Sharded checkpoints are read through their index.
 from __future__ import annotations
 
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
@@ -163,8 +164,13 @@ def load_weights(
     head_from_embedding: bool = False,
     release: Callable[[], object] | None = None,
     table_dtype_as_stored: bool = False,
+    prefix: str = "",
 ) -> None:
     """Fill every tensor of ``model.weight_specs()`` from the checkpoint.
+
+    ``prefix`` is put before every source name: the encoders' specs name
+    tensors relative to their tower, which checkpoints keep under different
+    prefixes (``encoder_weights.tower_prefix``).
 
     ``head_from_embedding`` (a tied model whose head is quantized or
     widened): the embedding table is installed as the output head's linear,
@@ -178,6 +184,8 @@ def load_weights(
     transient (one block plus one linear being repacked) does not hold.
     """
     specs = model.weight_specs()
+    if prefix:
+        specs = [replace(spec, sources=tuple(prefix + name for name in spec.sources)) for spec in specs]
     with CheckpointReader(model_dir) as reader:
         for n, spec in enumerate(specs):
             owner, attr = model.resolve(spec.target)
@@ -194,5 +202,14 @@ def load_weights(
                 release()
             if progress is not None:
                 progress(n + 1, len(specs))
-    if model.cfg.tie_word_embeddings:
+    if getattr(model.cfg, "tie_word_embeddings", False):  # decoders; the encoders have no head
         model.tie_head()
+
+
+def resolve_target(root: object, target: str) -> tuple[object, str]:
+    """The object owning the dotted attribute path ``target`` under ``root``, and the attribute name to set on it."""
+    obj = root
+    parts = target.split(".")
+    for part in parts[:-1]:
+        obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
+    return obj, parts[-1]
