@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edge_infer.models.encoder_config import audio_output_length
+
 
 @dataclass
 class VisionFeatures:
@@ -41,8 +43,3 @@ class AudioFeatures:
         """The placeholder tokens this clip takes in the prompt."""
         return audio_output_length(self.frames)
 
-
-def audio_output_length(frames: int) -> int:
-    """Tokens the Qwen2.5-Omni audio tower gives for `frames` mel frames: a stride-2 conv, then 2x pooling."""
-    after_conv = (frames - 1) // 2 + 1
-    return max(0, (after_conv - 2) // 2 + 1)
