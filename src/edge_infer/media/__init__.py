@@ -1,0 +1,1 @@
+"""Media preprocessing for the multimodal thinkers (torch-free): images, audio and video into encoder features."""
