@@ -208,3 +208,27 @@ def test_llm_generate_takes_prompts_with_media(omni, monkeypatch):
         ids, (image,) = reqs["image"]
         with pytest.raises(InvalidRequestError, match="shares prompt index"):
             llm.generate({"prompt_token_ids": ids, "media": [image, image]}, GREEDY)
+
+
+@pytest.mark.parametrize("method", ["cpu_w4a8", "cpu_w8a8"])
+def test_the_fused_decode_layer_takes_mrope_positions_past_the_context(omni, method):
+    """A thinker's decode positions are index + delta, possibly past max_model_len (no table holds them): with one
+    key per sequence attention is exact, so the fused int8 layer equals the PyTorch layers bit for bit."""
+    from edge_infer.config import QuantConfig
+    from edge_infer.models.layers.attention import AttentionMetadata, build_seq_attention
+    from edge_infer.models.layers.kv_cache import KVCache
+
+    core = engine(omni, dtype="bfloat16", max_model_len=64, quant=QuantConfig.named(method, group_size=32))
+    model = core.model
+    group = model.cfg.num_attention_heads // model.cfg.num_key_value_heads
+    positions = torch.tensor([[700, 65, 3]] * 3)  # three sequences' next tokens, two beyond the 64-token context
+    results = []
+    for fused in (False, True):
+        cache = KVCache(core.layout, 4, torch.bfloat16)
+        meta = AttentionMetadata(torch.tensor([0, 16, 48]), [build_seq_attention(i, 1, 1, [b], 16, group, None)
+                                                              for i, b in enumerate((0, 1, 3))])
+        model.fused_decode = None if fused else False
+        out = model.run_layers(model.embed_tokens(torch.tensor([5, 77, 250])), positions, meta, cache)
+        assert model.fused_decode is fused
+        results.append((out, cache.storage.clone()))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])

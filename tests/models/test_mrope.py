@@ -183,3 +183,26 @@ def test_an_audio_track_must_interleave_with_its_video_in_chunks():
     problem = layout_problem(ids, swapped, mm)
     assert problem is not None and "interleave them in chunks of 2 s" in problem
     assert VISION_START in prompt.ids and VISION_END in prompt.ids
+
+
+def test_rotary_table_rotates_each_frequency_band_by_its_axis_as_transformers():
+    """cos/sin for [3, T] positions equal transformers' Qwen2.5 M-RoPE bit for bit; three equal rows (a text token,
+    a decode step) give exactly the 1-D table's rows, positions past the context included."""
+    from transformers import Qwen2_5_VLTextConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLRotaryEmbedding
+
+    from edge_infer.models.layers.rope import RotaryTable
+
+    section = (2, 5, 5)
+    config = Qwen2_5_VLTextConfig(hidden_size=120, num_attention_heads=5,
+                                  rope_parameters={"rope_type": "default", "mrope_section": list(section), "rope_theta": 1e6})
+    positions = torch.randint(0, 20000, (3, 1, 57))
+    hf_cos, hf_sin = Qwen2_5_VLRotaryEmbedding(config)(torch.zeros(1), positions)
+    table = RotaryTable(24, 1e6, 64, mrope_section=section)
+    cos, signed_sin = table.lookup(positions[:, 0], torch.float32)
+    assert torch.equal(cos[:, 0], hf_cos[0]) and table.nbytes == 0
+    assert torch.equal(signed_sin[:, 0, 12:], hf_sin[0][:, 12:]) and torch.equal(signed_sin[:, 0, :12], -hf_sin[0][:, :12])
+    flat = RotaryTable(24, 1e6, 20000)
+    same = torch.randint(0, 20000, (57,))
+    for got, want in zip(table.lookup(same.expand(3, -1), torch.float32), flat.lookup(same, torch.float32)):
+        assert torch.equal(got, want)
