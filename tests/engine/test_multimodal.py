@@ -77,9 +77,9 @@ def test_media_are_encoded_once_though_preemption_recomputes_them(omni):
     towers = FakeTowers(96)
     reference = {rid: tokens(d) for rid, d in run(engine(omni, towers, max_num_batched_tokens=512), reqs).items()}
     towers.calls = 0
-    # 13 blocks of 16 tokens: the four requests cannot all hold their sequences; the newest are preempted
-    small = engine(omni, towers, kv_cache_memory_bytes=13 * 16 * 2 * 3 * 2 * 16 * 4)
-    out = run(small, reqs, dataclasses.replace(GREEDY, max_tokens=40))
+    # 12 blocks of 16 tokens: the four requests cannot all hold their sequences; the newest are preempted
+    small = engine(omni, towers, kv_cache_memory_bytes=12 * 16 * 2 * 3 * 2 * 16 * 4)
+    out = run(small, reqs, dataclasses.replace(GREEDY, max_tokens=24))
     assert small.current_stats().num_preemptions > 0
     assert sum(d.num_preemptions for ds in out.values() for d in ds if d.finished) > 0
     assert towers.calls == small.current_stats().media_encoded == sum(len(m) for _, m in reqs.values())

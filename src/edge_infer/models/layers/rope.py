@@ -82,7 +82,7 @@ class RotaryTable:
         if pos.dim() == 1:  # one position per token: every axis reads it
             freqs = pos.unsqueeze(1) * self.inv_freq
         else:  # [T, pairs]: pair j's position from its axis, times its frequency
-            freqs = pos.index_select(0, self.axes).t() * self.inv_freq
+            freqs = pos.t().index_select(1, self.axes) * self.inv_freq
         return torch.cat((freqs.cos(), freqs.cos()), dim=-1), torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
 
 
