@@ -232,3 +232,14 @@ def test_the_fused_decode_layer_takes_mrope_positions_past_the_context(omni, met
         assert model.fused_decode is fused
         results.append((out, cache.storage.clone()))
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+def test_an_image_partly_in_cached_blocks_is_encoded_and_placed_from_where_the_cache_ends(omni):
+    prompt = Prompt(MM).text(list(range(20, 40))).image((1, 8, 8)).text([41, 42, 43])  # image at 21..36 of 41 tokens
+    media = media_inputs(prompt, seed=3)
+    cold = tokens(run(engine(omni, prefix_caching=False), {"r": (prompt.ids, media)})["r"])
+    core = engine(omni, prefix_caching=True)
+    run(core, {"a": (prompt.ids, media)})
+    again = run(core, {"b": (prompt.ids, media)})["b"]
+    assert again[-1].num_cached_tokens == 32  # the last 4 of the image's 16 rows are computed again
+    assert tokens(again) == cold and core.current_stats().media_encoded == 2
