@@ -34,3 +34,12 @@ def demo_model() -> Path:
     from edge_infer.engine.frontend import demo_model_dir
 
     return demo_model_dir()
+
+
+@pytest.fixture(scope="session")
+def thinker_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """Tiny Qwen2.5-VL, Qwen2.5-Omni thinker and full Qwen2.5-Omni checkpoints written by transformers."""
+    from testutil import write_thinker_checkpoint
+
+    root = tmp_path_factory.mktemp("thinkers")
+    return {kind: write_thinker_checkpoint(root / kind, kind) for kind in ("qwen2_5_vl", "qwen2_5_omni_thinker", "qwen2_5_omni")}

@@ -72,6 +72,8 @@ class EngineConfig:
     # Full KV blocks kept and shared between requests with the same prefix (engine/block_allocator.py).
     prefix_caching: bool = False
     kv_cache_dtype: str = "auto"  # auto: the compute dtype; int8: codes + an fp32 scale per token and head
+    # Threads the media encoders run on (a multimodal thinker); None: num_threads.
+    encoder_threads: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -38,6 +38,8 @@ def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True
                    help="do not keep and share the KV blocks of common prompt prefixes (on by default: a request "
                         "resending a conversation or a system prompt computes only its new tokens)")
     g.add_argument("--num-threads", type=int, default=None, help="compute threads (default: the CPUs this process may use)")
+    g.add_argument("--encoder-threads", type=int, default=None,
+                   help="threads of the image and audio encoders of a multimodal model (default: --num-threads)")
     g.add_argument("--weight-backend", default="auto", choices=["auto", "onednn", "dense", "w16"], help=argparse.SUPPRESS)
     g.add_argument("--worker", default="process", choices=["process", "thread"], help=argparse.SUPPRESS)
 
@@ -57,6 +59,7 @@ def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
         quantization=quant,
         priority=args.priority,
         num_threads=args.num_threads,
+        encoder_threads=args.encoder_threads,
         weight_backend=args.weight_backend,
         packed_head=args.packed_head,
         prefix_caching=not args.no_prefix_cache,

@@ -7,13 +7,13 @@ the weights live in the engine core.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
 from edge_infer.config import EngineConfig
 from edge_infer.engine.grammar import compile_grammar
-from edge_infer.engine.protocol import EngineRequest, request_problem
+from edge_infer.engine.protocol import EngineRequest, MediaInput, media_problem, mrope_positions, request_problem
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.errors import CheckpointError, InvalidRequestError, PlanRefusedError
 from edge_infer.memory.plan import TextPlan, plan_text_session
@@ -25,7 +25,8 @@ from edge_infer.models.tokenizer import Tokenizer
 # Normalization (NFC, NFKC) can compose up to this many input characters into one (Hangul jamo: 3).
 _CHARS_PER_NORMALIZED_CHAR = 4
 
-# A prompt: text, token ids, or {"prompt": ...} / {"prompt_token_ids": [...]}.
+# A prompt: text, token ids, or {"prompt": ...} / {"prompt_token_ids": [...]}; either dict may add
+# "media": [MediaInput, ...] placed at the prompt's placeholder tokens (a multimodal model).
 PromptInput = Union[str, list[int], dict[str, Any]]
 
 
@@ -49,6 +50,7 @@ def resolve_model(model: str | Path | None) -> str:
 class PreparedPrompt:
     prompt: str | None
     token_ids: list[int]
+    media: list[MediaInput] = field(default_factory=list)
 
 
 def _text_chars(value: Any) -> int:
@@ -113,12 +115,14 @@ class Frontend:
 
     def prepare(self, prompt: PromptInput) -> PreparedPrompt:
         if isinstance(prompt, dict):
+            media = list(prompt.get("media") or ())
             if "prompt_token_ids" in prompt:
-                return PreparedPrompt(prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]])
+                return PreparedPrompt(prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]], media)
             if "prompt" in prompt:
-                prompt = prompt["prompt"]
-            else:
-                raise InvalidRequestError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+                prepared = self.prepare(prompt["prompt"])
+                prepared.media = media
+                return prepared
+            raise InvalidRequestError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
         if isinstance(prompt, list):
             return PreparedPrompt(None, [int(t) for t in prompt])
         if not isinstance(prompt, str):
@@ -157,9 +161,14 @@ class Frontend:
         limit = self.max_model_len
         if params.max_tokens is None:
             params = params.clone(max_tokens=max(1, limit - len(prompt.token_ids)))
-        problem = request_problem(prompt.token_ids, params.max_tokens, limit, self.vocab_size, params.logit_bias or ())
+        cfg = self.plan.model_config
+        problem = (request_problem(prompt.token_ids, params.max_tokens, limit, self.vocab_size, params.logit_bias or ())
+                   or media_problem(prompt.token_ids, prompt.media, cfg.multimodal, cfg.architecture))
         if problem is not None:
             raise InvalidRequestError(problem)
         spec = params.structured_outputs
         grammar = None if spec is None else compile_grammar(spec)
-        return EngineRequest(request_id, prompt.token_ids, params, credits, grammar=grammar)
+        request = EngineRequest(request_id, prompt.token_ids, params, credits, grammar=grammar, media=prompt.media)
+        if prompt.media:  # positions computed here, beside the worker's loop
+            request.mrope_positions, request.mrope_delta = mrope_positions(prompt.token_ids, prompt.media, cfg.multimodal)
+        return request

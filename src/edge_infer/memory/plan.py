@@ -142,6 +142,7 @@ def plan_text_session(
     priority: str | None = None,
     prefix_caching: bool = True,
     kv_cache_dtype: str = "auto",
+    encoder_threads: int | None = None,
 ) -> TextPlan:
     """Plan a text session; see the module docstring. Raises only for unreadable checkpoints.
 
@@ -158,7 +159,7 @@ def plan_text_session(
                         kv_cache_memory_bytes=kv_cache_memory_bytes, dtype=dtype, available_bytes=available_bytes,
                         weight_backend=weight_backend, num_threads=num_threads, seed=seed, eos_token_ids=eos_token_ids,
                         frontend=frontend, packed_head=packed_head, prefix_caching=prefix_caching,
-                        kv_cache_dtype=kv_cache_dtype)
+                        kv_cache_dtype=kv_cache_dtype, encoder_threads=encoder_threads)
         stored_format = (cfg.quantization_config or {}).get("quant_method")
         return plan_auto(plan_text_session, model_dir, priority, cpu or detect(), stored_format, **settings)
     if frontend not in ("library", "server"):
@@ -180,7 +181,7 @@ def plan_text_session(
             max_num_batched_tokens=r.max_num_batched_tokens, kv_cache_memory_bytes=kv_blocks * layout.bytes_per_block,
             block_size=layout.block_size, quant=r.quant, weight_backend="w16" if r.widened else weight_backend,
             num_threads=num_threads, seed=seed, eos_token_ids=tuple(eos_token_ids), packed_head=r.packed_head,
-            prefix_caching=prefix_caching, kv_cache_dtype=kv_cache_dtype,
+            prefix_caching=prefix_caching, kv_cache_dtype=kv_cache_dtype, encoder_threads=encoder_threads,
         )
     return plan
 
@@ -283,7 +284,8 @@ def _size_items(r: _Resolved, model_dir: str, frontend: str, int8_kv: bool) -> t
     weights, largest_linear = weight_bytes(cfg, r.dtype_bytes, r.quant, r.widened)
     if r.packed_head:
         weights += cfg.vocab_size * cfg.hidden_size * r.dtype_bytes  # the head's own copy beside the embedding
-    rope = 2 * r.max_model_len * cfg.head_dim * 4
+    # M-RoPE positions are not bounded by the context (a video's advance by seconds): no table, cos/sin per step
+    rope = 0 if cfg.mrope_section else 2 * r.max_model_len * cfg.head_dim * 4
     acts = activation_bytes(cfg, r.dtype_bytes, r.max_num_batched_tokens, r.max_num_seqs, r.max_model_len,
                             r.quant.name if r.quant is not None else None)
     acts_note = f"one step of {r.max_num_batched_tokens} tokens, {r.max_num_seqs} logit rows"
@@ -298,10 +300,16 @@ def _size_items(r: _Resolved, model_dir: str, frontend: str, int8_kv: bool) -> t
     file_bytes = sum(t.file.stat().st_size for t in {t.file: t for t in r.tensors.values()}.values())
     layout = KVLayout.for_model(cfg, r.dtype_bytes, DEFAULT_BLOCK_SIZE, int8=int8_kv)
     weights_note = _weights_note(cfg, r.dtype, r.quant, r.packed_head, r.widened and r.stored_16bit)
+    if cfg.multimodal is not None:
+        # The place for the media encoders: their weights (and activation peak at the largest image and clip) are
+        # items of their own, sized from models/vision.py's and models/audio_encoder.py's weight specs.
+        weights_note += "; the text decoder only (the media encoders are not planned yet)"
+        r.notes.append("the media encoders' weights and activations are not in this plan yet")
     return [
         PlanItem("runtime overhead", overhead_bytes, "anon", "steady", f"{frontend} frontend + worker + tokenizer + its structured-output view (measured once)"),
         PlanItem("weights", weights, "anon", "steady", weights_note),
-        PlanItem("rope tables", rope, "anon", "steady", f"cos+sin fp32 for {r.max_model_len} positions"),
+        PlanItem("rope tables", rope, "anon", "steady", "none: M-RoPE cos/sin are computed per step" if cfg.mrope_section
+                 else f"cos+sin fp32 for {r.max_model_len} positions"),
         PlanItem("activations", acts, "anon", "steady", acts_note),
         PlanItem("load transient", transient, "anon", "load", "one block being converted + the largest linear being repacked"),
         PlanItem("checkpoint pages", file_bytes, "file", "load", "memory-mapped while loading; page cache, released after"),

@@ -59,20 +59,20 @@ class CheckpointReader:
         except KeyError:
             raise CheckpointError(f"checkpoint {self.model_dir} lacks tensor {name!r}") from None
 
-    def _slice(self, name: str, info: TensorInfo):
+    def _slice(self, info: TensorInfo):
         handle = self._handles.get(info.file)
         if handle is None:
             handle = self._handles[info.file] = self._open(info.file)
-        return handle.get_slice(name)
+        return handle.get_slice(info.key)
 
     def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         """Rows ``[start, stop)`` of ``name`` in the file's dtype: a copy of just those rows."""
-        return self._slice(name, self.info(name))[start:stop]
+        return self._slice(self.info(name))[start:stop]
 
     def row_blocks(self, name: str) -> Iterator[tuple[int, torch.Tensor]]:
         """(first row, tensor) blocks of ``name`` along dim 0, in the file's dtype."""
         info = self.info(name)
-        sl = self._slice(name, info)
+        sl = self._slice(info)
         if len(info.shape) == 0:
             yield 0, sl[:]
             return
