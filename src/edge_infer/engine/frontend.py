@@ -16,6 +16,7 @@ from edge_infer.engine.grammar import compile_grammar
 from edge_infer.engine.protocol import EngineRequest, MediaInput, media_problem, mrope_positions, request_problem
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.errors import CheckpointError, InvalidRequestError, PlanRefusedError
+from edge_infer.memory.encoder_path import apply_encoder_quantization
 from edge_infer.memory.plan import TextPlan, plan_text_session
 from edge_infer.models.checkpoint import demo_model_dir
 from edge_infer.models.config import ModelConfig
@@ -82,8 +83,9 @@ class Frontend:
         ModelConfig.from_dir(model_dir)  # a directory that is not a checkpoint is the first thing to report (parsed once: models/config.py)
         tokenizer = None if skip_tokenizer_init else Tokenizer(model_dir)
         defaults = GenerationDefaults.from_dir(model_dir, tokenizer.eos_token_id if tokenizer else None)
+        encoder_quantization = settings.pop("encoder_quantization", None)
         plan = plan_text_session(model_dir, eos_token_ids=defaults.eos_token_ids, **settings)
-        return cls(plan, tokenizer, defaults)
+        return cls(apply_encoder_quantization(plan, encoder_quantization), tokenizer, defaults)
 
     @classmethod
     def from_plan(cls, plan: TextPlan, skip_tokenizer_init: bool = False) -> "Frontend":

@@ -26,6 +26,7 @@ from edge_infer.engine.protocol import ReadyInfo
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.engine.streams import RequestStream
 from edge_infer.errors import InvalidRequestError, PlanRefusedError, StaleSessionError
+from edge_infer.memory.encoder_path import apply_encoder_quantization
 from edge_infer.memory.plan import TextPlan, plan_text_session
 
 
@@ -38,7 +39,8 @@ class Session:
 class LocalTextEngine:
     def __init__(self, plan: TextPlan | str, *, worker: str = "process", skip_tokenizer_init: bool = False, **plan_kwargs: Any):
         if not isinstance(plan, TextPlan):
-            plan = plan_text_session(plan, **plan_kwargs)
+            encoder_quantization = plan_kwargs.pop("encoder_quantization", None)
+            plan = apply_encoder_quantization(plan_text_session(plan, **plan_kwargs), encoder_quantization)
         if not plan.admitted:
             raise PlanRefusedError("memory plan refused: " + "; ".join(plan.reasons), plan)
         self.plan = plan
