@@ -94,6 +94,9 @@ class EngineConfig:
     encoder_threads: int | None = None
     # The towers' weight path (ENCODER_QUANTIZATION_CHOICES); encoder_quant() resolves it.
     encoder_quantization: str = "none"
+    # A thinker's media towers loaded with its decoder. False: the decoder alone, every media item must come with
+    # its embeddings (an encoder stage computes them: runtime/encoder_executor.py).
+    load_encoders: bool = True
 
     def encoder_quant(self) -> QuantConfig | None:
         """The towers' quantized weight settings, or None for dense weights in ``dtype``."""

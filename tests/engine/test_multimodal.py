@@ -13,7 +13,7 @@ from mm_fakes import FakeTowers, media_inputs
 from mm_prompts import Prompt, mm_config
 from edge_infer.config import EngineConfig
 from edge_infer.engine.core import EngineCore
-from edge_infer.engine.protocol import EngineRequest, MediaInput
+from edge_infer.engine.protocol import EngineRequest, MediaEmbeddings, MediaInput
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.errors import InvalidRequestError
 
@@ -21,10 +21,14 @@ MM = mm_config("qwen2_5_omni")
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logit_bias={t: -100 for t in range(289, 296)})
 
 
-def engine(path, towers: FakeTowers | None = None, **kw) -> EngineCore:
+def config(path, **kw) -> EngineConfig:
     settings = dict(model=str(path), dtype="float32", max_model_len=320, max_num_seqs=4,
                     max_num_batched_tokens=16, kv_cache_memory_bytes=4 << 20)
-    core = EngineCore(EngineConfig(**{**settings, **kw}))
+    return EngineConfig(**{**settings, **kw})
+
+
+def engine(path, towers: FakeTowers | None = None, **kw) -> EngineCore:
+    core = EngineCore(config(path, **kw))
     core.model.encoders = (towers or FakeTowers(core.model.cfg.hidden_size)).encoders()
     return core
 
@@ -183,6 +187,30 @@ def test_a_text_model_refuses_media_and_a_thinker_without_the_encoder_says_so(hf
     core.model.encoders = {}
     delta = core.add_request(EngineRequest("r", prompt.ids, GREEDY, media=media))
     assert "this engine has no image encoder for Qwen2_5OmniThinkerForConditionalGeneration" in delta.error
+
+
+def test_a_thinker_without_towers_places_embeddings_computed_elsewhere(omni):
+    """load_encoders false: the decoder alone; items that come with their embeddings (an encoder stage's) give the
+    tokens of the towers in the process, unencoded; features are refused naming the setting."""
+    towers = FakeTowers(96)
+    reqs = requests()
+    whole = engine(omni, towers)
+    expected = {rid: tokens(d) for rid, d in run(whole, reqs).items()}
+    bare = EngineCore(config(omni, load_encoders=False))
+    assert bare.model.towers() == {} and bare.model.encoders == {}
+    assert bare.ready_info.weight_bytes == whole.ready_info.weight_bytes - sum(whole.ready_info.encoder_weight_bytes.values())
+
+    def embedded(m: MediaInput) -> MediaInput:
+        rows = towers.encoders()[m.kind](m.features).numpy()
+        return dataclasses.replace(m, features=MediaEmbeddings(rows, getattr(m.features, "grid_thw", None),
+                                                               getattr(m.features, "second_per_grid", None)))
+
+    encoded = {rid: (ids, [embedded(m) for m in media]) for rid, (ids, media) in reqs.items()}
+    assert {rid: tokens(d) for rid, d in run(bare, encoded).items()} == expected
+    assert bare.current_stats().media_encoded == 0
+    ids, media = reqs["image"]
+    delta = bare.add_request(EngineRequest("raw", ids, GREEDY, media=media))
+    assert "no image encoder" in delta.error and "load_encoders false" in delta.error
 
 
 def test_llm_generate_takes_prompts_with_media(omni, monkeypatch):

@@ -4,8 +4,10 @@
 reports a ``TokenDelta`` per request that progressed or ended. It knows token
 ids only, and media as encoder features: a multimodal thinker's media item is
 encoded (on ``encoder_threads``) when the first step that computes one of its
-placeholder tokens is scheduled, and its embeddings stay with the sequence
-until it ends. It runs inside a worker process by default (``engine.worker``).
+placeholder tokens is scheduled (an item that comes with its embeddings,
+``MediaEmbeddings``, is placed as it is), and its embeddings stay with the
+sequence until it ends. It runs inside a worker process by default
+(``engine.worker``).
 """
 from __future__ import annotations
 
@@ -108,13 +110,16 @@ def thinker_installer(decoder: LinearInstaller, towers: LinearInstaller) -> Line
 def load_model(config: EngineConfig, progress: Callable[[int, int], None] | None = None) -> DecoderLM:
     cfg = ModelConfig.from_dir(config.model)
     # A thinker is its text decoder plus its media towers (models/multimodal.py): one weight list, one load, the
-    # towers' linears on their own installer.
-    model = (MultimodalLM if cfg.multimodal is not None else DecoderLM)(cfg, config.max_model_len)
+    # towers' linears on their own installer; without them (load_encoders false) the decoder alone.
+    if cfg.multimodal is not None:
+        model: DecoderLM = MultimodalLM(cfg, config.max_model_len, towers=config.load_encoders)
+    else:
+        model = DecoderLM(cfg, config.max_model_len)
     check_checkpoint(cfg, config.model, model.weight_specs())
     quantized_head = config.quant is not None and config.quant.quantize_head
     widened = config.weight_backend == "w16"  # 16-bit weights kept as stored, the table too (quant/widened.py)
     install = linear_installer(config)
-    if cfg.multimodal is not None:
+    if cfg.multimodal is not None and config.load_encoders:
         install = thinker_installer(install, tower_installer(config))
     load_weights(
         model, config.model, TORCH_DTYPES[config.dtype], install, progress,
@@ -213,9 +218,11 @@ class EngineCore:
         cfg = self.model.cfg
         problem = media_problem(prompt_ids, media, cfg.multimodal, cfg.architecture)
         if problem is None:
-            missing = sorted({m.kind for m in media if not self.model.can_encode(m.kind)})
+            missing = sorted({m.kind for m in media if not m.encoded and not self.model.can_encode(m.kind)})
             if missing:
                 problem = f"this engine has no {' or '.join(missing)} encoder for {cfg.architecture}"
+                if not self.config.load_encoders:
+                    problem += " (it runs without its towers, load_encoders false: send the media's embeddings)"
         if problem is None and positions is not None and np.shape(positions) != (3, len(prompt_ids)):
             problem = f"mrope_positions has shape {np.shape(positions)}; the prompt needs (3, {len(prompt_ids)})"
         return problem
@@ -238,6 +245,9 @@ class EngineCore:
         start, end = seq.num_computed, seq.num_computed + item.num_new
         for k, m in enumerate(seq.media):
             if seq.media_embeds[k] is None and np.searchsorted(m.positions, start) < np.searchsorted(m.positions, end):
+                if m.encoded:  # embeddings computed elsewhere (an encoder stage): placed as they are
+                    seq.media_embeds[k] = torch.from_numpy(m.features.rows).to(self.model.dtype)
+                    continue
                 with threads(self.encoder_threads):
                     seq.media_embeds[k] = self.model.encode(m.kind, m.features)
                 self.stats.media_encoded += 1

@@ -27,8 +27,23 @@ TokenLogprobs = tuple[float, list[tuple[int, float]]]
 
 
 @dataclass
+class MediaEmbeddings:
+    """One media item encoded elsewhere (an encoder stage, runtime/encoder_executor.py): its embedding rows, and
+    the patch grid its M-RoPE positions follow (images and videos). The core places the rows as they are."""
+
+    rows: np.ndarray  # float [num_tokens, hidden]
+    grid_thw: tuple[int, int, int] | None = None  # image / video: the patch grid before merging
+    second_per_grid: float | None = None  # video: seconds one temporal patch spans
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.rows.shape[0]) if self.rows.ndim else 0
+
+
+@dataclass
 class MediaInput:
-    """One image, video or audio clip of a prompt: its encoder features and the prompt indices its embeddings fill.
+    """One image, video or audio clip of a prompt: its encoder features (or its embeddings, computed elsewhere) and
+    the prompt indices its embeddings fill.
 
     The prompt holds one placeholder token (the model's image, video or audio pad id) per embedding row.
     ``digest`` identifies the embeddings (e.g. a hash of the features): requests whose media have equal digests
@@ -36,14 +51,19 @@ class MediaInput:
     """
 
     kind: str  # image | video | audio
-    features: VisionFeatures | AudioFeatures
+    features: VisionFeatures | AudioFeatures | MediaEmbeddings
     positions: np.ndarray  # int64 prompt indices its embeddings fill, in order
     digest: bytes
 
     @property
+    def encoded(self) -> bool:
+        """Whether it comes with its embeddings (nothing to encode)."""
+        return isinstance(self.features, MediaEmbeddings)
+
+    @property
     def layout(self) -> MediaLayout:
         f = self.features
-        if isinstance(f, VisionFeatures):
+        if isinstance(f, (VisionFeatures, MediaEmbeddings)) and f.grid_thw is not None:
             return MediaLayout(self.kind, np.asarray(self.positions), tuple(f.grid_thw), f.second_per_grid)
         return MediaLayout(self.kind, np.asarray(self.positions))
 
@@ -97,8 +117,12 @@ def media_problem(prompt_ids: list[int], media: Sequence[MediaInput], multimodal
         if m.kind not in multimodal.kinds:
             return f"{what}: {model} takes {', '.join(multimodal.kinds)}"
         want = AudioFeatures if m.kind == "audio" else VisionFeatures
-        if not isinstance(m.features, want):
-            return f"{what}: features must be {want.__name__}, not {type(m.features).__name__}"
+        if isinstance(m.features, MediaEmbeddings):
+            problem = _embeddings_problem(m.features, m.kind, multimodal)
+            if problem is not None:
+                return f"{what}: {problem}"
+        elif not isinstance(m.features, want):
+            return f"{what}: features must be {want.__name__} or MediaEmbeddings, not {type(m.features).__name__}"
         if not isinstance(m.digest, bytes) or not m.digest:
             return f"{what}: digest must be non-empty bytes that identify the media (prefix caching keys on it)"
         if isinstance(m.features, VisionFeatures) and m.features.merge_size != multimodal.spatial_merge_size:
@@ -107,6 +131,18 @@ def media_problem(prompt_ids: list[int], media: Sequence[MediaInput], multimodal
         if m.features.num_tokens != len(m.positions):
             return f"{what}: its features give {m.features.num_tokens} embeddings, but {len(m.positions)} positions are given"
     return layout_problem(prompt_ids, [m.layout for m in media], multimodal)
+
+
+def _embeddings_problem(e: MediaEmbeddings, kind: str, multimodal: MultimodalConfig) -> str | None:
+    rows = e.rows
+    hidden = multimodal.vision.out_hidden_size  # the decoder's width (models/config.py checks every tower's)
+    if not isinstance(rows, np.ndarray) or rows.ndim != 2 or rows.shape[1] != hidden:
+        return f"embeddings must be [tokens, {hidden}] (the model's hidden size), not {list(np.shape(rows))}"
+    if rows.dtype.kind != "f":
+        return f"embeddings must be floating point, not {rows.dtype}"
+    if kind == "audio" and e.grid_thw is not None:
+        return "an audio clip's embeddings have no patch grid"
+    return None
 
 
 def mrope_positions(prompt_ids: list[int], media: Sequence[MediaInput], multimodal: MultimodalConfig) -> tuple[np.ndarray, int]:
