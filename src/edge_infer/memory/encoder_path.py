@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from edge_infer.config import ENCODER_QUANTIZATION_CHOICES, encoder_quant_config
+from edge_infer.config import ENCODER_QUANTIZATION_CHOICES, QuantConfig, encoder_quant_config
 from edge_infer.errors import InvalidRequestError
 from edge_infer.hardware.cpu import detect
 from edge_infer.hardware.kernels import QUANT_KERNELS, encoder_kernels
 from edge_infer.memory.plan import TextPlan
+from edge_infer.models.config import MultimodalConfig
 from edge_infer.models.encoder_weights import tower_weight_specs
 
 # The native kernels (edge-infer's own, built on first use).
@@ -85,12 +86,28 @@ def _size_towers(plan: TextPlan, quant) -> None:
     """The weights item with the towers' linears as ``quant`` holds them (the plan sized them dense)."""
     if quant is None:
         return
-    from edge_infer.quant.sizes import linear_nbytes
-
     mm = plan.model_config.multimodal
     dtype_bytes = 2 if plan.settings["dtype"] == "bfloat16" else 4
-    saved = sum(spec.numel * dtype_bytes - linear_nbytes(spec, quant, dtype_bytes)
-                for spec in tower_weight_specs(mm.vision, mm.audio) if spec.is_linear)
     weights = next(item for item in plan.items if item.name == "weights")
-    weights.bytes -= saved
+    weights.bytes -= tower_weight_bytes(mm, dtype_bytes, None) - tower_weight_bytes(mm, dtype_bytes, quant)
     weights.note += f"; media towers' linears {quant.name} g{quant.group_size}"
+
+
+def tower_weight_bytes(mm: MultimodalConfig, dtype_bytes: int, quant: QuantConfig | None) -> int:
+    """Resident bytes of a thinker's towers: dense in the engine's dtype, their linears as ``quant`` holds them."""
+    total = 0
+    for spec in tower_weight_specs(mm.vision, mm.audio):
+        if quant is not None and spec.is_linear:
+            from edge_infer.quant.sizes import linear_nbytes
+
+            total += linear_nbytes(spec, quant, dtype_bytes)
+        else:
+            total += spec.numel * dtype_bytes
+    return total
+
+
+def plan_tower_bytes(plan: TextPlan) -> int:
+    """The towers' share of ``plan``'s weights item (after ``apply_encoder_quantization``)."""
+    engine = plan.engine_config
+    dtype_bytes = 2 if plan.settings["dtype"] == "bfloat16" else 4
+    return tower_weight_bytes(plan.model_config.multimodal, dtype_bytes, engine.encoder_quant() if engine else None)
