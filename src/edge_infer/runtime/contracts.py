@@ -145,6 +145,14 @@ def _check_hidden(data: np.ndarray, meta: dict[str, Any]) -> list[Violation]:
     return out
 
 
+def _check_mrope(data: np.ndarray, meta: dict[str, Any]) -> list[Violation]:
+    if data.shape[0] != 3:
+        return [Violation(SHAPE, f"M-RoPE positions have 3 axes (time, height, width), shape[0] is {data.shape[0]}")]
+    if data.size and int(data.min()) < 0:
+        return [Violation(VALUE_RANGE, f"positions must be >= 0, found {int(data.min())}")]
+    return []
+
+
 def _check_codec(data: np.ndarray, meta: dict[str, Any]) -> list[Violation]:
     out = []
     books = meta.get("num_codebooks")
@@ -208,6 +216,12 @@ CONTRACTS: dict[str, ContractSpec] = {
             dtypes=("float32", "float16"), ndim=2, dims=("tokens", "hidden"),
             metadata=(MetaRule("hidden_size", "int", check=_positive),),
             check=_check_hidden,
+        ),
+        ContractSpec(
+            "mrope_positions", 1, "a prompt's multimodal RoPE positions: time, height, width per token",
+            dtypes=("int32", "int64"), ndim=2, dims=("axes", "tokens"),
+            metadata=(MetaRule("delta", "int"),),  # a generated token i sits at i + delta on every axis
+            check=_check_mrope,
         ),
         ContractSpec(
             "codec_codes", 1, "audio codec codes, one chunk of frames",
