@@ -159,6 +159,7 @@ def media_policy(args: argparse.Namespace) -> MediaPolicy:
 
 def _speech_service(args: argparse.Namespace, shared: Any, model: str | None) -> Any:
     from edge_infer.runtime.config import load_deploy_config
+    from edge_infer.runtime.config_problems import DeployConfigError
     from edge_infer.server.speech_service import SpeechService
     from edge_infer.tts.deploy import EngineFlags, SpeechPipeline
 
@@ -169,7 +170,14 @@ def _speech_service(args: argparse.Namespace, shared: Any, model: str | None) ->
     if args.deploy_config:
         if args.model:
             raise ValueError("give a checkpoint directory or --deploy-config (whose stages name their model), not both")
-        pipeline = SpeechPipeline.from_config(load_deploy_config(args.deploy_config, args.stage_overrides))
+        try:
+            pipeline = SpeechPipeline.from_config(load_deploy_config(args.deploy_config, args.stage_overrides))
+        except ValueError as exc:
+            if isinstance(exc, DeployConfigError):
+                raise
+            raise ValueError(f"{exc}. serve --deploy-config serves speech pipelines; run other pipelines (such as "
+                             "thinker_encoder, chat with media) through edge_infer.Omni or AsyncOmni "
+                             "(docs/deploy-config.md)") from None
     else:
         # Beside a text model, the engine flags are the text model's: the speech stages keep their defaults.
         flags = EngineFlags(dtype=args.dtype, max_num_seqs=args.max_num_seqs, num_threads=args.num_threads,

@@ -467,4 +467,18 @@ def load_deploy_config(source: str | os.PathLike[str], stage_overrides: str | Ma
     problems = check_deploy_config(config, origins, doc)
     if problems:
         raise DeployConfigError(problems)
+    _apply_pipeline_options(config)
     return config
+
+
+def _apply_pipeline_options(config: DeployConfig) -> None:
+    """Options each executor takes from the contracts routed into its stage (``pipeline_options``), where the
+    stage does not set them: e.g. a text stage fed media embeddings loads no towers."""
+    from edge_infer.runtime.executors import executor_target, load_executor
+
+    for i, stage in enumerate(config.stages):
+        inputs = frozenset(r.contract for r in config.routes if r.to_stage == stage.stage_id)
+        implied = load_executor(executor_target(stage.executor)).pipeline_options(stage, inputs)
+        unset = {k: v for k, v in implied.items() if k not in stage.executor_options}
+        if unset:
+            config.stages[i] = stage.model_copy(update={"executor_options": {**stage.executor_options, **unset}})
