@@ -26,6 +26,7 @@ LIMITS = {
     "max_images": _Limit("images per request", "--max-images", "send fewer images"),
     "max_image_pixels": _Limit("pixels per image", "--max-image-pixels", "resize it"),
     "max_audio_seconds": _Limit("seconds of audio per clip", "--max-audio-seconds", "cut it"),
+    "max_audios": _Limit("audio clips per request", "--max-audios", "send fewer clips"),
     "max_videos": _Limit("videos per request", "--max-videos", "send fewer videos"),
     "max_video_frames": _Limit("sampled frames per video", "--max-video-frames", "send a shorter video"),
     "max_video_seconds": _Limit("seconds per video", "--max-video-seconds", "cut it"),
@@ -45,6 +46,7 @@ class MediaLimits:
     max_images: int = 4
     max_image_pixels: int = 16384 * 28 * 28  # Qwen2.5-VL/Omni checkpoints' max_pixels
     max_audio_seconds: float = 30.0
+    max_audios: int = 1
     max_videos: int = 1
     max_video_frames: int = 32
     max_video_seconds: float = 120.0
