@@ -12,25 +12,34 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from edge_infer.config import KV_CACHE_DTYPES, QUANT_METHODS, EngineConfig, QuantConfig
 from edge_infer.errors import InvalidRequestError
 from edge_infer.hardware.cpu import CpuCapabilities, detect
 from edge_infer.hardware.kernels import KernelSelection, select_kernels
 from edge_infer.hardware.memory import available_memory_bytes
+from edge_infer.media.limits import MediaLimits
 from edge_infer.memory.sizing import (
-    CHECKPOINT_DTYPE_BYTES, MiB, activation_bytes, load_transient_bytes, resolve_dtype, runtime_overhead, weight_bytes,
+    CHECKPOINT_DTYPE_BYTES, LOAD_BLOCK_BYTES, MiB, activation_bytes, load_transient_bytes, resolve_dtype,
+    runtime_overhead, weight_bytes,
 )
 from edge_infer.models.checkpoint import check_checkpoint
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.layers.kv_cache import DEFAULT_BLOCK_SIZE, KVLayout
 from edge_infer.models.weights import weight_specs
+
+if TYPE_CHECKING:
+    from edge_infer.memory.media_plan import MediaPlan
+
 DEFAULT_MAX_MODEL_LEN = 4096
 DEFAULT_MAX_NUM_SEQS = 8
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
 # Share of the memory left after everything else that a default KV budget may take.
 DEFAULT_KV_SHARE = 0.5
+# What is resident while the weights load: the load peak's items.
+LOAD_ITEMS = frozenset({"runtime overhead", "weights", "vision encoder weights", "audio encoder weights",
+                        "load transient"})
 
 
 @dataclass
@@ -56,6 +65,7 @@ class TextPlan:
     cpu: CpuCapabilities | None = None
     kernels: KernelSelection | None = None
     model_config: ModelConfig | None = None  # config.json as parsed once, for the frontend
+    media_limits: MediaLimits | None = None  # a multimodal model's per-request limits, as sized (None: text only)
 
     def item(self, name: str) -> int:
         return next(i.bytes for i in self.items if i.name == name)
@@ -67,9 +77,8 @@ class TextPlan:
 
     @property
     def load_peak_bytes(self) -> int:
-        """While loading: overhead + weights + transient (KV is allocated after loading)."""
-        names = {"runtime overhead", "weights", "load transient"}
-        return sum(i.bytes for i in self.items if i.name in names)
+        """While loading: overhead + weights (the decoder's and the encoders') + transient (KV is allocated after)."""
+        return sum(i.bytes for i in self.items if i.name in LOAD_ITEMS)
 
     @property
     def peak_bytes(self) -> int:
@@ -143,8 +152,14 @@ def plan_text_session(
     prefix_caching: bool = True,
     kv_cache_dtype: str = "auto",
     encoder_threads: int | None = None,
+    media_limits: MediaLimits | Mapping[str, float] | None = None,
 ) -> TextPlan:
     """Plan a text session; see the module docstring. Raises only for unreadable checkpoints.
+
+    ``media_limits`` (a multimodal thinker): what one request may carry, which the plan sizes the encoders
+    for. A ``MediaLimits`` is taken as given; a mapping (e.g. ``{"max_image_pixels": 448 * 448}``) sets
+    those limits and leaves the others at the checkpoint's defaults, lowered where a request at all the
+    limits would not fit ``max_model_len`` (memory/media_plan.py). A text model ignores it.
 
     ``cpu`` plans for another CPU (``hardware.cpu.PROFILES``); by default, this one. ``quantization="auto"``
     (or a ``priority`` without a quantization) picks the weight path by ``priority`` (speed, fidelity or
@@ -159,7 +174,7 @@ def plan_text_session(
                         kv_cache_memory_bytes=kv_cache_memory_bytes, dtype=dtype, available_bytes=available_bytes,
                         weight_backend=weight_backend, num_threads=num_threads, seed=seed, eos_token_ids=eos_token_ids,
                         frontend=frontend, packed_head=packed_head, prefix_caching=prefix_caching,
-                        kv_cache_dtype=kv_cache_dtype, encoder_threads=encoder_threads)
+                        kv_cache_dtype=kv_cache_dtype, encoder_threads=encoder_threads, media_limits=media_limits)
         stored_format = (cfg.quantization_config or {}).get("quant_method")
         return plan_auto(plan_text_session, model_dir, priority, cpu or detect(), stored_format, **settings)
     if frontend not in ("library", "server"):
@@ -169,12 +184,17 @@ def plan_text_session(
     r = _resolve(cfg, model_dir, quantization, dtype, cpu or detect(), weight_backend, packed_head, priority,
                  max_model_len, max_num_seqs, max_num_batched_tokens)
     items, layout = _size_items(r, model_dir, frontend, kv_cache_dtype == "int8")
+    media = _media(r, model_dir, media_limits, items)
     available = available_bytes if available_bytes is not None else available_memory_bytes()
     kv_blocks = _kv_blocks(r, layout, items, available, kv_cache_memory_bytes)
-    items.insert(2, _kv_item(layout, kv_blocks))
+    items.insert(next(n for n, i in enumerate(items) if i.name == "rope tables"), _kv_item(layout, kv_blocks))
     plan = _admit(r, model_dir, items, layout, available)
     plan.settings["prefix_caching"] = prefix_caching
     plan.settings["kv_cache_dtype"] = "int8" if layout.int8 else r.dtype
+    if media is not None:
+        plan.media_limits = media.limits
+        plan.settings["media_limits"] = media.settings()
+        plan.settings["media_sized_for"] = media.sized_for()
     if plan.admitted:
         plan.engine_config = EngineConfig(
             model=model_dir, dtype=r.dtype, max_model_len=r.max_model_len, max_num_seqs=r.max_num_seqs,
@@ -301,10 +321,7 @@ def _size_items(r: _Resolved, model_dir: str, frontend: str, int8_kv: bool) -> t
     layout = KVLayout.for_model(cfg, r.dtype_bytes, DEFAULT_BLOCK_SIZE, int8=int8_kv)
     weights_note = _weights_note(cfg, r.dtype, r.quant, r.packed_head, r.widened and r.stored_16bit)
     if cfg.multimodal is not None:
-        # The place for the media encoders: their weights (and activation peak at the largest image and clip) are
-        # items of their own, sized from models/vision.py's and models/audio_encoder.py's weight specs.
-        weights_note += "; the text decoder only (the media encoders are not planned yet)"
-        r.notes.append("the media encoders' weights and activations are not in this plan yet")
+        weights_note += "; the text decoder (the media encoders are items of their own)"
     return [
         PlanItem("runtime overhead", overhead_bytes, "anon", "steady", f"{frontend} frontend + worker + tokenizer + its structured-output view (measured once)"),
         PlanItem("weights", weights, "anon", "steady", weights_note),
@@ -314,6 +331,34 @@ def _size_items(r: _Resolved, model_dir: str, frontend: str, int8_kv: bool) -> t
         PlanItem("load transient", transient, "anon", "load", "one block being converted + the largest linear being repacked"),
         PlanItem("checkpoint pages", file_bytes, "file", "load", "memory-mapped while loading; page cache, released after"),
     ], layout
+
+
+def _media(r: _Resolved, model_dir: str, limits: MediaLimits | Mapping[str, float] | None,
+           items: list[PlanItem]) -> MediaPlan | None:
+    """A thinker's media items, placed after the decoder's weights and activations; None for a text model."""
+    if r.cfg.multimodal is None:
+        return None
+    from edge_infer.memory.media_plan import plan_media
+
+    def item(name: str, size: int, phase: str, note: str) -> PlanItem:
+        return PlanItem(name, size, "anon", phase, note)
+
+    # The engine loads the encoders dense in its dtype (an encoder quantization setting would be passed here).
+    media = plan_media(model_dir, r.tensors, r.cfg.hidden_size, r.dtype, r.max_model_len,
+                       r.cfg.max_position_embeddings, r.max_num_seqs, limits, None, item)
+    weights = [i for i in media.items if i.name.endswith("encoder weights")]
+    at = next(n for n, i in enumerate(items) if i.name == "weights") + 1
+    items[at:at] = weights
+    at = next(n for n, i in enumerate(items) if i.name == "activations") + 1
+    items[at:at] = [i for i in media.items if i not in weights]
+    transient = next(i for i in items if i.name == "load transient")
+    src_bytes = max((CHECKPOINT_DTYPE_BYTES.get(t.dtype, 4) for t in r.tensors.values()), default=4)
+    largest = media.largest_linear
+    transient.bytes = max(transient.bytes, min(LOAD_BLOCK_BYTES, largest * src_bytes // r.dtype_bytes) + largest)
+    r.notes += media.notes
+    r.reasons += media.reasons
+    r.levers += media.levers
+    return media
 
 
 def _kv_blocks(r: _Resolved, layout: KVLayout, items: list[PlanItem], available: int, budget: int | None) -> int:

@@ -1,0 +1,236 @@
+"""The media side of a multimodal thinker's plan: limits per request resolved, items sized, refusals (torch-free).
+
+``plan_media`` reads the towers' configs (config.json) and the checkpoint's
+preprocessing (preprocessor_config.json), resolves the per-request limits
+(the caller's, else the checkpoint's defaults fitted to the context), and
+sizes what the media cost: the towers' weights, one encode's activation peak
+at the largest item, the inputs and embeddings every running sequence keeps,
+and the frontend's preprocessing buffers. A text-only model has no media plan.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from edge_infer.config import QuantConfig
+from edge_infer.errors import CheckpointError, InvalidRequestError
+from edge_infer.media.config import AudioProcessing, MediaProcessing, VisionProcessing
+from edge_infer.media.limits import LIMITS, MediaLimits
+from edge_infer.memory.encoder_sizing import (
+    embedding_bytes, encoder_activation_bytes, preprocessing_bytes, request_input_bytes, tower_weight_bytes,
+)
+from edge_infer.memory.media_shapes import MediaShapes, fit_limits, media_shapes
+from edge_infer.memory.sizing import MiB
+from edge_infer.models.encoder_config import AudioConfig, VisionConfig, encoder_configs
+from edge_infer.models.encoder_weights import audio_weight_specs, tower_prefix, vision_weight_specs
+
+# The per-request limits whose defaults fit_limits may lower (the others are counts and durations).
+SIZE_LIMITS = frozenset({"max_image_pixels", "max_video_frames", "max_audio_seconds"})
+
+
+@dataclass
+class MediaPlan:
+    limits: MediaLimits
+    shapes: MediaShapes
+    items: list[Any]  # memory.plan.PlanItem
+    notes: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    levers: list[str] = field(default_factory=list)
+    largest_linear: int = 0  # bytes of the towers' largest linear as loaded (the load transient)
+
+    def settings(self) -> dict[str, Any]:
+        return {f.name: getattr(self.limits, f.name) for f in fields(self.limits)}
+
+    def sized_for(self) -> str:
+        """The largest request the media items are sized for, in words."""
+        s = self.shapes
+        parts = []
+        if s.image_grid:
+            parts.append(f"{s.images} image(s) of up to {s.image_tokens} tokens (patch grid {_grid(s.image_grid)})")
+        if s.video_grid:
+            parts.append(f"{s.videos} video(s) of {s.video_frames} frames, up to {s.video_tokens} tokens (patch grid "
+                         f"{_grid(s.video_grid)})" + (" and a sound track" if s.audio_frames else ""))
+        if s.audio_frames:
+            parts.append(f"{s.audios} clip(s) of {self.limits.max_audio_seconds:g} s ({s.audio_frames} mel frames, "
+                         f"{s.audio_tokens} tokens)")
+        return "; ".join(parts + [f"{s.request_tokens} prompt tokens in all"]) if parts else "no media"
+
+
+def plan_media(model_dir: str | Path, tensors: dict, hidden_size: int, dtype: str, max_model_len: int,
+               model_max: int, max_num_seqs: int, limits: MediaLimits | Mapping[str, float] | None,
+               encoder_quant: QuantConfig | None, item) -> MediaPlan:
+    """The media items of a thinker's plan; ``item(name, bytes, phase, note)`` builds a PlanItem.
+
+    ``limits``: a ``MediaLimits`` is taken as given (every limit explicit); a mapping overrides some of the
+    checkpoint's defaults (``MediaLimits.for_processing``) and the others are fitted to ``max_model_len``;
+    None fits them all.
+    """
+    dtype_bytes = 2 if dtype == "bfloat16" else 4
+    vision_cfg, audio_cfg = _towers(Path(model_dir))
+    _check_tower_tensors(tensors, model_dir, vision_cfg, audio_cfg)
+    media, notes = _processing(Path(model_dir), vision_cfg, audio_cfg)
+    reasons = _check_processing(media, vision_cfg)
+    if isinstance(limits, MediaLimits):
+        explicit = frozenset(f.name for f in fields(MediaLimits))
+    else:
+        explicit = frozenset((limits or {}).keys())
+        try:
+            limits = MediaLimits.for_processing(media, **dict(limits or {}))
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequestError(f"media limits: {exc}; known limits: {', '.join(LIMITS)}") from exc
+    budget = max_model_len - 1  # a request at the limits leaves one token to generate
+    asked = limits
+    limits, fitted = fit_limits(limits, media, budget, explicit & SIZE_LIMITS)
+    notes += fitted
+    shapes = media_shapes(limits, media)
+    plan = MediaPlan(limits, shapes, [], notes, reasons)
+    if shapes.request_tokens > budget:
+        plan.reasons.append(_too_many_tokens(shapes, limits, max_model_len))
+        plan.levers += _token_levers(asked, media, budget, model_max, explicit & SIZE_LIMITS)
+
+    quant_note = f"{encoder_quant.name} g{encoder_quant.group_size} linears" if encoder_quant else f"{dtype}, dense"
+    for name, cfg, specs in (("vision", vision_cfg, vision_weight_specs), ("audio", audio_cfg, audio_weight_specs)):
+        if cfg is not None:
+            plan.items.append(item(f"{name} encoder weights", tower_weight_bytes(cfg, dtype_bytes, encoder_quant),
+                                   "steady", f"{quant_note} (loaded beside the decoder)"))
+            plan.largest_linear = max(plan.largest_linear, max(s.numel for s in specs(cfg) if s.is_linear) * dtype_bytes)
+    plan.items.append(_activation_item(shapes, vision_cfg, audio_cfg, dtype_bytes, item))
+    rows = shapes.request_rows
+    plan.items.append(item("media embeddings", max_num_seqs * embedding_bytes(rows, hidden_size, dtype_bytes), "steady",
+                           f"{rows} rows x {hidden_size} x {dtype} per sequence at the limits, x {max_num_seqs} "
+                           "sequences (kept until each finishes)"))
+    inputs = request_input_bytes(shapes, vision_cfg, audio_cfg)
+    plan.items.append(item("media inputs", max_num_seqs * inputs, "steady",
+                           f"{inputs / MiB:,.1f} MiB of fp32 pixels and mel per sequence at the limits, x "
+                           f"{max_num_seqs}: the worker's copy of each running sequence's features, kept until it "
+                           "finishes"))
+    plan.items.append(item("media preprocessing", preprocessing_bytes(shapes, vision_cfg, audio_cfg, media,
+                                                                      limits.max_image_pixels), "steady",
+                           "the frontend preparing one request at the limits: its features, their pickled copy "
+                           "for the worker, the largest item's decode and patch buffers"))
+    return plan
+
+
+def _grid(grid: tuple[int, int, int]) -> str:
+    return "x".join(map(str, grid))
+
+
+def _towers(model_dir: Path) -> tuple[VisionConfig | None, AudioConfig | None]:
+    path = model_dir / "config.json"
+    return encoder_configs(json.loads(path.read_text()), where=str(path))
+
+
+def _check_tower_tensors(tensors: dict, model_dir: str | Path, vision: VisionConfig | None,
+                         audio: AudioConfig | None) -> None:
+    """Every tensor of each tower exists with its shape, before anything loads (as the decoder's are checked)."""
+    where = f"checkpoint {model_dir}"
+    for kind, cfg, specs in (("vision", vision, vision_weight_specs), ("audio", audio, audio_weight_specs)):
+        if cfg is None:
+            continue
+        prefix = tower_prefix(tensors, kind, where=where)
+        missing = [prefix + s for spec in specs(cfg) for s in spec.sources if prefix + s not in tensors]
+        if missing:
+            more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+            raise CheckpointError(f"{where} lacks {', '.join(missing[:3])}{more} of its {kind} tower; "
+                                  "is the download complete?")
+
+
+def _processing(model_dir: Path, vision: VisionConfig | None,
+                audio: AudioConfig | None) -> tuple[MediaProcessing, list[str]]:
+    """The checkpoint's preprocessing for the towers it has; transformers' defaults where it ships none."""
+    found = MediaProcessing.from_dir(model_dir)
+    notes = []
+    parts = {}
+    for name, cfg, default, key in (("vision", vision, VisionProcessing(), "max_pixels"),
+                                    ("audio", audio, AudioProcessing(), "chunk_length")):
+        part = getattr(found, name)
+        if cfg is not None and part is None:
+            part = default
+            notes.append(f"no {name} preprocessing in preprocessor_config.json: planned with transformers' "
+                         f"defaults ({key} {getattr(default, key)})")
+        parts[name] = part if cfg is not None else None
+    return MediaProcessing(**parts), notes
+
+
+def _check_processing(media: MediaProcessing, vision: VisionConfig | None) -> list[str]:
+    """The processor must cut patches the tower takes."""
+    if vision is None or media.vision is None:
+        return []
+    pairs = (("patch_size", media.vision.patch_size, vision.patch_size),
+             ("temporal_patch_size", media.vision.temporal_patch_size, vision.temporal_patch_size),
+             ("merge_size", media.vision.merge_size, vision.spatial_merge_size))
+    return [f"preprocessor_config.json's {name}={ours} differs from vision_config's {theirs}: the processor's patches "
+            "would not fit the vision tower; restore the checkpoint's preprocessor_config.json"
+            for name, ours, theirs in pairs if ours != theirs]
+
+
+def _activation_item(shapes: MediaShapes, vision: VisionConfig | None, audio: AudioConfig | None,
+                     dtype_bytes: int, item):
+    """One encode at a time: the larger of the vision tower's largest call and the audio tower's longest clip."""
+    parts = []
+    if vision is not None and shapes.largest_vision_patches:
+        grid = max((g for g in (shapes.image_grid, shapes.video_grid) if g), key=lambda g: g[0] * g[1] * g[2])
+        what = "image" if grid == shapes.image_grid else "video"
+        parts.append((encoder_activation_bytes(vision, shapes.largest_vision_patches, dtype_bytes),
+                      f"the largest {what} (patch grid {_grid(grid)})"))
+    if audio is not None and shapes.audio_frames:
+        parts.append((encoder_activation_bytes(audio, shapes.audio_frames, dtype_bytes),
+                      f"the longest clip ({shapes.audio_frames} mel frames)"))
+    if not parts:
+        return item("encoder activations", 0, "steady", "no media allowed by the limits")
+    size, what = max(parts)
+    others = "; ".join(f"{w}: {b / MiB:,.1f} MiB" for b, w in parts if w != what)
+    return item("encoder activations", size, "steady",
+                f"one encode of {what}" + (f" (beside {others})" if others else ""))
+
+
+def _too_many_tokens(shapes: MediaShapes, limits: MediaLimits, max_model_len: int) -> str:
+    kinds = shapes.kind_tokens()
+    parts = []
+    if kinds["images"]:
+        parts.append(f"{limits.max_images} image(s) of up to {shapes.image_tokens} tokens "
+                     f"(--max-image-pixels {limits.max_image_pixels})")
+    if kinds["videos"]:
+        track = f" and a sound track of up to {shapes.audio_tokens}" if shapes.audio_frames else ""
+        parts.append(f"{limits.max_videos} video(s) of up to {shapes.video_tokens} tokens{track} "
+                     f"(--max-video-frames {limits.max_video_frames})")
+    if kinds["audio"]:
+        parts.append(f"{limits.max_audios} clip(s) of up to {shapes.audio_tokens} tokens "
+                     f"(--max-audio-seconds {limits.max_audio_seconds:g})")
+    return (f"the media limits let one request carry {shapes.request_tokens} media tokens ({'; '.join(parts)}, "
+            f"with their markers), more than max_model_len={max_model_len} holds with a token to generate")
+
+
+def _token_levers(limits: MediaLimits, media: MediaProcessing, budget: int, model_max: int,
+                  explicit: frozenset[str]) -> list[str]:
+    """What would make a request at ``limits`` (as asked, before fitting) fit: the size limits the caller set,
+    at the values the defaults would give them (every kind an equal share of the context); one of them
+    alone; a lower count; a longer context."""
+    levers = []
+    shared, _ = fit_limits(limits, media, budget, frozenset())
+    changed = [name for name in sorted(explicit) if getattr(shared, name) != getattr(limits, name)]
+    if changed and media_shapes(shared, media).request_tokens <= budget:
+        levers.append(" ".join(_setting(name, getattr(shared, name)) for name in changed)
+                      + " (every kind of media an equal share of the context)")
+    for name in sorted(explicit):
+        alone, _ = fit_limits(limits, media, budget, SIZE_LIMITS - {name})
+        value = getattr(alone, name)
+        if value and value != getattr(limits, name) and media_shapes(alone, media).request_tokens <= budget:
+            levers.append(_setting(name, value))
+    for name in ("max_images", "max_videos", "max_audios"):
+        for count in range(getattr(limits, name) - 1, 0, -1):
+            if media_shapes(replace(limits, **{name: count}), media).request_tokens <= budget:
+                levers.append(f"{LIMITS[name].flag} {count}")
+                break
+    needed = media_shapes(limits, media).request_tokens + 1
+    if needed <= model_max:
+        levers.append(f"--max-model-len {needed} (holds a request at these limits)")
+    return list(dict.fromkeys(levers))
+
+
+def _setting(name: str, value: float) -> str:
+    off = {"max_image_pixels": " (no images or videos)", "max_video_frames": " (no videos)",
+           "max_audio_seconds": " (no audio)"}[name] if not value else ""
+    return f"{LIMITS[name].flag} {value:g}{off}"
