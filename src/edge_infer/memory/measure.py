@@ -144,7 +144,8 @@ def pin_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
     3.1x its live tensors depending on the image size (3.1x at 256 patches, 2.3x at 1024, 1.0x at 16384,
     where every tensor is above 32 MiB), and stayed there after the encode. With the threshold pinned from
     the start it grows by its live tensors plus a fixed part (1.02-1.10x at 1024-9216 patches), which the
-    plan sizes, and gives them back when it ends. Setting it pins glibc's trim threshold too.
+    plan sizes, and gives them back when it ends. Setting it pins glibc's trim threshold too. A thinker's
+    engine worker calls it before loading (engine/worker.py); text engines keep glibc's default.
     """
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
     return bool(mallopt is not None and mallopt(_M_MMAP_THRESHOLD, threshold))
