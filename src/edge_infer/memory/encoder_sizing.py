@@ -132,26 +132,42 @@ def request_input_bytes(shapes: MediaShapes, vision: VisionConfig | None, audio:
     return total
 
 
+# The log-mel's working set beyond its float64 rows: one block of 1024 windowed frames and their spectra.
+MEL_BLOCK_BYTES = 1024 * (400 * 8 * 2 + 201 * 16)
+# Audio is sized as decoded at this rate (48 kHz, the usual highest); a file at a higher rate decodes into
+# proportionally more samples before it is resampled.
+SIZED_SOURCE_RATE = 48000
+
+
 def preprocessing_bytes(shapes: MediaShapes, vision: VisionConfig | None, audio: AudioConfig | None,
                         media: MediaProcessing, max_image_pixels: int) -> int:
-    """The frontend's buffers while it prepares one request at the limits (``media/``).
+    """The frontend's peak while it prepares one request at the limits and sends it (``media/``).
 
-    Its features (all of them exist before the request is sent), one more copy as they are pickled for the
-    worker, and the largest item's intermediates: an image's decoded RGB (at most ``max_image_pixels``)
-    and the uint8 patches copied twice on the way to float32 (the frame pair, then the patch order); a
-    video's resized frames, stacked, and its patch copies; a clip's samples and float64 spectrogram rows.
+    Every item's features exist before the request is sent, and pickling them for the worker (protocol 4)
+    holds two more copies of their bytes (numpy's ``tobytes`` and the pickle stream). Before that, the
+    largest item's working buffers sit beside the features made so far: an image's decoded RGB (at most
+    ``max_image_pixels``) and its converted copy, the resized frame and its array, the uint8 patches
+    copied twice (frame pair, patch order) and the float32 patches; a video's decoded source frame, its
+    resized frames, stacked, and the same patch copies; a clip's mono float32 samples at the source rate
+    (the blocks and their concatenation, sized at SIZED_SOURCE_RATE) and resampled, then the float64 clip
+    and its reflected padding beside three float64 copies of the spectrogram rows (log, clamped, scaled).
     """
     features = request_input_bytes(shapes, vision, audio)
-    largest = 0
+    buffers = 0
     if vision is not None and shapes.image_grid:
-        largest = max(largest, 3 * max_image_pixels + 2 * vision_input_bytes(shapes.image_grid, vision) // FP32)
+        patches = vision_input_bytes(shapes.image_grid, vision)
+        buffers = max(buffers, 6 * max_image_pixels + 2 * patches // 8 + 2 * patches // FP32 + patches)
     if vision is not None and shapes.video_grid:
-        uint8_patches = vision_input_bytes(shapes.video_grid, vision) // FP32
-        largest = max(largest, 3 * max_image_pixels + 3 * uint8_patches)
+        patches = vision_input_bytes(shapes.video_grid, vision)
+        buffers = max(buffers, 9 * max_image_pixels + 3 * patches // FP32 + patches)
     if audio is not None and shapes.audio_frames and media.audio is not None:
         samples = shapes.audio_frames * media.audio.hop_length
-        largest = max(largest, samples * (FP32 + 3 * 8) + shapes.audio_frames * audio.num_mel_bins * 3 * 8)
-    return 2 * features + largest
+        source = samples * max(1, SIZED_SOURCE_RATE // media.audio.sampling_rate)
+        rows = shapes.audio_frames * audio.num_mel_bins * 8
+        decode = 2 * FP32 * source + FP32 * samples
+        mel = FP32 * samples + 2 * 8 * samples + 3 * rows + MEL_BLOCK_BYTES
+        buffers = max(buffers, decode, mel)
+    return max(features + buffers, 3 * features)
 
 
 def embedding_bytes(rows: int, hidden: int, dtype_bytes: int) -> int:
