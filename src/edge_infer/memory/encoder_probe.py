@@ -138,8 +138,11 @@ def main(argv: list[str] | None = None) -> None:
     item.add_argument("--audio-frames", type=int, help="a clip of this many mel frames")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--glibc-default", action="store_true",
+                        help="keep glibc's dynamic mmap threshold (a text engine's worker), for comparison")
     args = parser.parse_args(argv)
-    pinned = pin_mmap_threshold()  # before anything large exists, as an engine worker does
+    # before anything large exists, as a thinker's engine worker does (engine/worker.py)
+    pinned = not args.glibc_default and pin_mmap_threshold()
 
     import numpy as np
     import torch
