@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -117,15 +118,17 @@ def measure(encode: "Any") -> dict[str, int]:
     base = rss_anon_bytes()
     hwm_ok = reset_peak_rss()
     sampler = PeakSampler(pid=os.getpid(), interval_s=SAMPLE_INTERVAL_S).start()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
     encode()
-    seconds = time.perf_counter() - start
+    seconds, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
     sampler.stop()
     shared = _status_bytes("RssFile", "RssShmem")
     hwm = _status_bytes("VmHWM") - shared if hwm_ok else 0
     sampled = sampler.peak_bytes - base
     return {"base_rss_anon_bytes": base, "sampled_peak_bytes": sampled, "hwm_peak_bytes": max(0, hwm - base),
-            "peak_bytes": max(sampled, hwm - base), "encode_s": round(seconds, 3)}
+            "peak_bytes": max(sampled, hwm - base), "encode_s": round(seconds, 3),
+            "encode_user_s": round(after.ru_utime - cpu.ru_utime, 3), "encode_sys_s": round(after.ru_stime - cpu.ru_stime, 3),
+            "page_faults": after.ru_minflt - cpu.ru_minflt}
 
 
 def main(argv: list[str] | None = None) -> None:
