@@ -22,6 +22,7 @@ from edge_infer.memory.encoder_sizing import (
     embedding_bytes, encoder_activation_bytes, preprocessing_bytes, request_input_bytes, tower_weight_bytes,
 )
 from edge_infer.memory.media_shapes import MediaShapes, fit_limits, media_shapes
+from edge_infer.memory.plan import PlanItem
 from edge_infer.memory.sizing import MiB
 from edge_infer.models.encoder_config import AudioConfig, VisionConfig, encoder_configs
 from edge_infer.models.encoder_weights import audio_weight_specs, tower_prefix, vision_weight_specs
@@ -34,7 +35,7 @@ SIZE_LIMITS = frozenset({"max_image_pixels", "max_video_frames", "max_audio_seco
 class MediaPlan:
     limits: MediaLimits
     shapes: MediaShapes
-    items: list[Any]  # memory.plan.PlanItem
+    items: list[PlanItem]
     notes: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     levers: list[str] = field(default_factory=list)
@@ -60,8 +61,8 @@ class MediaPlan:
 
 def plan_media(model_dir: str | Path, tensors: dict, hidden_size: int, dtype: str, max_model_len: int,
                model_max: int, max_num_seqs: int, limits: MediaLimits | Mapping[str, float] | None,
-               encoder_quant: QuantConfig | None, item) -> MediaPlan:
-    """The media items of a thinker's plan; ``item(name, bytes, phase, note)`` builds a PlanItem.
+               encoder_quant: QuantConfig | None) -> MediaPlan:
+    """The media items of a thinker's plan (all allocated memory, held while serving).
 
     ``limits``: a ``MediaLimits`` is taken as given (every limit explicit); a mapping overrides some of the
     checkpoint's defaults (``MediaLimits.for_processing``) and the others are fitted to ``max_model_len``;
@@ -96,7 +97,7 @@ def plan_media(model_dir: str | Path, tensors: dict, hidden_size: int, dtype: st
             plan.items.append(item(f"{name} encoder weights", tower_weight_bytes(cfg, dtype_bytes, encoder_quant),
                                    "steady", f"{quant_note} (loaded beside the decoder)"))
             plan.largest_linear = max(plan.largest_linear, max(s.numel for s in specs(cfg) if s.is_linear) * dtype_bytes)
-    plan.items.append(_activation_item(shapes, vision_cfg, audio_cfg, dtype_bytes, item))
+    plan.items.append(_activation_item(shapes, vision_cfg, audio_cfg, dtype_bytes))
     rows = shapes.request_rows
     plan.items.append(item("media embeddings", max_num_seqs * embedding_bytes(rows, hidden_size, dtype_bytes), "steady",
                            f"{rows} rows x {hidden_size} x {dtype} per sequence at the limits, x {max_num_seqs} "
@@ -111,6 +112,10 @@ def plan_media(model_dir: str | Path, tensors: dict, hidden_size: int, dtype: st
                            "the frontend preparing one request at the limits: its features, their pickled copy "
                            "for the worker, the largest item's decode and patch buffers"))
     return plan
+
+
+def item(name: str, size: int, phase: str, note: str) -> PlanItem:
+    return PlanItem(name, size, "anon", phase, note)
 
 
 def _grid(grid: tuple[int, int, int]) -> str:
@@ -167,7 +172,7 @@ def _check_processing(media: MediaProcessing, vision: VisionConfig | None) -> li
 
 
 def _activation_item(shapes: MediaShapes, vision: VisionConfig | None, audio: AudioConfig | None,
-                     dtype_bytes: int, item):
+                     dtype_bytes: int) -> PlanItem:
     """One encode at a time: the larger of the vision tower's largest call and the audio tower's longest clip."""
     parts = []
     if vision is not None and shapes.largest_vision_patches:
@@ -181,9 +186,8 @@ def _activation_item(shapes: MediaShapes, vision: VisionConfig | None, audio: Au
     if not parts:
         return item("encoder activations", 0, "steady", "no media allowed by the limits")
     size, what = max(parts)
-    others = "; ".join(f"{w}: {b / MiB:,.1f} MiB" for b, w in parts if w != what)
-    return item("encoder activations", size, "steady",
-                f"one encode of {what}" + (f" (beside {others})" if others else ""))
+    others = "".join(f"; {w}: {b / MiB:,.1f} MiB" for b, w in parts if w != what)
+    return item("encoder activations", size, "steady", f"one encode at a time, the largest: {what}{others}")
 
 
 def _too_many_tokens(shapes: MediaShapes, limits: MediaLimits, max_model_len: int) -> str:

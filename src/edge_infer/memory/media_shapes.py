@@ -83,10 +83,8 @@ class MediaShapes:
     @property
     def request_rows(self) -> int:
         """Embedding rows (placeholders, no markers) of a request at the limits."""
-        track = self.audio_tokens if self.audio_frames else 0
-        return (self.images * self.image_tokens * (self.image_grid is not None)
-                + self.videos * (self.video_tokens + track) * (self.video_grid is not None)
-                + self.audios * self.audio_tokens)
+        videos = self.videos * (self.video_tokens + self.audio_tokens) if self.video_grid else 0
+        return self.images * self.image_tokens + videos + self.audios * self.audio_tokens
 
     @property
     def largest_vision_patches(self) -> int:

@@ -340,12 +340,9 @@ def _media(r: _Resolved, model_dir: str, limits: MediaLimits | Mapping[str, floa
         return None
     from edge_infer.memory.media_plan import plan_media
 
-    def item(name: str, size: int, phase: str, note: str) -> PlanItem:
-        return PlanItem(name, size, "anon", phase, note)
-
     # The engine loads the encoders dense in its dtype (an encoder quantization setting would be passed here).
     media = plan_media(model_dir, r.tensors, r.cfg.hidden_size, r.dtype, r.max_model_len,
-                       r.cfg.max_position_embeddings, r.max_num_seqs, limits, None, item)
+                       r.cfg.max_position_embeddings, r.max_num_seqs, limits, None)
     weights = [i for i in media.items if i.name.endswith("encoder weights")]
     at = next(n for n, i in enumerate(items) if i.name == "weights") + 1
     items[at:at] = weights
