@@ -19,7 +19,8 @@ from edge_infer.errors import CheckpointError, InvalidRequestError
 from edge_infer.media.config import AudioProcessing, MediaProcessing, VisionProcessing
 from edge_infer.media.limits import LIMITS, MediaLimits
 from edge_infer.memory.encoder_sizing import (
-    embedding_bytes, encoder_activation_bytes, preprocessing_bytes, request_input_bytes, tower_weight_bytes,
+    embedding_bytes, encoder_activation_bytes, largest_linear_bytes, preprocessing_bytes, request_input_bytes,
+    tower_weight_bytes,
 )
 from edge_infer.memory.media_shapes import MediaShapes, fit_limits, media_shapes
 from edge_infer.memory.plan import PlanItem
@@ -68,54 +69,53 @@ def plan_media(model_dir: str | Path, tensors: dict, hidden_size: int, dtype: st
     checkpoint's defaults (``MediaLimits.for_processing``) and the others are fitted to ``max_model_len``;
     None fits them all.
     """
-    dtype_bytes = 2 if dtype == "bfloat16" else 4
-    vision_cfg, audio_cfg = _towers(Path(model_dir))
-    _check_tower_tensors(tensors, model_dir, vision_cfg, audio_cfg)
-    media, notes = _processing(Path(model_dir), vision_cfg, audio_cfg)
-    reasons = _check_processing(media, vision_cfg)
-    if isinstance(limits, MediaLimits):
-        explicit = frozenset(f.name for f in fields(MediaLimits))
-    else:
-        explicit = frozenset((limits or {}).keys())
-        try:
-            limits = MediaLimits.for_processing(media, **dict(limits or {}))
-        except (TypeError, ValueError) as exc:
-            raise InvalidRequestError(f"media limits: {exc}; known limits: {', '.join(LIMITS)}") from exc
+    vision, audio = _towers(Path(model_dir))
+    _check_tower_tensors(tensors, model_dir, vision, audio)
+    media, notes = _processing(Path(model_dir), vision, audio)
+    asked, explicit = _asked_limits(limits, media)
     budget = max_model_len - 1  # a request at the limits leaves one token to generate
-    asked = limits
-    limits, fitted = fit_limits(limits, media, budget, explicit & SIZE_LIMITS)
-    notes += fitted
-    shapes = media_shapes(limits, media)
-    plan = MediaPlan(limits, shapes, [], notes, reasons)
+    fitted, fit_notes = fit_limits(asked, media, budget, explicit & SIZE_LIMITS)
+    shapes = media_shapes(fitted, media)
+    plan = MediaPlan(fitted, shapes, [], notes + fit_notes, _check_processing(media, vision))
     if shapes.request_tokens > budget:
-        plan.reasons.append(_too_many_tokens(shapes, limits, max_model_len))
+        plan.reasons.append(_too_many_tokens(shapes, fitted, max_model_len))
         plan.levers += _token_levers(asked, media, budget, model_max, explicit & SIZE_LIMITS)
-
-    quant_note = f"{encoder_quant.name} g{encoder_quant.group_size} linears" if encoder_quant else f"{dtype}, dense"
-    for name, cfg, specs in (("vision", vision_cfg, vision_weight_specs), ("audio", audio_cfg, audio_weight_specs)):
+    d = 2 if dtype == "bfloat16" else 4
+    for name, cfg in (("vision", vision), ("audio", audio)):
         if cfg is not None:
-            plan.items.append(item(f"{name} encoder weights", tower_weight_bytes(cfg, dtype_bytes, encoder_quant),
-                                   "steady", f"{quant_note} (loaded beside the decoder)"))
-            plan.largest_linear = max(plan.largest_linear, max(s.numel for s in specs(cfg) if s.is_linear) * dtype_bytes)
-    plan.items.append(_activation_item(shapes, vision_cfg, audio_cfg, dtype_bytes))
-    rows = shapes.request_rows
-    plan.items.append(item("media embeddings", max_num_seqs * embedding_bytes(rows, hidden_size, dtype_bytes), "steady",
-                           f"{rows} rows x {hidden_size} x {dtype} per sequence at the limits, x {max_num_seqs} "
-                           "sequences (kept until each finishes)"))
-    inputs = request_input_bytes(shapes, vision_cfg, audio_cfg)
-    plan.items.append(item("media inputs", max_num_seqs * inputs, "steady",
-                           f"{inputs / MiB:,.1f} MiB of fp32 pixels and mel per sequence at the limits, x "
-                           f"{max_num_seqs}: the worker's copy of each running sequence's features, kept until it "
-                           "finishes"))
-    plan.items.append(item("media preprocessing", preprocessing_bytes(shapes, vision_cfg, audio_cfg, media,
-                                                                      limits.max_image_pixels), "steady",
-                           "the frontend preparing one request at the limits: its features, their pickled copy "
-                           "for the worker, the largest item's decode and patch buffers"))
+            how = f"{encoder_quant.name} g{encoder_quant.group_size} linears" if encoder_quant else f"{dtype}, dense"
+            plan.items.append(_item(f"{name} encoder weights", tower_weight_bytes(cfg, d, encoder_quant),
+                                    f"{how} (loaded beside the decoder)"))
+            plan.largest_linear = max(plan.largest_linear, largest_linear_bytes(cfg, d))
+    rows, inputs = shapes.request_rows, request_input_bytes(shapes, vision, audio)
+    plan.items += [
+        _activation_item(shapes, vision, audio, d),
+        _item("media embeddings", max_num_seqs * embedding_bytes(rows, hidden_size, d),
+              f"{rows} rows x {hidden_size} x {dtype} per sequence at the limits, x {max_num_seqs} sequences "
+              "(kept until each finishes)"),
+        _item("media inputs", max_num_seqs * inputs,
+              f"{inputs / MiB:,.1f} MiB of fp32 pixels and mel per sequence at the limits, x {max_num_seqs}: the "
+              "worker's copy of each running sequence's features, kept until it finishes"),
+        _item("media preprocessing", preprocessing_bytes(shapes, vision, audio, media, fitted.max_image_pixels),
+              "the frontend preparing one request at the limits: its features, their pickled copies for the "
+              "worker, the largest item's decode and patch buffers"),
+    ]
     return plan
 
 
-def item(name: str, size: int, phase: str, note: str) -> PlanItem:
-    return PlanItem(name, size, "anon", phase, note)
+def _asked_limits(limits: MediaLimits | Mapping[str, float] | None,
+                  media: MediaProcessing) -> tuple[MediaLimits, frozenset[str]]:
+    """The limits asked for, over the checkpoint's defaults, and the names the caller set."""
+    if isinstance(limits, MediaLimits):
+        return limits, frozenset(f.name for f in fields(MediaLimits))
+    try:
+        return MediaLimits.for_processing(media, **dict(limits or {})), frozenset((limits or {}).keys())
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequestError(f"media limits: {exc}; known limits: {', '.join(LIMITS)}") from exc
+
+
+def _item(name: str, size: int, note: str) -> PlanItem:
+    return PlanItem(name, size, "anon", "steady", note)
 
 
 def _grid(grid: tuple[int, int, int]) -> str:
@@ -184,10 +184,10 @@ def _activation_item(shapes: MediaShapes, vision: VisionConfig | None, audio: Au
         parts.append((encoder_activation_bytes(audio, shapes.audio_frames, dtype_bytes),
                       f"the longest clip ({shapes.audio_frames} mel frames)"))
     if not parts:
-        return item("encoder activations", 0, "steady", "no media allowed by the limits")
+        return _item("encoder activations", 0, "no media allowed by the limits")
     size, what = max(parts)
     others = "".join(f"; {w}: {b / MiB:,.1f} MiB" for b, w in parts if w != what)
-    return item("encoder activations", size, "steady", f"one encode at a time, the largest: {what}{others}")
+    return _item("encoder activations", size, f"one encode at a time, the largest: {what}{others}")
 
 
 def _too_many_tokens(shapes: MediaShapes, limits: MediaLimits, max_model_len: int) -> str:
