@@ -187,7 +187,7 @@ def _activation_item(shapes: MediaShapes, vision: VisionConfig | None, audio: Au
         return _item("encoder activations", 0, "no media allowed by the limits")
     size, what = max(parts)
     others = "".join(f"; {w}: {b / MiB:,.1f} MiB" for b, w in parts if w != what)
-    return _item("encoder activations", size, f"one encode at a time, the largest: {what}{others}")
+    return _item("encoder activations", size, f"one encode at a time, sized for {what}{others}")
 
 
 def _too_many_tokens(shapes: MediaShapes, limits: MediaLimits, max_model_len: int) -> str:
