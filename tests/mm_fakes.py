@@ -1,8 +1,8 @@
-"""Stand-in media encoders for tests of the thinker's plumbing: fixed random projections of the features.
+"""Stand-in media encoders for tests of the engine's media plumbing: fixed random projections of the features.
 
-The same function serves edge-infer's encoder seam (``MultimodalLM.encoders``) and, patched in, transformers'
-``get_image_features`` / ``get_video_features`` / ``get_audio_features``, so both models see the same embeddings
-for the same inputs, and different inputs give different embeddings.
+Installed at edge-infer's encoder seam (``MultimodalLM.encoders``) in place of the real towers: cheap, countable
+(``calls``), replaceable by a failing or thread-recording one; different inputs give different embeddings. Parity
+of the real towers, whole models included, is tests/models/test_thinker_parity.py's.
 """
 from __future__ import annotations
 
@@ -20,11 +20,9 @@ PATCH_DIM = 3 * 2 * 14 * 14  # channels x temporal patch x patch x patch
 class FakeTowers:
     def __init__(self, hidden: int, merge: int = 2, mel_bins: int = 16, seed: int = 0):
         g = torch.Generator().manual_seed(seed)
-        self.merge = merge
         self.vision_w = torch.randn(merge * merge * PATCH_DIM, hidden, generator=g) * 0.3 / (merge * merge * PATCH_DIM) ** 0.5
         self.audio_w = torch.randn(mel_bins, hidden, generator=g) * 0.3 / mel_bins**0.5
-        self.calls = 0  # edge-infer's encoder calls
-        self.hf_calls = 0  # transformers' feature calls since the last patch_transformers
+        self.calls = 0  # encoder calls
 
     # the rows one image / video / clip gives
     def vision(self, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -46,34 +44,6 @@ class FakeTowers:
             return self.audio(torch.from_numpy(f.mel))
 
         return {"image": vision, "video": vision, "audio": audio}
-
-    def patch_transformers(self, hf_model) -> None:
-        """Route the transformers thinker's (Qwen2_5_VLModel / Qwen2_5OmniThinkerModel) feature calls here."""
-        from transformers.modeling_outputs import BaseModelOutputWithPooling
-
-        inner = hf_model.model
-        self.hf_calls = 0
-
-        def split(rows: torch.Tensor, grid: torch.Tensor) -> BaseModelOutputWithPooling:
-            sizes = (grid.prod(-1) // self.merge**2).tolist()
-            return BaseModelOutputWithPooling(last_hidden_state=rows, pooler_output=torch.split(rows, sizes))
-
-        # generate() reads these signatures to encode before prefill: the parameter names are transformers'
-        def get_image_features(pixel_values, image_grid_thw=None, **kwargs):
-            self.hf_calls += 1
-            return split(self.vision(pixel_values), image_grid_thw)
-
-        def get_video_features(pixel_values_videos, video_grid_thw=None, **kwargs):
-            self.hf_calls += 1
-            return split(self.vision(pixel_values_videos), video_grid_thw)
-
-        def get_audio_features(input_features, feature_attention_mask=None, audio_feature_lengths=None, **kwargs):
-            self.hf_calls += 1
-            rows = [self.audio(f[:, : int(m.sum())]) for f, m in zip(input_features, feature_attention_mask)]
-            return BaseModelOutputWithPooling(last_hidden_state=torch.cat(rows))
-
-        inner.get_image_features, inner.get_video_features = get_image_features, get_video_features
-        inner.get_audio_features = get_audio_features
 
 
 def vision_features(rng: np.random.Generator, grid: tuple[int, int, int], second_per_grid: float | None = None,

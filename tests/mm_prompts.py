@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edge_infer.models.config import MultimodalConfig
+from edge_infer.models.encoder_config import AudioConfig, VisionConfig
 from edge_infer.models.mrope import MediaLayout, audio_in_video_pieces
 
 AUDIO, IMAGE, VIDEO = 289, 290, 291
@@ -24,8 +25,13 @@ def mm_config(family: str, merge: int = 2, position_id_per_seconds: float | None
     ids = OMNI_TOKEN_IDS if omni else dict(TOKEN_IDS, audio_token_id=None, audio_start_token_id=None,
                                             audio_end_token_id=None)
     pps = position_id_per_seconds if position_id_per_seconds is not None else (25 if omni else 2)
-    return MultimodalConfig(family=family, spatial_merge_size=merge, position_id_per_seconds=pps, seconds_per_chunk=2,
-                            vision={}, audio={} if omni else None, **ids)
+    # the towers' shapes do not matter to prompts: only the merge size
+    vision = VisionConfig(depth=1, hidden_size=16, num_heads=1, intermediate_size=16, out_hidden_size=16,
+                          spatial_merge_size=merge, split_qkv=omni)
+    audio = AudioConfig(num_mel_bins=16, d_model=16, encoder_layers=1, encoder_attention_heads=1, encoder_ffn_dim=16,
+                        output_dim=16) if omni else None
+    return MultimodalConfig(family=family, position_id_per_seconds=pps, seconds_per_chunk=2, vision=vision,
+                            audio=audio, **ids)
 
 
 def audio_tokens(frames: int) -> int:

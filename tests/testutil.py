@@ -118,6 +118,26 @@ THINKER_AUDIO = dict(num_mel_bins=16, encoder_layers=2, encoder_attention_heads=
                      n_window=10, max_source_positions=400)
 
 
+def unit_scale(model, seed: int = 1) -> None:
+    """Redraw ``model``'s parameters at unit scale: norms near 1, matrices scaled by fan-in, biases small. At
+    transformers' 0.02 init the towers' deep layers are near identity and their outputs near zero; these move the
+    output at every layer."""
+    import math
+
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if p.dim() == 1 and ("norm" in name or "ln_" in name):
+                p.copy_(1 + 0.2 * noise)
+            elif p.dim() == 1:
+                p.copy_(0.2 * noise)
+            else:
+                p.copy_(noise / math.sqrt(p[0].numel()))
+
+
 def write_thinker_checkpoint(path: Path, kind: str, tie_word_embeddings: bool = False, vision: dict | None = None,
                              audio: dict | None = None) -> Path:
     """A random thinker written by transformers (fp32): ``kind`` is qwen2_5_vl, qwen2_5_omni_thinker or
@@ -149,7 +169,11 @@ def write_thinker_checkpoint(path: Path, kind: str, tie_word_embeddings: bool = 
         model_cls = transformers.Qwen2_5OmniThinkerForConditionalGeneration
     config.get_text_config().initializer_range = 0.15  # a wide init: greedy outputs vary
     torch.manual_seed(0)
-    model_cls(config).to(torch.float32).eval().save_pretrained(path)
+    model = model_cls(config).to(torch.float32).eval()
+    for tower in (model.model.visual, getattr(model.model, "audio_tower", None)):
+        if tower is not None:  # media change the output: two images give two answers
+            unit_scale(tower)
+    model.save_pretrained(path)
     if kind == "qwen2_5_omni":
         weights = {f"thinker.{k}": v for k, v in load_file(path / "model.safetensors").items()}
         weights["talker.model.embed_tokens.weight"] = torch.zeros(64, 8)

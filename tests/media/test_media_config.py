@@ -178,7 +178,7 @@ from edge_infer.media.image import decode_image, image_features
 from edge_infer.media.limits import MediaLimits
 from edge_infer.media.sources import MediaPolicy, read_source
 from edge_infer.media.video import video_features
-sys.path.insert(0, {str(Path(__file__).parent)!r})
+sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
 from media_files import audio_file, frames_of, sine, video_file
 media = MediaProcessing.from_dir({str(_write(tmp_path, "preprocessor_config.json", QWEN25_OMNI))!r})
 buf = io.BytesIO(); Image.new("RGB", (50, 40)).save(buf, format="PNG")

@@ -12,14 +12,15 @@ audio tower is bit-identical (same operations in the same order).
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch
 
+from testutil import unit_scale
 from edge_infer.errors import CheckpointError
-from edge_infer.models.encoder_config import AudioConfig, VisionConfig, audio_output_length, encoder_configs
-from edge_infer.models.encoder_weights import tower_prefix
+from edge_infer.models.checkpoint import read_tensor_index
+from edge_infer.models.config import ModelConfig
+from edge_infer.models.encoder_config import AudioConfig, VisionConfig, audio_output_length
 from edge_infer.models.encoders import load_encoder, load_encoders
 from edge_infer.models.vision import VisionEncoder
 
@@ -41,22 +42,8 @@ GRIDS = [(1, 10, 14), (2, 6, 8), (1, 4, 4)]
 CLIPS = [37, 23]
 
 
-def redraw(model: torch.nn.Module) -> None:
-    """Unit-scale random weights: norms near 1, matrices scaled by fan-in, biases small."""
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            if p.dim() == 1 and ("norm" in name or "ln_" in name):
-                p.copy_(1 + 0.2 * noise)
-            elif p.dim() == 1:
-                p.copy_(0.2 * noise)
-            else:
-                p.copy_(noise / math.sqrt(p[0].numel()))
-
-
 def save(model: torch.nn.Module, path) -> torch.nn.Module:
-    redraw(model)
+    unit_scale(model)
     model.save_pretrained(path)
     return model.eval()
 
@@ -174,30 +161,29 @@ def test_whole_omni_checkpoint_loads_from_thinker_prefix(omni):
         assert_close(audio(clip), reference_audio(audio_tower, [clip]))
 
 
-def test_tower_prefixes_of_every_layout(vl, thinker, omni):
-    from edge_infer.models.checkpoint import read_tensor_index
+def test_every_layout_keeps_the_towers_under_their_canonical_names(vl, thinker, omni):
+    """The whole Omni model's thinker. prefix is dropped when the index is read (models/checkpoint.py)."""
+    vision = {"visual.patch_embed.proj.weight", "visual.merger.ln_q.weight"}
+    audio = {"audio_tower.conv1.weight", "audio_tower.ln_post.weight"}
+    assert vision <= set(read_tensor_index(vl[0])) and not audio & set(read_tensor_index(vl[0]))
+    for path in (thinker[0], omni[0]):
+        assert vision | audio <= set(read_tensor_index(path))
 
-    keys = {name: set(read_tensor_index(d[0])) for name, d in (("vl", vl), ("thinker", thinker), ("omni", omni))}
-    assert tower_prefix(keys["vl"], "vision") == "visual."
-    assert tower_prefix(keys["thinker"], "vision") == "visual."
-    assert tower_prefix(keys["thinker"], "audio") == "audio_tower."
-    # read_tensor_index names a whole Omni model's thinker tensors canonically (models/checkpoint.py)
-    assert tower_prefix(keys["omni"], "vision") == "visual."
-    assert tower_prefix(keys["omni"], "audio") == "audio_tower."
-    # transformers 4.5x saved Qwen2.5-VL with the towers under model.
-    assert tower_prefix({"model." + k for k in keys["vl"]}, "vision") == "model.visual."
-    with pytest.raises(CheckpointError, match="no audio tower.*conv1.weight"):
-        tower_prefix(keys["vl"], "audio")
-    with pytest.raises(CheckpointError, match="several vision towers"):
-        tower_prefix(keys["vl"] | {"a." + k for k in keys["vl"]}, "vision")
+
+def test_a_checkpoint_without_a_tower_says_so(vl, hf_checkpoints, tmp_path):
+    _rewrite(vl[0], tmp_path / "c", drop="visual.")
+    with pytest.raises(CheckpointError, match=r"has no vision tower: no tensor is named 'visual\.\*'"):
+        load_encoders(tmp_path / "c", torch.float32)
+    with pytest.raises(CheckpointError, match="holds a text model .* it has no media encoders"):
+        load_encoders(hf_checkpoints["qwen2"], torch.float32)
 
 
 def _rewrite(src, dst, drop: str = "", config_edit=None) -> None:
-    """Copy a checkpoint, leaving out tensor ``drop`` and editing config.json."""
+    """Copy a checkpoint, leaving out the tensors whose names start with ``drop`` and editing config.json."""
     from safetensors.torch import load_file, save_file
 
     dst.mkdir()
-    tensors = {k: v for k, v in load_file(str(src / "model.safetensors")).items() if k != drop}
+    tensors = {k: v for k, v in load_file(str(src / "model.safetensors")).items() if not drop or not k.startswith(drop)}
     save_file(tensors, str(dst / "model.safetensors"))
     config = json.loads((src / "config.json").read_text())
     if config_edit:
@@ -225,18 +211,19 @@ def test_config_errors_name_the_key():
         VisionConfig.from_dict(dict(VL_VISION, hidden_size=30), split_qkv=False)
     with pytest.raises(CheckpointError, match="'d_model' is missing"):
         AudioConfig.from_dict({k: v for k, v in AUDIO.items() if k != "d_model"})
-    with pytest.raises(CheckpointError, match="no encoders"):
-        encoder_configs({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]})
 
 
 def test_hub_config_spellings():
-    """Hub Qwen2.5-VL configs spell in_channels 'in_chans' and carry no rope_parameters; the Omni config nests the thinker."""
-    hub_vl = {"model_type": "qwen2_5_vl", "vision_config": dict(VL_VISION, in_chans=3)}
-    vision, audio = encoder_configs(hub_vl)
-    assert audio is None and not vision.split_qkv and vision.rope_theta == 10000.0 and vision.in_channels == 3
-    whole = {"model_type": "qwen2_5_omni", "thinker_config": {"vision_config": OMNI_VISION, "audio_config": AUDIO}}
-    vision, audio = encoder_configs(whole)
-    assert vision.split_qkv and audio.n_window == 5
+    """Hub Qwen2.5-VL configs keep the text keys flat, spell in_channels 'in_chans' and carry no rope_parameters for
+    the ViT; the hub's Omni config (Qwen2_5OmniModel) nests the thinker. ModelConfig parses the towers with the rest."""
+    hub_vl = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], **TEXT, "vision_config": dict(VL_VISION, in_chans=3)}
+    mm = ModelConfig.from_dict(hub_vl).multimodal
+    assert mm.audio is None and not mm.vision.split_qkv and mm.vision.rope_theta == 10000.0
+    assert mm.vision.in_channels == 3 and mm.vision.depth == VL_VISION["depth"]
+    whole = {"architectures": ["Qwen2_5OmniModel"],
+             "thinker_config": {"text_config": TEXT, "vision_config": OMNI_VISION, "audio_config": AUDIO}}
+    mm = ModelConfig.from_dict(whole).multimodal
+    assert mm.vision.split_qkv and mm.audio.n_window == 5
 
 
 def test_quantized_kernels_install_into_the_encoders(thinker):
@@ -267,9 +254,10 @@ def test_configs_and_specs_are_torch_free(vl):
     import sys
 
     code = (
-        "import sys, json; from edge_infer.models.encoder_config import encoder_configs, audio_output_length; "
+        "import sys; from edge_infer.models.config import ModelConfig; "
+        "from edge_infer.models.encoder_config import audio_output_length; "
         "from edge_infer.models.encoder_weights import vision_weight_specs; "
-        f"v, _ = encoder_configs(json.load(open({str(vl[0] / 'config.json')!r}))); "
+        f"v = ModelConfig.from_dir({str(vl[0])!r}).multimodal.vision; "
         "n = sum(s.numel for s in vision_weight_specs(v)); "
         "assert 'torch' not in sys.modules, 'torch imported'; print(n, audio_output_length(3000))"
     )

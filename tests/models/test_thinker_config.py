@@ -52,7 +52,7 @@ def test_nested_and_full_configs_parse_to_the_thinker(thinker_checkpoints):
         assert (cfg.family, cfg.num_hidden_layers, cfg.mrope_section, cfg.rope_theta) == ("qwen2_5_omni", 3, (2, 3, 3), 1e6)
         assert cfg.multimodal.audio_token_id == OMNI_TOKEN_IDS["audio_token_id"]
         assert cfg.multimodal.position_id_per_seconds == 25 and cfg.multimodal.seconds_per_chunk == 2
-        assert cfg.multimodal.audio["d_model"] == THINKER_AUDIO["d_model"]
+        assert cfg.multimodal.audio.d_model == THINKER_AUDIO["d_model"] and cfg.multimodal.vision.split_qkv
     assert dataclasses.replace(full, architecture=thinker.architecture) == thinker
     # the talker's and token2wav's tensors are known but not the thinker's
     names = read_tensor_index(thinker_checkpoints["qwen2_5_omni"])
@@ -114,8 +114,9 @@ def test_tied_heads_are_decided_as_transformers_decides(family, top, text):
         config = transformers.Qwen2_5_VLConfig(text_config=text_config, vision_config=vision, tie_word_embeddings=top)
         model = transformers.Qwen2_5_VLForConditionalGeneration(config)
     else:
-        config = transformers.Qwen2_5OmniThinkerConfig(text_config=text_config, vision_config=vision,
-                                                       audio_config=THINKER_AUDIO, tie_word_embeddings=top)
+        config = transformers.Qwen2_5OmniThinkerConfig(
+            text_config=text_config, vision_config=vision, tie_word_embeddings=top,
+            audio_config=dict(THINKER_AUDIO, output_dim=text_config["hidden_size"]))
         model = transformers.Qwen2_5OmniThinkerForConditionalGeneration(config)
     raw = dict(config.to_dict(), architectures=[type(model).__name__])
     raw["text_config"] = {k: v for k, v in raw["text_config"].items() if k != "tie_word_embeddings" or text is not None}
@@ -126,7 +127,7 @@ def test_tied_heads_are_decided_as_transformers_decides(family, top, text):
 def _vl_raw(**text_changes) -> dict:
     text = dict(THINKER_TEXT["qwen2_5_vl"], **text_changes)
     return {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "text_config": text,
-            "vision_config": THINKER_VISION}
+            "vision_config": dict(THINKER_VISION, out_hidden_size=text["hidden_size"])}
 
 
 @pytest.mark.parametrize("raw, message", [
@@ -137,6 +138,9 @@ def _vl_raw(**text_changes) -> dict:
     ({"architectures": ["Qwen2_5OmniThinkerForConditionalGeneration"], "vision_config": {}, "audio_config": {}},
      "has no text_config"),
     ({**_vl_raw(), "image_token_id": -1}, "image_token_id=-1 must be a token id"),
+    ({**_vl_raw(), "vision_config": dict(THINKER_VISION, out_hidden_size=64)},
+     "vision_config.out_hidden_size=64 differs from the text model's hidden_size=120"),
+    ({**_vl_raw(), "vision_config": THINKER_VISION}, "vision_config: required key 'out_hidden_size' is missing"),
 ])
 def test_bad_thinker_configs_say_what_is_wrong(raw, message):
     with pytest.raises(CheckpointError, match=message.replace("(", r"\(")):
@@ -156,7 +160,7 @@ def test_two_names_for_one_tensor_are_refused(thinker_checkpoints, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen2_5_omni"])
-def test_edge_infer_plan_sizes_the_text_decoder(thinker_checkpoints, kind, capsys):
+def test_edge_infer_plan_sizes_the_thinker_with_its_towers(thinker_checkpoints, kind, capsys):
     path = thinker_checkpoints[kind]
     assert main(["plan", str(path), "--dtype", "float32", "--max-model-len", "256",
                  "--available-bytes", str(4 << 30), "--json"]) == 0
@@ -164,11 +168,11 @@ def test_edge_infer_plan_sizes_the_text_decoder(thinker_checkpoints, kind, capsy
     items = {i["name"]: i for i in plan["items"]}
     core = EngineCore(EngineConfig(model=str(path), dtype="float32", max_model_len=256, max_num_seqs=2,
                                    max_num_batched_tokens=16, kv_cache_memory_bytes=items["kv cache"]["bytes"]))
-    assert items["weights"]["bytes"] == core.ready_info.weight_bytes
+    assert core.ready_info.encoder_weight_bytes["vision"] > 0
+    assert items["weights"]["bytes"] == core.ready_info.weight_bytes  # the towers' weights included
     assert items["kv cache"]["bytes"] == core.ready_info.kv_cache_bytes
     assert items["rope tables"]["bytes"] == core.ready_info.rope_bytes == 0
-    assert "the text decoder only" in items["weights"]["note"]
-    assert any("media encoders" in note for note in plan["notes"])
+    assert plan["kernels"]["kernels"]["encoder linears"]["kernel"] == core.ready_info.linear_kernels["encoder linears"]
 
 
 def test_text_checkpoints_read_as_before(hf_checkpoints):

@@ -55,3 +55,31 @@ def test_text_stage_reservation_is_the_text_plan(config_path, tiny_model):
     stage = plan.stage(0).reservation
     assert stage.weights_bytes == text_plan.item("weights")
     assert stage.kv_bytes == text_plan.item("kv cache")
+
+
+def test_a_thinker_stage_takes_chat_messages_with_media(synth_thinkers, tmp_path):
+    """A chat/1 prompt (a conversation with an image and a file:// audio under the stage's allowed directory) is
+    prepared as every frontend prepares one: the stage's tokens equal LLM.chat's; a source the stage does not allow
+    fails that request, naming the part."""
+    from media_files import audio_file, data_url, png, sine
+    from edge_infer.media.sources import MediaPolicy
+
+    model = synth_thinkers["qwen2_5_omni"]
+    (tmp_path / "clip.flac").write_bytes(audio_file(sine(0.8, 16000), 16000, "FLAC"))
+    messages = [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": data_url(png(), "image/png")}},
+        {"type": "audio_url", "audio_url": {"url": (tmp_path / "clip.flac").as_uri()}},
+        {"type": "text", "text": "What is this?"}]}]
+    params = dict(max_tokens=8, temperature=0.0, ignore_eos=True)
+    with LLM(model, dtype="float32", max_model_len=512, worker="thread",
+             media_policy=MediaPolicy(allowed_dir=tmp_path)) as llm:
+        expected = llm.chat(messages, SamplingParams(**params))[0].outputs[0]
+    stage = {"model": str(model), "engine": {"dtype": "float32", "max_model_len": 512},
+             "executor_options": {"allowed_media_dir": str(tmp_path)}}
+    with Omni("text", stage_overrides={"0": stage}) as omni:
+        (out,) = omni.generate(messages, sampling_params_list=[params])
+        assert out.status == "finished", out.error
+        assert [int(t) for p in out.payloads(0) if p.contract == "token_ids/1" for t in p.data] == expected.token_ids
+        outside = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "file:///etc/hostname"}}]}]
+        (bad,) = omni.generate({"messages": outside}, sampling_params_list=[params])
+        assert bad.status == "error" and "content[0] (image_url): file:///etc/hostname is outside" in bad.error

@@ -4,7 +4,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from edge_infer.config import KV_CACHE_DTYPES, PRIORITIES, QUANT_METHODS, QUANTIZATION_CHOICES, QuantConfig
+from edge_infer.config import (
+    ENCODER_QUANTIZATION_CHOICES, KV_CACHE_DTYPES, PRIORITIES, QUANT_METHODS, QUANTIZATION_CHOICES, QuantConfig,
+)
 
 
 def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True) -> None:
@@ -40,6 +42,10 @@ def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True
     g.add_argument("--num-threads", type=int, default=None, help="compute threads (default: the CPUs this process may use)")
     g.add_argument("--encoder-threads", type=int, default=None,
                    help="threads of the image and audio encoders of a multimodal model (default: --num-threads)")
+    g.add_argument("--encoder-quantization", default="none", choices=ENCODER_QUANTIZATION_CHOICES,
+                   help="weights of the image and audio encoders of a multimodal model: none (dense, in --dtype), "
+                        "same (the decoder's --quantization) or a method as for --quantization; refused where this "
+                        "CPU cannot run it")
     g.add_argument("--weight-backend", default="auto", choices=["auto", "onednn", "dense", "w16"], help=argparse.SUPPRESS)
     g.add_argument("--worker", default="process", choices=["process", "thread"], help=argparse.SUPPRESS)
     _add_media_limit_args(parser)
@@ -85,6 +91,7 @@ def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
         priority=args.priority,
         num_threads=args.num_threads,
         encoder_threads=args.encoder_threads,
+        encoder_quantization=args.encoder_quantization,
         weight_backend=args.weight_backend,
         packed_head=args.packed_head,
         prefix_caching=not args.no_prefix_cache,

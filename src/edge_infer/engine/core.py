@@ -41,6 +41,7 @@ from edge_infer.models.layers.linear import make_kernel, onednn_bf16_available
 from edge_infer.models.llama import DecoderLM
 from edge_infer.models.multimodal import MultimodalLM
 from edge_infer.models.checkpoint import check_checkpoint
+from edge_infer.models.encoder_weights import is_tower_target
 from edge_infer.models.loader import TORCH_DTYPES, LinearInstaller, install_dense, load_weights
 
 log = logging.getLogger(__name__)
@@ -85,16 +86,38 @@ def linear_installer(config: EngineConfig) -> LinearInstaller:
     return install_dense(weight_backend(config))
 
 
+def tower_installer(config: EngineConfig) -> LinearInstaller:
+    """A thinker's towers: dense in the engine's dtype, or the kernel --encoder-quantization names."""
+    dense = install_dense(weight_backend(config))
+    quant = config.encoder_quant()
+    if quant is None:
+        return dense
+    from edge_infer.quant.install import quantized_installer
+
+    return quantized_installer(quant, fallback=dense)
+
+
+def thinker_installer(decoder: LinearInstaller, towers: LinearInstaller) -> LinearInstaller:
+    """One load of a thinker: each linear by its target, the towers' (visual., audio_tower.) apart."""
+    def install(linear, target, sources, reader, dtype) -> None:
+        (towers if is_tower_target(target) else decoder)(linear, target, sources, reader, dtype)
+
+    return install
+
+
 def load_model(config: EngineConfig, progress: Callable[[int, int], None] | None = None) -> DecoderLM:
     cfg = ModelConfig.from_dir(config.model)
-    # A thinker's text decoder loads as any decoder's; its media encoders (models/vision.py, models/audio_encoder.py)
-    # are installed into ``model.encoders`` beside it.
+    # A thinker is its text decoder plus its media towers (models/multimodal.py): one weight list, one load, the
+    # towers' linears on their own installer.
     model = (MultimodalLM if cfg.multimodal is not None else DecoderLM)(cfg, config.max_model_len)
     check_checkpoint(cfg, config.model, model.weight_specs())
     quantized_head = config.quant is not None and config.quant.quantize_head
     widened = config.weight_backend == "w16"  # 16-bit weights kept as stored, the table too (quant/widened.py)
+    install = linear_installer(config)
+    if cfg.multimodal is not None:
+        install = thinker_installer(install, tower_installer(config))
     load_weights(
-        model, config.model, TORCH_DTYPES[config.dtype], linear_installer(config), progress,
+        model, config.model, TORCH_DTYPES[config.dtype], install, progress,
         head_from_embedding=(quantized_head or widened) and cfg.tie_word_embeddings,
         release=malloc_trim,
         table_dtype_as_stored=widened,
@@ -147,6 +170,7 @@ class EngineCore:
             rope_bytes=self.model.rope.nbytes,
             weight_kernels=kernels,
             linear_kernels=self.model.kernels_by_kind(),
+            encoder_weight_bytes=self.model.tower_bytes() if isinstance(self.model, MultimodalLM) else {},
             num_threads=self.num_threads,
             load_s=time.perf_counter() - t0,
             trimmed_bytes=trimmed,

@@ -12,10 +12,15 @@ from pathlib import Path
 from typing import Any, Union
 
 from edge_infer.config import EngineConfig
+from edge_infer.engine import media_prompt
 from edge_infer.engine.grammar import compile_grammar
 from edge_infer.engine.protocol import EngineRequest, MediaInput, media_problem, mrope_positions, request_problem
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.errors import CheckpointError, InvalidRequestError, PlanRefusedError
+from edge_infer.media.config import MediaProcessing
+from edge_infer.media.limits import MediaLimits
+from edge_infer.media.sources import MediaPolicy
+from edge_infer.memory.encoder_path import apply_encoder_quantization
 from edge_infer.memory.plan import TextPlan, plan_text_session
 from edge_infer.models.checkpoint import demo_model_dir
 from edge_infer.models.config import ModelConfig
@@ -74,6 +79,13 @@ class Frontend:
         self.specials_in_content = False  # the server's --parse-special-tokens-in-content
         self.engine_config: EngineConfig = plan.engine_config
         self.vocab_size = plan.model_config.vocab_size
+        self.model_name = Path(plan.model).name  # how messages name the model (the server sets its served name)
+        # Where media parts may come from (the server's --allowed-media-dir, --allow-remote-media, ...): data:
+        # URLs only unless the operator allows more.
+        self.media_policy = MediaPolicy()
+        # A thinker's preprocessing settings, read (and checked) once; a text model has none.
+        multimodal = plan.model_config.multimodal is not None
+        self.media_processing = MediaProcessing.from_dir(plan.model) if multimodal else MediaProcessing()
 
     @classmethod
     def create(cls, model: str | Path | None = None, skip_tokenizer_init: bool = False, **settings: Any) -> "Frontend":
@@ -82,8 +94,9 @@ class Frontend:
         ModelConfig.from_dir(model_dir)  # a directory that is not a checkpoint is the first thing to report (parsed once: models/config.py)
         tokenizer = None if skip_tokenizer_init else Tokenizer(model_dir)
         defaults = GenerationDefaults.from_dir(model_dir, tokenizer.eos_token_id if tokenizer else None)
+        encoder_quantization = settings.pop("encoder_quantization", None)
         plan = plan_text_session(model_dir, eos_token_ids=defaults.eos_token_ids, **settings)
-        return cls(plan, tokenizer, defaults)
+        return cls(apply_encoder_quantization(plan, encoder_quantization), tokenizer, defaults)
 
     @classmethod
     def from_plan(cls, plan: TextPlan, skip_tokenizer_init: bool = False) -> "Frontend":
@@ -130,13 +143,35 @@ class Frontend:
         self.check_text_fits(len(prompt), "the prompt")
         return PreparedPrompt(prompt, self.require_tokenizer().encode(prompt))
 
-    def prepare_chat(self, messages: list[dict[str, Any]], **template_kwargs: Any) -> PreparedPrompt:
+    @property
+    def media_limits(self) -> MediaLimits:
+        """What one request may carry (images, pixels, audio seconds, video frames); the one place they come from."""
+        return MediaLimits.for_processing(self.media_processing)
+
+    def prepare_chat(self, messages: list[dict[str, Any]], mm_processor_kwargs: dict[str, Any] | None = None,
+                     **template_kwargs: Any) -> PreparedPrompt:
         """A conversation rendered by the chat template; special-token text in messages and tools stays text
-        unless ``specials_in_content`` is set on this frontend (models.tokenizer says why)."""
-        self.check_text_fits(_text_chars(messages) + _text_chars(template_kwargs.get("tools")), "the messages (with tools)")
-        text, ids = self.require_tokenizer().encode_chat(messages, specials_in_content=self.specials_in_content,
+        unless ``specials_in_content`` is set on this frontend (models.tokenizer says why).
+
+        Content parts with images, audio or video (engine/media_prompt.py) are read under ``media_policy``,
+        decoded within ``media_limits`` and placed at their expanded placeholders: this can take seconds, so
+        callers with an event loop run it on a thread. ``mm_processor_kwargs``: vLLM's, ``use_audio_in_video``."""
+        chat = media_prompt.split_messages(messages)
+        self.check_text_fits(_text_chars(chat.messages) + _text_chars(template_kwargs.get("tools")),
+                             "the messages (with tools)")
+        mm = self.plan.model_config.multimodal
+        limits = self.media_limits
+        media_prompt.check_parts(chat.parts, mm, self.model_name, limits)
+        audio_in_video = media_prompt.use_audio_in_video(mm_processor_kwargs)
+        text, ids = self.require_tokenizer().encode_chat(chat.messages, specials_in_content=self.specials_in_content,
                                                          **template_kwargs)
-        return PreparedPrompt(text, ids)
+        if not chat.parts:
+            return PreparedPrompt(text, ids)
+        media_prompt.check_placeholders(ids, chat.parts, mm)
+        loaded = [media_prompt.load_part(part, self.media_processing, self.media_policy, limits, audio_in_video)
+                  for part in chat.parts]
+        ids, media = media_prompt.expand(ids, loaded, mm)
+        return PreparedPrompt(text, ids, media)
 
     def check_text_fits(self, chars: int, what: str) -> None:
         """Refuse text that cannot fit max_model_len tokens whatever it says, before tokenizing it (a large

@@ -161,10 +161,13 @@ class ReadyInfo:
     kv_blocks: int
     rope_bytes: int
     weight_kernels: dict[str, int]  # kernel name -> linears holding it
-    linear_kernels: dict[str, str]  # linear kind (decoder linears, output head, embedding lookup) -> kernel
+    # linear kind (decoder linears, output head, embedding lookup; encoder linears of a thinker) -> kernel
+    linear_kernels: dict[str, str]
     num_threads: int
     load_s: float
     trimmed_bytes: int
+    # A thinker's towers (vision, audio) -> their resident weight bytes, part of weight_bytes.
+    encoder_weight_bytes: dict[str, int] = field(default_factory=dict)
 
 
 # frontend -> core (engine/worker.py)

@@ -60,7 +60,9 @@ def decode_image(data: bytes, limits: MediaLimits, *, part: str = "image") -> "I
         limits.check("max_image_pixels", bomb + 1, part=part, shown=f"more than {bomb} pixels")
         raise MediaError(f"{part}: more than {bomb} pixels is more than Pillow decodes safely; resize it") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise MediaError(f"{part}: is not an image edge-infer decodes ({_reason(exc)}); "
+        # Pillow's "cannot identify image file <_io.BytesIO object at 0x...>" says less than this
+        reason = "no known image format" if isinstance(exc, UnidentifiedImageError) else _reason(exc)
+        raise MediaError(f"{part}: is not an image edge-infer decodes ({reason}); "
                          "send a PNG, JPEG, WebP, GIF or BMP image") from None
     width, height, kind = *image.size, image.format
     limits.check("max_image_pixels", width * height, part=part, shown=f"{width}x{height} pixels")
@@ -89,9 +91,9 @@ def to_rgb(image: "Image.Image") -> "Image.Image":
     return image.convert("RGB")
 
 
-def image_features(image: "Image.Image", cfg: VisionProcessing) -> VisionFeatures:
+def image_features(image: "Image.Image", cfg: VisionProcessing, *, part: str = "image") -> VisionFeatures:
     """One image's patches, equal to Qwen2VLImageProcessorPil's pixel_values and image_grid_thw."""
-    height, width = smart_resize(image.height, image.width, cfg.factor, cfg.min_pixels, cfg.max_pixels)
+    height, width = smart_resize(image.height, image.width, cfg.factor, cfg.min_pixels, cfg.max_pixels, part=part)
     frame = resized_frame(to_rgb(image), height, width, cfg)
     return VisionFeatures(patchify(frame[None], cfg), grid_thw(1, height, width, cfg), cfg.merge_size)
 

@@ -27,7 +27,7 @@ from edge_infer.models.encoder_config import AUDIO_NORM_EPS, AudioConfig, audio_
 from edge_infer.models.encoder_weights import audio_weight_specs
 from edge_infer.models.layers.linear import Linear
 from edge_infer.models.layers.segments import Segments
-from edge_infer.models.loader import resolve_target
+from edge_infer.models.loader import resident_bytes, resolve_target
 from edge_infer.models.weights import WeightSpec
 
 __all__ = ["AudioConfig", "AudioEncoder", "sinusoids"]
@@ -85,6 +85,9 @@ class AudioEncoder(nn.Module):
 
     def resolve(self, target: str) -> tuple[object, str]:
         return resolve_target(self, target)
+
+    def resident_bytes(self) -> int:
+        return resident_bytes(self)
 
     @property
     def dtype(self) -> torch.dtype:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from edge_infer.errors import CheckpointError
 from edge_infer.models.config import ModelConfig
+from edge_infer.models.encoder_weights import TOWER_PREFIXES
 from edge_infer.models.weights import WeightSpec
 
 
@@ -91,6 +92,13 @@ def check_checkpoint(cfg: ModelConfig, model_dir: str | Path, specs: list[Weight
     """Verify every tensor the model needs exists with the right shape, before loading."""
     index = read_tensor_index(model_dir)
     missing = [s for spec in specs for s in spec.sources if s not in index]
+    for tower, prefix in TOWER_PREFIXES.items():
+        if any(s.startswith(prefix) for s in missing) and not any(name.startswith(prefix) for name in index):
+            raise CheckpointError(
+                f"checkpoint {model_dir} has no {tower} tower: no tensor is named '{prefix}*' (nor "
+                f"'thinker.{prefix}*' or 'model.{prefix}*'), but its config ({cfg.architecture}) has one; "
+                "is it a text-only export of the model, or is the download incomplete?"
+            )
     if missing:
         more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
         raise CheckpointError(

@@ -6,8 +6,8 @@ sliding window), never separate model classes.
 
 The thinkers of Qwen2.5-VL and Qwen2.5-Omni are that decoder too (Qwen2 with
 q/k/v bias) with multimodal RoPE (``mrope_section``); their media side
-(placeholder token ids, merge size, TMRoPE timing, the towers' raw configs)
-is ``MultimodalConfig``. Their text keys are nested (``text_config``, inside
+(placeholder token ids, TMRoPE timing, the vision and audio towers' configs,
+parsed here once: ``models.encoder_config``) is ``MultimodalConfig``. Their text keys are nested (``text_config``, inside
 ``thinker_config`` for the full Omni model) or, in the hub's Qwen2.5-VL
 configs, flat at the top level.
 """
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_infer.errors import CheckpointError
+from edge_infer.models.encoder_config import AudioConfig, VisionConfig
 
 # architecture name in config.json -> family
 TEXT_ARCHITECTURES = {
@@ -63,13 +64,17 @@ class MultimodalConfig:
     audio_token_id: int | None  # Omni only, as the audio start/end ids
     audio_start_token_id: int | None
     audio_end_token_id: int | None
-    spatial_merge_size: int
     # Temporal positions per second of video (TMRoPE): the VL vision config's tokens_per_second, Omni's
     # position_id_per_seconds.
     position_id_per_seconds: float
     seconds_per_chunk: float  # Omni: audio and video interleave in chunks of this many seconds
-    vision: dict[str, Any] = field(compare=False, repr=False)  # the raw vision_config, for the vision tower
-    audio: dict[str, Any] | None = field(default=None, compare=False, repr=False)  # the raw audio_config (Omni)
+    vision: VisionConfig  # the vision tower (q/k/v split in Omni's checkpoints, fused in VL's)
+    audio: AudioConfig | None = None  # the audio tower (Omni)
+
+    @property
+    def spatial_merge_size(self) -> int:
+        """Patches merged into one embedding row along each side (the vision tower's)."""
+        return self.vision.spatial_merge_size
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -151,6 +156,8 @@ class ModelConfig:
         head_dim = int(raw.get("head_dim") or hidden // heads)
         if heads % kv_heads:
             raise CheckpointError(f"{source}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+        if multimodal is not None:
+            _check_towers(multimodal, hidden, source)
         act = raw.get("hidden_act", "silu")
         if act != "silu":
             raise CheckpointError(f"{source}: hidden_act={act!r} is not supported (only 'silu')")
@@ -263,9 +270,6 @@ def _multimodal(thinker: dict[str, Any], family: str, source: str) -> Multimodal
             raise CheckpointError(f"{source}: {name}={value!r} must be a token id")
         return value
 
-    merge = vision.get("spatial_merge_size", 2)
-    if not isinstance(merge, int) or merge < 1:
-        raise CheckpointError(f"{source}: vision_config.spatial_merge_size={merge!r} must be a positive integer")
     return MultimodalConfig(
         family=family,
         image_token_id=token("image_token_id", 151655),
@@ -275,13 +279,24 @@ def _multimodal(thinker: dict[str, Any], family: str, source: str) -> Multimodal
         audio_token_id=token("audio_token_id", 151646) if omni else None,
         audio_start_token_id=token("audio_start_token_id", 151647) if omni else None,
         audio_end_token_id=token("audio_end_token_id", 151648) if omni else None,
-        spatial_merge_size=merge,
         position_id_per_seconds=float(thinker.get("position_id_per_seconds", 25) if omni
                                       else vision.get("tokens_per_second", 4)),
         seconds_per_chunk=float(thinker.get("seconds_per_chunk", 2)),
-        vision=vision,
-        audio=audio,
+        # Omni's checkpoints store the ViT's q, k and v apart, VL's as one tensor.
+        vision=VisionConfig.from_dict(vision, split_qkv=omni, where=f"{source}: vision_config"),
+        audio=AudioConfig.from_dict(audio, where=f"{source}: audio_config") if omni else None,
     )
+
+
+def _check_towers(mm: MultimodalConfig, hidden: int, source: str) -> None:
+    """The towers' embeddings take the place of token embeddings: they must be as wide."""
+    widths = [("vision_config.out_hidden_size", mm.vision.out_hidden_size)]
+    if mm.audio is not None:
+        widths.append(("audio_config.output_dim", mm.audio.output_dim))
+    for key, width in widths:
+        if width != hidden:
+            raise CheckpointError(f"{source}: {key}={width} differs from the text model's hidden_size={hidden}; "
+                                  "the tower's embeddings fill rows of the text model's input")
 
 
 def _parse_rope_scaling(raw: dict[str, Any], source: str) -> RopeScaling | None:

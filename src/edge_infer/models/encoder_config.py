@@ -11,7 +11,9 @@ Two towers feed a thinker:
   released checkpoints; transformers 5.24 has no config key for either.
 - ``AudioConfig``: Qwen2.5-Omni's Whisper-style audio tower (``audio_config``).
 
-The memory planner and the media layer read these without importing torch.
+``models.config.ModelConfig`` parses both once, with the rest of config.json
+(``ModelConfig.multimodal.vision`` / ``.audio``), in every layout a checkpoint
+ships. The memory planner and the media layer read them without importing torch.
 """
 from __future__ import annotations
 
@@ -26,19 +28,6 @@ AUDIO_ACTIVATIONS = ("gelu",)
 # Both ViT variants hard-code these in transformers (no config key).
 VISION_NORM_EPS = 1e-6
 AUDIO_NORM_EPS = 1e-5  # nn.LayerNorm's default, used by every audio-tower norm
-
-# Top-level model_type -> where the encoder configs live and how the ViT stores q/k/v.
-_LAYOUTS = {
-    "qwen2_5_vl": (None, False),
-    "qwen2_5_omni_thinker": (None, True),
-    "qwen2_5_omni": ("thinker_config", True),
-}
-_ARCHITECTURE_TYPES = {
-    "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
-    "Qwen2_5OmniThinkerForConditionalGeneration": "qwen2_5_omni_thinker",
-    "Qwen2_5OmniForConditionalGeneration": "qwen2_5_omni",
-}
-
 
 def _required(d: dict[str, Any], key: str, where: str) -> Any:
     if key not in d:
@@ -191,29 +180,3 @@ def audio_output_length(frames: int) -> int:
     halves again (dropping an odd last one); fewer than 3 frames give none.
     """
     return max(0, (conv_output_length(frames) - 2) // 2 + 1)
-
-
-def model_type_of(config: dict[str, Any], where: str = "config.json") -> str:
-    """``qwen2_5_vl``, ``qwen2_5_omni_thinker`` or ``qwen2_5_omni``, from ``model_type`` or ``architectures``."""
-    model_type = config.get("model_type")
-    if model_type not in _LAYOUTS:
-        for arch in config.get("architectures") or ():
-            if arch in _ARCHITECTURE_TYPES:
-                return _ARCHITECTURE_TYPES[arch]
-        raise CheckpointError(f"{where}: model_type={model_type!r} has no encoders edge-infer runs; "
-                              f"supported: {', '.join(sorted(_ARCHITECTURE_TYPES))}")
-    return model_type
-
-
-def encoder_configs(config: dict[str, Any], where: str = "config.json") -> tuple[VisionConfig | None, AudioConfig | None]:
-    """The vision and audio tower configs of a whole ``config.json`` (None for a tower the model lacks)."""
-    nested, split_qkv = _LAYOUTS[model_type_of(config, where)]
-    if nested is not None:
-        config = _required(config, nested, where)
-        where = f"{where}: {nested}"
-    vision = config.get("vision_config")
-    audio = config.get("audio_config")
-    return (
-        VisionConfig.from_dict(vision, split_qkv=split_qkv, where=f"{where}: vision_config") if vision is not None else None,
-        AudioConfig.from_dict(audio, where=f"{where}: audio_config") if audio is not None else None,
-    )

@@ -1,8 +1,11 @@
-"""The encoders' tensors as weight specs, and where a checkpoint keeps each tower (torch-free).
+"""The encoders' tensors as weight specs (torch-free).
 
 Targets are attribute paths in ``VisionEncoder`` / ``AudioEncoder``; sources
-are checkpoint names relative to the tower, so one list serves every key
-layout (``loader.load_weights(..., prefix=tower_prefix(keys, "vision"))``).
+are checkpoint names relative to the tower. Every layout a checkpoint ships
+reads, by canonical name (``models.checkpoint``), with the towers under
+``visual.`` and ``audio_tower.`` (``TOWER_PREFIXES``): a thinker's
+``weight_specs`` hold them so prefixed (``tower_weight_specs``), a tower
+loaded alone takes the prefix from ``load_weights(..., prefix=...)``.
 Our modules fuse what the checkpoint splits:
 
     ours                          vision tower (relative)                       audio tower (relative)
@@ -18,15 +21,13 @@ talker side only; it is not loaded.
 """
 from __future__ import annotations
 
-from edge_infer.errors import CheckpointError
+from dataclasses import replace
+
 from edge_infer.models.encoder_config import AudioConfig, VisionConfig
 from edge_infer.models.weights import WeightSpec
 
-# A tower is found by tensors only it has (relative to its prefix).
-TOWER_MARKERS = {
-    "vision": ("patch_embed.proj.weight", "merger.ln_q.weight"),
-    "audio": ("conv1.weight", "ln_post.weight"),
-}
+# Where each tower's tensors sit (canonical names), which is also the thinker's attribute holding it.
+TOWER_PREFIXES = {"vision": "visual.", "audio": "audio_tower."}
 
 
 def _linear(target: str, rows: int, cols: int, sources: tuple[str, ...], bias: bool = True) -> list[WeightSpec]:
@@ -85,22 +86,18 @@ def audio_weight_specs(cfg: AudioConfig) -> list[WeightSpec]:
     return specs
 
 
-def tower_prefix(keys: "set[str] | dict[str, object]", tower: str, where: str = "checkpoint") -> str:
-    """The prefix of ``tower`` ("vision" or "audio") among a checkpoint's tensor names.
+def tower_weight_specs(vision: VisionConfig, audio: AudioConfig | None) -> list[WeightSpec]:
+    """A thinker's towers: targets and sources both under the tower's prefix (``visual.blocks.0.qkv``)."""
+    towers = [("vision", vision_weight_specs(vision))] + ([("audio", audio_weight_specs(audio))] if audio else [])
+    return [replace(spec, target=TOWER_PREFIXES[kind] + spec.target,
+                    sources=tuple(TOWER_PREFIXES[kind] + name for name in spec.sources))
+            for kind, specs in towers for spec in specs]
 
-    Finds every layout the prefix leads to the same tensors in: the hub's and
-    transformers 5.24's ``save_pretrained`` (``visual.`` for Qwen2.5-VL;
-    ``visual.`` / ``audio_tower.`` for the Omni thinker; ``thinker.visual.`` /
-    ``thinker.audio_tower.`` for the whole Omni model) and transformers 4.5x's
-    (``model.visual.``).
-    """
-    first, *others = TOWER_MARKERS[tower]
-    candidates = (k[: len(k) - len(first)] for k in keys if k.endswith(first))
-    found = sorted(p for p in candidates if (not p or p.endswith(".")) and all(p + o in keys for o in others))
-    if not found:
-        raise CheckpointError(f"{where} has no {tower} tower: no tensors named '<prefix>{first}' with "
-                              f"{', '.join(repr('<prefix>' + o) for o in others)}; is it a Qwen2.5-VL or Qwen2.5-Omni checkpoint?")
-    if len(found) > 1:
-        raise CheckpointError(f"{where} has several {tower} towers (prefixes {', '.join(repr(p) for p in found)}); "
-                              "edge-infer loads one")
-    return found[0]
+
+def is_tower_target(target: str) -> bool:
+    """Whether a target of a thinker's specs is in a tower (the rest are the text decoder's)."""
+    return target.startswith(tuple(TOWER_PREFIXES.values()))
+
+
+def is_tower_spec(spec: WeightSpec) -> bool:
+    return is_tower_target(spec.target)

@@ -130,7 +130,7 @@ class DecoderLM(nn.Module):
 
     def kernels_by_kind(self) -> dict[str, str]:
         """The kernel each kind of linear runs on (names as hardware.kernels lists them, ISA variant in brackets)."""
-        decoder = sorted({lin.kernel.label for name, lin in self.linears() if name != "lm_head" and lin.kernel is not None})
+        decoder = sorted({lin.kernel.label for name, lin in self.linears() if name.startswith("layers.") and lin.kernel is not None})
         return {
             "decoder linears": "+".join(decoder),
             "output head": self.lm_head.kernel.label if self.lm_head.kernel is not None else "unloaded",

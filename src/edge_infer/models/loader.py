@@ -168,9 +168,8 @@ def load_weights(
 ) -> None:
     """Fill every tensor of ``model.weight_specs()`` from the checkpoint.
 
-    ``prefix`` is put before every source name: the encoders' specs name
-    tensors relative to their tower, which checkpoints keep under different
-    prefixes (``encoder_weights.tower_prefix``).
+    ``prefix`` is put before every source name: a tower loaded on its own
+    names tensors relative to itself (``models.encoders``).
 
     ``head_from_embedding`` (a tied model whose head is quantized or
     widened): the embedding table is installed as the output head's linear,
@@ -204,6 +203,20 @@ def load_weights(
                 progress(n + 1, len(specs))
     if getattr(model.cfg, "tie_word_embeddings", False):  # decoders; the encoders have no head
         model.tie_head()
+
+
+def resident_bytes(model: "torch.nn.Module") -> int:
+    """Bytes of the tensors ``model.weight_specs()`` installed, as held: a linear by its kernel (its bias is a
+    spec of its own), any other tensor by its storage."""
+    total = 0
+    for spec in model.weight_specs():
+        owner, attr = model.resolve(spec.target)
+        value = getattr(owner, attr)
+        if isinstance(value, Linear):
+            total += value.kernel.nbytes if value.kernel is not None else 0
+        elif value is not None:
+            total += value.numel() * value.element_size()
+    return total
 
 
 def resolve_target(root: object, target: str) -> tuple[object, str]:

@@ -2,11 +2,16 @@
 
 The engine runs it as the ``DecoderLM`` it is (loading, weight kernels,
 the fused decode, ``run_layers`` over input embeddings, positions ``[3, T]``
-for its multimodal RoPE). What it adds is ``encode(kind, features)``: one
-image, video or audio clip's features in, its embeddings out, one row per
-placeholder token, in the decoder's width and dtype. The engine calls
-nothing else of an encoder, so a tower can be swapped (a quantized one, one
-on another backend) behind ``encoders`` without the engine knowing.
+for its multimodal RoPE). It also holds the towers — ``visual`` (the ViT:
+images and videos) and, for Omni, ``audio_tower`` — named as their tensors
+are, so its ``weight_specs()`` list them beside the decoder's and one
+``load_weights`` fills both (the installer sees each linear's target and may
+give the towers kernels of their own). What it adds for the engine is
+``encode(kind, features)``: one image, video or audio clip's features in, its
+embeddings out, one row per placeholder token, in the decoder's width and
+dtype. The engine calls nothing else of an encoder, so a tower can be swapped
+(a quantized one, one on another backend) behind ``encoders`` without the
+engine knowing.
 """
 from __future__ import annotations
 
@@ -15,8 +20,11 @@ from typing import Any, Callable
 import torch
 
 from edge_infer.errors import InvalidRequestError
+from edge_infer.models.audio_encoder import AudioEncoder
 from edge_infer.models.config import ModelConfig
+from edge_infer.models.encoder_weights import TOWER_PREFIXES
 from edge_infer.models.llama import DecoderLM
+from edge_infer.models.vision import VisionEncoder
 
 # One media item's features (edge_infer.media's VisionFeatures or AudioFeatures) -> [num_tokens, hidden].
 MediaEncoder = Callable[[Any], torch.Tensor]
@@ -27,9 +35,26 @@ class MultimodalLM(DecoderLM):
         if cfg.multimodal is None:
             raise ValueError(f"{cfg.architecture} is a text model; build a DecoderLM")
         super().__init__(cfg, max_positions)
+        mm = cfg.multimodal
+        self.visual = VisionEncoder(mm.vision)
+        self.audio_tower = AudioEncoder(mm.audio) if mm.audio is not None else None
         # kind (image, video, audio) -> its encoder; images and videos share the vision tower. A kind
         # without one is refused when a request brings it (EngineCore checks `can_encode`).
-        self.encoders: dict[str, MediaEncoder] = {}
+        self.encoders: dict[str, MediaEncoder] = {"image": self._see, "video": self._see}
+        if self.audio_tower is not None:
+            self.encoders["audio"] = self._hear
+
+    def towers(self) -> dict[str, VisionEncoder | AudioEncoder]:
+        """The towers by kind (vision, audio)."""
+        found = {"vision": self.visual, "audio": self.audio_tower}
+        return {kind: tower for kind, tower in found.items() if tower is not None}
+
+    # The features are edge_infer.media's (a layer above this one): VisionFeatures, AudioFeatures.
+    def _see(self, f: Any) -> torch.Tensor:
+        return self.visual(torch.from_numpy(f.pixel_values), [f.grid_thw])
+
+    def _hear(self, f: Any) -> torch.Tensor:
+        return self.audio_tower(torch.from_numpy(f.mel))
 
     def can_encode(self, kind: str) -> bool:
         return kind in self.encoders
@@ -45,3 +70,19 @@ class MultimodalLM(DecoderLM):
         if tuple(out.shape) != expected:
             raise RuntimeError(f"the {kind} encoder returned {tuple(out.shape)} embeddings; the prompt holds {expected}")
         return out.to(self.dtype)
+
+    def kernels_by_kind(self) -> dict[str, str]:
+        towers = sorted({lin.kernel.label for name, lin in self.linears()
+                         if name.startswith(tuple(TOWER_PREFIXES.values())) and lin.kernel is not None})
+        return {**super().kernels_by_kind(), "encoder linears": "+".join(towers)}
+
+    def tower_bytes(self) -> dict[str, int]:
+        """Resident bytes of each tower's weights."""
+        return {kind: tower.resident_bytes() for kind, tower in self.towers().items()}
+
+    def resident_bytes(self) -> int:
+        return super().resident_bytes() + sum(self.tower_bytes().values())
+
+    def decode_read_bytes(self) -> int:
+        """A decode step reads the decoder's weights, never the towers'."""
+        return super().decode_read_bytes() - sum(self.tower_bytes().values())

@@ -31,7 +31,7 @@ from edge_infer.models.layers.linear import Linear
 from edge_infer.models.layers.rope import apply_rotary, inverse_frequencies
 from edge_infer.models.layers.segments import Segments
 from edge_infer.models.llama import rms_norm
-from edge_infer.models.loader import resolve_target
+from edge_infer.models.loader import resident_bytes, resolve_target
 from edge_infer.models.weights import WeightSpec
 
 __all__ = ["VisionConfig", "VisionEncoder", "VisionLayout"]
@@ -132,6 +132,9 @@ class VisionEncoder(nn.Module):
 
     def resolve(self, target: str) -> tuple[object, str]:
         return resolve_target(self, target)
+
+    def resident_bytes(self) -> int:
+        return resident_bytes(self)
 
     @property
     def dtype(self) -> torch.dtype:

@@ -3,17 +3,22 @@
 The stage process runs an ``EngineCore`` in-process (one process per stage,
 no engine worker beside it) and steps it from ``step()``. Input is
 ``text/1`` (tokenized, or rendered as a user message with the chat template
-when ``chat: true``) or ``token_ids/1``; output is one ``token_ids/1`` chunk
+when ``chat: true``), ``token_ids/1``, or ``chat/1``: a whole conversation,
+prepared as every frontend prepares one (``Frontend.prepare_chat``: a
+multimodal thinker's image, audio and video parts read under the stage's
+media options, decoded and placed); output is one ``token_ids/1`` chunk
 per generated token and, with ``emit_text``, the matching ``text/1`` chunk
 (stop strings held back as in the text API). The reservation comes from the
 same memory plan as ``edge-infer plan``.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from pydantic import Field
 
 from edge_infer.errors import EdgeInferError
 from edge_infer.runtime.contracts import Payload
@@ -31,12 +36,18 @@ MAX_TEXT_CHUNK_CHARS = 256
 class TextEngineOptions(ExecutorOptions):
     emit_text: bool = True
     chat: bool = False  # render text input as a user message with the checkpoint's chat template
+    # Where chat/1 media parts may come from (the server's --allowed-media-dir, --allow-remote-media, ...).
+    allowed_media_dir: str | None = None
+    allow_remote_media: bool = False
+    max_media_bytes: int = Field(20 << 20, gt=0)
+    media_timeout_s: float = Field(10.0, gt=0)
 
 
 @dataclass
 class _Request:
     params: dict[str, Any]
     prompt_ids: list[int] = field(default_factory=list)
+    media: list[Any] = field(default_factory=list)  # MediaInputs of a chat/1 prompt
     fold: "RequestFold | None" = None
 
 
@@ -56,9 +67,19 @@ def _plan(stage: StageConfig) -> TextPlan:
     )
 
 
+def _media_policy(opts: TextEngineOptions) -> Any:
+    from pathlib import Path
+
+    from edge_infer.media.sources import MediaPolicy
+
+    allowed = Path(opts.allowed_media_dir).resolve() if opts.allowed_media_dir else None
+    return MediaPolicy(allowed_dir=allowed, allow_remote=opts.allow_remote_media, max_bytes=opts.max_media_bytes,
+                       timeout_s=opts.media_timeout_s)
+
+
 class TextEngineExecutor(StageExecutor):
     kinds = frozenset({"ar"})
-    input_contracts = frozenset({"text/1", "token_ids/1"})
+    input_contracts = frozenset({"text/1", "token_ids/1", "chat/1"})
     output_contracts = frozenset({"token_ids/1", "text/1"})
     Options = TextEngineOptions
     requires_model = True
@@ -80,6 +101,7 @@ class TextEngineExecutor(StageExecutor):
 
         self.opts: TextEngineOptions = self.options(stage)
         self.frontend = Frontend.from_plan(_plan(stage))  # raises PlanRefusedError when it does not fit
+        self.frontend.media_policy = _media_policy(self.opts)
         self.core = EngineCore(self.frontend.engine_config)
         self.requests: dict[str, _Request] = {}
 
@@ -89,7 +111,13 @@ class TextEngineExecutor(StageExecutor):
     def feed(self, request_id: str, payload: Payload) -> None:
         req = self.requests[request_id]
         try:
-            if payload.contract == "text/1":
+            if payload.contract == "chat/1":
+                if req.prompt_ids:
+                    raise StageRequestError(request_id, "a chat/1 prompt is a whole conversation; send it alone")
+                prepared = self.frontend.prepare_chat(json.loads(str(payload.data)),
+                                                      payload.metadata.get("mm_processor_kwargs"))
+                req.prompt_ids, req.media = prepared.token_ids, prepared.media
+            elif payload.contract == "text/1":
                 text = str(payload.data)
                 prepared = (
                     self.frontend.prepare_chat([{"role": "user", "content": text}])
@@ -111,7 +139,7 @@ class TextEngineExecutor(StageExecutor):
         known = SamplingParams.field_names()
         try:
             params = self.frontend.default_params(**{k: v for k, v in req.params.items() if k in known})
-            engine_request = self.frontend.request(request_id, PreparedPrompt(None, req.prompt_ids), params)
+            engine_request = self.frontend.request(request_id, PreparedPrompt(None, req.prompt_ids, req.media), params)
         except EdgeInferError as exc:
             raise StageRequestError(request_id, str(exc)) from exc
         req.fold = RequestFold.start(self.frontend.tokenizer, engine_request.params)

@@ -1,6 +1,7 @@
-"""Media files built on the spot: audio with soundfile, videos with PyAV."""
+"""Media files built on the spot: images with Pillow, audio with soundfile, videos with PyAV."""
 from __future__ import annotations
 
+import base64
 import io
 
 import numpy as np
@@ -56,3 +57,17 @@ def frames_of(count: int, height: int = 48, width: int = 64) -> list[np.ndarray]
     y, x = np.mgrid[0:height, 0:width]
     return [np.stack([(x * 4 + i * 9) % 256, (y * 5 + i * 13) % 256, ((x + y) * 3 + i * 7) % 256], axis=-1)
             .astype(np.uint8) for i in range(count)]
+
+
+def png(seed: int = 0, width: int = 64, height: int = 48) -> bytes:
+    """A PNG of random pixels (two seeds, two different images)."""
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def data_url(data: bytes, mime: str) -> str:
+    return f"data:{mime};base64," + base64.b64encode(data).decode()
