@@ -15,13 +15,14 @@ from edge_infer.cli import main as cli_main
 from edge_infer.media.config import MediaProcessing, VisionProcessing
 from edge_infer.media.image import MAX_ASPECT_RATIO, image_features, smart_resize
 from edge_infer.media.limits import MediaLimits
-from edge_infer.memory.encoder_sizing import tower_weight_bytes, vision_input_bytes
+from edge_infer.memory.encoder_sizing import audio_input_bytes, tower_weight_bytes, vision_input_bytes
 from edge_infer.memory.media_shapes import audio_frames, largest_resize, media_shapes
-from edge_infer.models.encoder_config import VisionConfig, encoder_configs
+from edge_infer.models.config import ModelConfig
+from edge_infer.models.encoder_config import VisionConfig
 from media.test_media_config import QWEN25_OMNI
 
-MEDIA_ITEMS = {"vision encoder weights", "audio encoder weights", "encoder activations", "media embeddings",
-               "media inputs", "media preprocessing"}
+MEDIA_ITEMS = {"vision encoder weights", "audio encoder weights", "encoder activations", "sequence media",
+               "media preprocessing"}
 
 
 @pytest.fixture(scope="module")
@@ -57,14 +58,13 @@ def test_a_thinker_plans_its_media(thinker_checkpoints, kind):
         p.item(n) for n in expected if n.endswith("encoder weights"))
     assert p.media_limits is not None and p.settings["media_limits"]["max_images"] == 4
     assert any("no vision preprocessing in preprocessor_config.json" in n for n in p.notes)  # none written
-    vision, _ = encoder_configs(json.loads((path / "config.json").read_text()))
+    vision = ModelConfig.from_dir(path).multimodal.vision
     assert p.item("vision encoder weights") == tower_weight_bytes(vision, 4, None)
 
 
 def test_the_plans_encoder_weights_are_the_loaded_bytes(thinker_checkpoints):
     import torch
 
-    from edge_infer.memory.encoder_probe import resident_bytes
     from edge_infer.models.encoders import load_encoders
     from edge_infer.models.layers.linear import onednn_bf16_available
     from edge_infer.models.loader import install_dense
@@ -75,7 +75,7 @@ def test_the_plans_encoder_weights_are_the_loaded_bytes(thinker_checkpoints):
         towers = load_encoders(path, torch_dtype, install_dense(backend))
         p = plan_text_session(path, dtype=dtype, max_model_len=2048, available_bytes=64 << 30)
         for name, tower in zip(("vision", "audio"), towers):
-            assert resident_bytes(tower) == p.item(f"{name} encoder weights"), (dtype, name)
+            assert tower.resident_bytes() == p.item(f"{name} encoder weights"), (dtype, name)
 
 
 def test_default_limits_fit_the_context_and_say_so(omni):
@@ -116,6 +116,30 @@ def test_encoder_activations_are_sized_for_the_largest_item(omni):
     note = next(i.note for i in p.items if i.name == "encoder activations")
     assert "patch grid 1x" in note and "1000 mel frames" in note
     assert "image(s) of up to" in p.settings["media_sized_for"]
+
+
+def test_sequence_media_are_each_items_input_or_its_embeddings(omni):
+    """A sequence holds an item's features until it is encoded, then its embeddings only (engine/core.py drops the
+    features): sized per item as the larger of the two, not both."""
+    p = plan(omni, max_num_seqs=2, media_limits={"max_images": 1, "max_image_pixels": 448 * 448,
+                                                 "max_video_frames": 0, "max_audio_seconds": 10})
+    cfg = ModelConfig.from_dir(omni)
+    shapes = media_shapes(p.media_limits, MediaProcessing.from_dir(omni))
+    image_input, image_rows = vision_input_bytes(shapes.image_grid, cfg.multimodal.vision), shapes.image_tokens
+    clip_input, clip_rows = audio_input_bytes(shapes.audio_frames, cfg.multimodal.audio), shapes.audio_tokens
+    assert image_input > image_rows * cfg.hidden_size * 4 and clip_input < clip_rows * cfg.hidden_size * 4  # both ways
+    per_sequence = image_input + clip_rows * cfg.hidden_size * 4
+    assert p.item("sequence media") == 2 * per_sequence
+
+
+def test_video_frames_given_keep_videos_on_at_a_smaller_frame_size(omni):
+    """The frames of a video are bounded by --max-image-pixels as images are: with the frame count given, the frame
+    size is what the plan lowers to fit the context, not the videos that are turned off."""
+    p = plan(omni, media_limits={"max_video_frames": 8, "max_audio_seconds": 5})
+    shapes = media_shapes(p.media_limits, MediaProcessing.from_dir(omni))
+    assert p.admitted and shapes.video_frames == 8 and shapes.request_tokens <= 2047
+    assert 0 < p.media_limits.max_image_pixels < QWEN25_OMNI["max_pixels"]
+    assert any(n.startswith("max_image_pixels defaulted to") for n in p.notes)
 
 
 @pytest.mark.parametrize("limit", [3136, 5000, 20000, 50000, 100352])

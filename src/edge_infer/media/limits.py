@@ -15,6 +15,12 @@ if TYPE_CHECKING:
     from edge_infer.media.config import MediaProcessing
 
 
+# Requests a frontend with an event loop (the server, LocalTextEngine) prepares at once, each on a thread of its
+# own. Decoding is CPU work: more threads would share the same cores, and each running one holds a decoded item in
+# memory, which the plan sizes for this many requests at the limits.
+MEDIA_PREP_THREADS = 2
+
+
 @dataclass(frozen=True)
 class _Limit:
     unit: str  # what the amount counts, per what

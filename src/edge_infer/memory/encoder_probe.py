@@ -61,12 +61,14 @@ def random_towers(config: dict[str, Any], dtype: "Any", backend: str) -> tuple[A
     import torch
 
     from edge_infer.models.audio_encoder import AudioEncoder
-    from edge_infer.models.encoder_config import AudioConfig, VisionConfig, encoder_configs
+    from edge_infer.models.config import ModelConfig
+    from edge_infer.models.encoder_config import AudioConfig, VisionConfig
     from edge_infer.models.layers.linear import make_kernel
     from edge_infer.models.vision import VisionEncoder
 
-    if "model_type" in config or "architectures" in config:
-        vision_cfg, audio_cfg = encoder_configs(config)
+    if "architectures" in config:
+        mm = ModelConfig.from_dict(config).multimodal
+        vision_cfg, audio_cfg = (mm.vision, mm.audio) if mm is not None else (None, None)
     else:
         vision_cfg = VisionConfig.from_dict(config["vision_config"], split_qkv=True) if "vision_config" in config else None
         audio_cfg = AudioConfig.from_dict(config["audio_config"]) if "audio_config" in config else None
@@ -83,33 +85,6 @@ def random_towers(config: dict[str, Any], dtype: "Any", backend: str) -> tuple[A
         return encoder.eval().requires_grad_(False)
 
     return (fill(VisionEncoder(vision_cfg)) if vision_cfg else None, fill(AudioEncoder(audio_cfg)) if audio_cfg else None)
-
-
-def resident_bytes(encoder: Any) -> int:
-    """The bytes a loaded tower holds: its linears' kernels and biases, and its plain tensors."""
-    from edge_infer.models.layers.linear import Linear
-
-    total = 0
-    seen: set[int] = set()
-    for module in encoder.modules():
-        if isinstance(module, Linear):
-            total += module.resident_bytes
-            seen.update(id(t) for t in (module.bias,) if t is not None)
-    for value in _plain_tensors(encoder):
-        if id(value) not in seen:
-            total += value.numel() * value.element_size()
-    return total
-
-
-def _plain_tensors(encoder: Any) -> list[Any]:
-    import torch
-
-    out = []
-    for module in encoder.modules():
-        for name, value in vars(module).items():
-            if isinstance(value, torch.Tensor) and name != "bias":
-                out.append(value)
-    return out
 
 
 def measure(encode: "Any") -> dict[str, int]:
@@ -143,9 +118,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--glibc-default", action="store_true",
                         help="keep glibc's dynamic mmap threshold (a text engine's worker), for comparison")
+    parser.add_argument("--mmap-threshold", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     # before anything large exists, as a thinker's engine worker does (engine/worker.py)
-    pinned = not args.glibc_default and pin_mmap_threshold()
+    pinned = not args.glibc_default and (pin_mmap_threshold(args.mmap_threshold) if args.mmap_threshold
+                                         else pin_mmap_threshold())
 
     import numpy as np
     import torch
@@ -184,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
             with torch.inference_mode():
                 tower(torch.from_numpy(features))
     result = {"mmap_threshold_pinned": pinned, "dtype": args.dtype, "backend": backend, "threads": torch.get_num_threads(),
-              "weight_bytes": resident_bytes(tower), "input_bytes": features.nbytes, **measure(encode)}
+              "weight_bytes": tower.resident_bytes(), "input_bytes": features.nbytes, **measure(encode)}
     print(json.dumps(result))
 
 

@@ -1,22 +1,24 @@
 """Bytes of a multimodal thinker's media side, from the towers' configs and the largest media (torch-free).
 
 - tower weights as resident for the encoders' weight kernel (``quant``: None
-  for dense weights in the engine dtype), from ``models.encoder_weights``;
+  for dense weights in the engine dtype), from ``models.encoder_weights``, and
+  what loading them needs beyond that;
 - one encode's activation peak: the tensors ``models/vision.py`` and
   ``models/audio_encoder.py`` hold at once in their largest phase (a block's
   rotary or MLP step, the audio front end's convolutions), by shape, times a
   factor and plus a fixed part measured per dtype
   (``scripts/measure_overhead.py`` with ``memory.encoder_probe``);
-- what a running sequence keeps: its media's encoder inputs (the worker's copy
-  of the features) and their embeddings;
-- the frontend's preprocessing buffers for one request.
+- what a running sequence holds of its media: an item's encoder input (the
+  worker's copy of its features) until the item is encoded, then its
+  embeddings until the sequence finishes;
+- the frontend's preprocessing buffers for the requests it prepares at once.
 """
 from __future__ import annotations
 
 from edge_infer.config import QuantConfig
 from edge_infer.media.config import MediaProcessing
 from edge_infer.memory.media_shapes import MediaShapes
-from edge_infer.memory.sizing import runtime_overhead
+from edge_infer.memory.sizing import LOAD_BLOCK_BYTES, runtime_overhead
 from edge_infer.models.encoder_config import AudioConfig, VisionConfig, conv_output_length
 from edge_infer.models.encoder_weights import audio_weight_specs, vision_weight_specs
 
@@ -33,6 +35,19 @@ def tower_weight_bytes(cfg: VisionConfig | AudioConfig, dtype_bytes: int, quant:
     from edge_infer.quant.sizes import spec_nbytes
 
     return sum(spec_nbytes(s, quant, dtype_bytes, tied=False) for s in specs)
+
+
+def tower_load_transient_bytes(cfg: VisionConfig | AudioConfig, dtype_bytes: int, quant: QuantConfig | None,
+                               src_bytes: int) -> int:
+    """The loader's peak beyond the tower's weights: dense, one block being converted plus the largest linear held
+    twice while it is repacked (``memory.sizing.load_transient_bytes``); quantized, one block of rows."""
+    specs = vision_weight_specs(cfg) if isinstance(cfg, VisionConfig) else audio_weight_specs(cfg)
+    if quant is None:
+        largest = largest_linear_bytes(cfg, dtype_bytes)
+        return min(LOAD_BLOCK_BYTES, largest * src_bytes // dtype_bytes) + largest
+    from edge_infer.quant.sizes import repack_transient_bytes
+
+    return repack_transient_bytes(specs, quant, False, src_bytes)
 
 
 def vision_tensor_bytes(cfg: VisionConfig, patches: int, d: int) -> int:
@@ -139,9 +154,29 @@ MEL_BLOCK_BYTES = 1024 * (400 * 8 * 2 + 201 * 16)
 SIZED_SOURCE_RATE = 48000
 
 
+def held_media_bytes(shapes: MediaShapes, vision: VisionConfig | None, audio: AudioConfig | None, hidden: int,
+                     dtype_bytes: int) -> int:
+    """What one sequence at the limits holds of its media in the worker: each item's encoder input until it is
+    encoded (the engine core drops it then), and its embeddings from then until the sequence finishes (so that a
+    recompute after preemption does not encode again); the larger of the two per item, as a sequence whose
+    prefill has reached some of its items and not the others holds both kinds."""
+    def held(inputs: int, tokens: int) -> int:
+        return max(inputs, embedding_bytes(tokens, hidden, dtype_bytes))
+
+    total = 0
+    if vision is not None and shapes.image_grid:
+        total += shapes.images * held(vision_input_bytes(shapes.image_grid, vision), shapes.image_tokens)
+    if vision is not None and shapes.video_grid:
+        total += shapes.videos * held(vision_input_bytes(shapes.video_grid, vision), shapes.video_tokens)
+    if audio is not None and shapes.audio_frames:
+        clips = shapes.audios + (shapes.videos if shapes.video_grid else 0)  # a video's sound track is a clip too
+        total += clips * held(audio_input_bytes(shapes.audio_frames, audio), shapes.audio_tokens)
+    return total
+
+
 def preprocessing_bytes(shapes: MediaShapes, vision: VisionConfig | None, audio: AudioConfig | None,
-                        media: MediaProcessing, max_image_pixels: int) -> int:
-    """The frontend's peak while it prepares one request at the limits and sends it (``media/``).
+                        media: MediaProcessing, max_image_pixels: int, at_once: int = 1) -> int:
+    """The frontend's peak while it prepares ``at_once`` requests at the limits and sends one (``media/``).
 
     Every item's features exist before the request is sent, and pickling them for the worker (protocol 4)
     holds two more copies of their bytes (numpy's ``tobytes`` and the pickle stream). Before that, the
@@ -151,6 +186,8 @@ def preprocessing_bytes(shapes: MediaShapes, vision: VisionConfig | None, audio:
     resized frames, stacked, and the same patch copies; a clip's mono float32 samples at the source rate
     (the blocks and their concatenation, sized at SIZED_SOURCE_RATE) and resampled, then the float64 clip
     and its reflected padding beside three float64 copies of the spectrogram rows (log, clamped, scaled).
+    The other requests being prepared hold their features and buffers; a request's are released once it is
+    sent (the frontends keep its token ids only).
     """
     features = request_input_bytes(shapes, vision, audio)
     buffers = 0
@@ -167,7 +204,7 @@ def preprocessing_bytes(shapes: MediaShapes, vision: VisionConfig | None, audio:
         decode = 2 * FP32 * source + FP32 * samples
         mel = FP32 * samples + 2 * 8 * samples + 3 * rows + MEL_BLOCK_BYTES
         buffers = max(buffers, decode, mel)
-    return max(features + buffers, 3 * features)
+    return max(features + buffers, 3 * features) + (at_once - 1) * (features + buffers)
 
 
 def embedding_bytes(rows: int, hidden: int, dtype_bytes: int) -> int:

@@ -1,32 +1,32 @@
 """The media side of a multimodal thinker's plan: limits per request resolved, items sized, refusals (torch-free).
 
-``plan_media`` reads the towers' configs (config.json) and the checkpoint's
-preprocessing (preprocessor_config.json), resolves the per-request limits
-(the caller's, else the checkpoint's defaults fitted to the context), and
-sizes what the media cost: the towers' weights, one encode's activation peak
-at the largest item, the inputs and embeddings every running sequence keeps,
-and the frontend's preprocessing buffers. A text-only model has no media plan.
+``plan_media`` takes the towers' configs (``ModelConfig.multimodal``) and reads
+the checkpoint's preprocessing (preprocessor_config.json), resolves the
+per-request limits (the caller's, else the checkpoint's defaults fitted to the
+context), and sizes what the media cost: the towers' weights (dense, or as
+``--encoder-quantization``'s kernel holds them) and their load transient, one
+encode's activation peak at the largest item, what every running sequence
+holds of its media (inputs until encoded, then embeddings), and the
+frontend's preprocessing buffers. A text-only model has no media plan.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
 from edge_infer.config import QuantConfig
-from edge_infer.errors import CheckpointError, InvalidRequestError
+from edge_infer.errors import InvalidRequestError
 from edge_infer.media.config import AudioProcessing, MediaProcessing, VisionProcessing
-from edge_infer.media.limits import LIMITS, MediaLimits
+from edge_infer.media.limits import LIMITS, MEDIA_PREP_THREADS, MediaLimits
 from edge_infer.memory.encoder_sizing import (
-    embedding_bytes, encoder_activation_bytes, largest_linear_bytes, preprocessing_bytes, request_input_bytes,
-    tower_weight_bytes,
+    encoder_activation_bytes, held_media_bytes, preprocessing_bytes, tower_load_transient_bytes, tower_weight_bytes,
 )
 from edge_infer.memory.media_shapes import MediaShapes, fit_limits, media_shapes
 from edge_infer.memory.plan import PlanItem
-from edge_infer.memory.sizing import MiB
-from edge_infer.models.encoder_config import AudioConfig, VisionConfig, encoder_configs
-from edge_infer.models.encoder_weights import audio_weight_specs, tower_prefix, vision_weight_specs
+from edge_infer.memory.sizing import CHECKPOINT_DTYPE_BYTES, MiB
+from edge_infer.models.config import ModelConfig
+from edge_infer.models.encoder_config import AudioConfig, VisionConfig
 
 # The per-request limits whose defaults fit_limits may lower (the others are counts and durations).
 SIZE_LIMITS = frozenset({"max_image_pixels", "max_video_frames", "max_audio_seconds"})
@@ -40,7 +40,7 @@ class MediaPlan:
     notes: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     levers: list[str] = field(default_factory=list)
-    largest_linear: int = 0  # bytes of the towers' largest linear as loaded (the load transient)
+    load_transient: int = 0  # the loader's peak beyond the weights while it fills the towers
 
     def settings(self) -> dict[str, Any]:
         return {f.name: getattr(self.limits, f.name) for f in fields(self.limits)}
@@ -60,17 +60,16 @@ class MediaPlan:
         return "; ".join(parts + [f"{s.request_tokens} prompt tokens in all"]) if parts else "no media"
 
 
-def plan_media(model_dir: str | Path, tensors: dict, hidden_size: int, dtype: str, max_model_len: int,
-               model_max: int, max_num_seqs: int, limits: MediaLimits | Mapping[str, float] | None,
+def plan_media(model_dir: str | Path, cfg: ModelConfig, tensors: dict, dtype: str, max_model_len: int,
+               max_num_seqs: int, limits: MediaLimits | Mapping[str, float] | None,
                encoder_quant: QuantConfig | None) -> MediaPlan:
     """The media items of a thinker's plan (all allocated memory, held while serving).
 
     ``limits``: a ``MediaLimits`` is taken as given (every limit explicit); a mapping overrides some of the
     checkpoint's defaults (``MediaLimits.for_processing``) and the others are fitted to ``max_model_len``;
-    None fits them all.
+    None fits them all. ``encoder_quant``: the towers' linears' kernel (None: dense in ``dtype``).
     """
-    vision, audio = _towers(Path(model_dir))
-    _check_tower_tensors(tensors, model_dir, vision, audio)
+    vision, audio = cfg.multimodal.vision, cfg.multimodal.audio
     media, notes = _processing(Path(model_dir), vision, audio)
     asked, explicit = _asked_limits(limits, media)
     budget = max_model_len - 1  # a request at the limits leaves one token to generate
@@ -79,26 +78,27 @@ def plan_media(model_dir: str | Path, tensors: dict, hidden_size: int, dtype: st
     plan = MediaPlan(fitted, shapes, [], notes + fit_notes, _check_processing(media, vision))
     if shapes.request_tokens > budget:
         plan.reasons.append(_too_many_tokens(shapes, fitted, max_model_len))
-        plan.levers += _token_levers(asked, media, budget, model_max, explicit & SIZE_LIMITS)
+        plan.levers += _token_levers(asked, media, budget, cfg.max_position_embeddings, explicit & SIZE_LIMITS)
     d = 2 if dtype == "bfloat16" else 4
-    for name, cfg in (("vision", vision), ("audio", audio)):
-        if cfg is not None:
-            how = f"{encoder_quant.name} g{encoder_quant.group_size} linears" if encoder_quant else f"{dtype}, dense"
-            plan.items.append(_item(f"{name} encoder weights", tower_weight_bytes(cfg, d, encoder_quant),
-                                    f"{how} (loaded beside the decoder)"))
-            plan.largest_linear = max(plan.largest_linear, largest_linear_bytes(cfg, d))
-    rows, inputs = shapes.request_rows, request_input_bytes(shapes, vision, audio)
+    src_bytes = max((CHECKPOINT_DTYPE_BYTES.get(t.dtype, 4) for t in tensors.values()), default=4)
+    how = f"{encoder_quant.name} g{encoder_quant.group_size} linears, {dtype} rest" if encoder_quant else f"{dtype}, dense"
+    for name, tower in (("vision", vision), ("audio", audio)):
+        if tower is not None:
+            plan.items.append(_item(f"{name} encoder weights", tower_weight_bytes(tower, d, encoder_quant),
+                                    f"{how} (loaded with the decoder)"))
+            plan.load_transient = max(plan.load_transient,
+                                      tower_load_transient_bytes(tower, d, encoder_quant, src_bytes))
+    held = held_media_bytes(shapes, vision, audio, cfg.hidden_size, d)
+    preparing = preprocessing_bytes(shapes, vision, audio, media, fitted.max_image_pixels, MEDIA_PREP_THREADS)
     plan.items += [
         _activation_item(shapes, vision, audio, d),
-        _item("media embeddings", max_num_seqs * embedding_bytes(rows, hidden_size, d),
-              f"{rows} rows x {hidden_size} x {dtype} per sequence at the limits, x {max_num_seqs} sequences "
-              "(kept until each finishes)"),
-        _item("media inputs", max_num_seqs * inputs,
-              f"{inputs / MiB:,.1f} MiB of fp32 pixels and mel per sequence at the limits, x {max_num_seqs}: the "
-              "worker's copy of each running sequence's features, kept until it finishes"),
-        _item("media preprocessing", preprocessing_bytes(shapes, vision, audio, media, fitted.max_image_pixels),
-              "the frontend preparing one request at the limits: its features, their pickled copies for the "
-              "worker, the largest item's decode and patch buffers"),
+        _item("sequence media", max_num_seqs * held,
+              f"{held / MiB:,.1f} MiB per sequence at the limits x {max_num_seqs}: each item's fp32 input until it "
+              f"is encoded, then its {dtype} embeddings until the sequence finishes (the larger, per item); a "
+              f"request queued beyond {max_num_seqs} running holds its inputs too"),
+        _item("media preprocessing", preparing,
+              f"the frontend preparing {MEDIA_PREP_THREADS} requests at the limits at once: their features, one's "
+              "pickled copies for the worker, the decode and patch buffers of their largest items"),
     ]
     return plan
 
@@ -120,26 +120,6 @@ def _item(name: str, size: int, note: str) -> PlanItem:
 
 def _grid(grid: tuple[int, int, int]) -> str:
     return "x".join(map(str, grid))
-
-
-def _towers(model_dir: Path) -> tuple[VisionConfig | None, AudioConfig | None]:
-    path = model_dir / "config.json"
-    return encoder_configs(json.loads(path.read_text()), where=str(path))
-
-
-def _check_tower_tensors(tensors: dict, model_dir: str | Path, vision: VisionConfig | None,
-                         audio: AudioConfig | None) -> None:
-    """Every tensor of each tower exists with its shape, before anything loads (as the decoder's are checked)."""
-    where = f"checkpoint {model_dir}"
-    for kind, cfg, specs in (("vision", vision, vision_weight_specs), ("audio", audio, audio_weight_specs)):
-        if cfg is None:
-            continue
-        prefix = tower_prefix(tensors, kind, where=where)
-        missing = [prefix + s for spec in specs(cfg) for s in spec.sources if prefix + s not in tensors]
-        if missing:
-            more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
-            raise CheckpointError(f"{where} lacks {', '.join(missing[:3])}{more} of its {kind} tower; "
-                                  "is the download complete?")
 
 
 def _processing(model_dir: Path, vision: VisionConfig | None,

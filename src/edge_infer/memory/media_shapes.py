@@ -81,12 +81,6 @@ class MediaShapes:
         return sum(self.kind_tokens().values())
 
     @property
-    def request_rows(self) -> int:
-        """Embedding rows (placeholders, no markers) of a request at the limits."""
-        videos = self.videos * (self.video_tokens + self.audio_tokens) if self.video_grid else 0
-        return self.images * self.image_tokens + videos + self.audios * self.audio_tokens
-
-    @property
     def largest_vision_patches(self) -> int:
         """Patches of the largest vision encode: one image or one whole video (its frames go through together)."""
         return max(_patches(self.image_grid), _patches(self.video_grid))
@@ -174,9 +168,10 @@ def fit_limits(limits: MediaLimits, media: MediaProcessing, budget: int, fixed: 
 
     Each kind the model takes (images, videos, audio) gets an equal share of the budget, a kind needing
     less leaving the rest to the others; a kind over its share has its size limit lowered (the largest
-    image's pixels, the video's frames, the clip's seconds) to the largest value within it. A kind that
-    does not fit at all is turned off and the others share again. Counts are never changed. Lowering audio
-    shortens a video's track too, so the shares are settled until nothing changes.
+    image's pixels, the video's frames, the clip's seconds) to the largest value within it; videos whose
+    frames the caller set have their frame size lowered instead (``max_image_pixels``, which bounds a frame as
+    it bounds an image). A kind that does not fit at all is turned off and the others share again. Counts are
+    never changed. Lowering audio shortens a video's track too, so the shares are settled until nothing changes.
     """
     off: set[str] = set()
     while True:
@@ -197,11 +192,13 @@ def _fit(limits: MediaLimits, media: MediaProcessing, budget: int, fixed: frozen
         demand = media_shapes(limits, media).kind_tokens()
         if sum(demand.values()) <= budget:
             break
-        adjustable = {k for k, flag in _SIZE_LIMIT.items() if demand[k] and flag not in fixed}
+        adjustable = {k for k, flag in _SIZE_LIMIT.items() if demand[k] and (flag not in fixed or (
+            k == "videos" and "max_image_pixels" not in fixed))}
         shares = _shares({k: v for k, v in demand.items() if v}, adjustable, budget)
         for kind in sorted(adjustable, key=lambda k: demand[k]):
             if demand[kind] > shares[kind]:
-                limits = _LOWER[kind](limits, media, shares[kind])
+                lower = _lower_frame_size if _SIZE_LIMIT[kind] in fixed else _LOWER[kind]
+                limits = lower(limits, media, shares[kind])
     return limits
 
 
@@ -249,6 +246,14 @@ def _lower_videos(limits: MediaLimits, media: MediaProcessing, share: int) -> Me
         return media_shapes(replace(limits, max_video_frames=int(frames)), media).kind_tokens()["videos"] <= share
 
     return replace(limits, max_video_frames=int(_largest(fits, limits.max_video_frames, step)))
+
+
+def _lower_frame_size(limits: MediaLimits, media: MediaProcessing, share: int) -> MediaLimits:
+    """Videos of a fixed frame count: the largest frame (``max_image_pixels``) lowered to fit ``share``."""
+    def fits(pixels: float) -> bool:
+        return media_shapes(replace(limits, max_image_pixels=int(pixels)), media).kind_tokens()["videos"] <= share
+
+    return replace(limits, max_image_pixels=int(_largest(fits, limits.max_image_pixels, 1)))
 
 
 def _lower_audio(limits: MediaLimits, media: MediaProcessing, share: int) -> MediaLimits:

@@ -87,11 +87,13 @@ class TextEngineExecutor(StageExecutor):
     @classmethod
     def plan(cls, stage: StageConfig) -> ReservationPlan:
         plan = _plan(stage)
+        weights, kv, runtime = plan.weight_bytes, plan.item("kv cache"), plan.item("runtime overhead")
         return ReservationPlan(
-            weights_bytes=plan.item("weights"),
-            kv_bytes=plan.item("kv cache"),
-            buffers_bytes=plan.item("activations") + plan.item("rope tables"),
-            runtime_bytes=plan.item("runtime overhead"),
+            weights_bytes=weights,
+            kv_bytes=kv,
+            # the rest of the steady state: activations, RoPE tables, a thinker's encoder activations and media
+            buffers_bytes=plan.steady_bytes - weights - kv - runtime,
+            runtime_bytes=runtime,
             max_payload_bytes=4 * MAX_TEXT_CHUNK_CHARS,
         )
 
