@@ -4,8 +4,9 @@
 reports a ``TokenDelta`` per request that progressed or ended. It knows token
 ids only, and media as encoder features: a multimodal thinker's media item is
 encoded (on ``encoder_threads``) when the first step that computes one of its
-placeholder tokens is scheduled, and its embeddings stay with the sequence
-until it ends. It runs inside a worker process by default (``engine.worker``).
+placeholder tokens is scheduled; its embeddings then replace its features
+and stay with the sequence until it ends. It runs inside a worker process by
+default (``engine.worker``).
 """
 from __future__ import annotations
 
@@ -240,6 +241,7 @@ class EngineCore:
             if seq.media_embeds[k] is None and np.searchsorted(m.positions, start) < np.searchsorted(m.positions, end):
                 with threads(self.encoder_threads):
                     seq.media_embeds[k] = self.model.encode(m.kind, m.features)
+                seq.media[k] = replace(m, features=None)  # the embeddings replace the input (memory/media_plan.py)
                 self.stats.media_encoded += 1
 
     def abort(self, request_ids: list[str]) -> list[TokenDelta]:

@@ -145,6 +145,7 @@ class TextEngineExecutor(StageExecutor):
         except EdgeInferError as exc:
             raise StageRequestError(request_id, str(exc)) from exc
         req.fold = RequestFold.start(self.frontend.tokenizer, engine_request.params)
+        req.media = []  # the core holds them until it encodes them (then their embeddings only)
         problem = self.core.add_request(engine_request)
         if problem is not None:
             raise StageRequestError(request_id, problem.error)
