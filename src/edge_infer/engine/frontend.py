@@ -142,9 +142,11 @@ class Frontend:
         return PreparedPrompt(prompt, self.require_tokenizer().encode(prompt))
 
     @property
-    def media_limits(self) -> MediaLimits:
-        """What one request may carry (images, pixels, audio seconds, video frames); the one place they come from."""
-        return MediaLimits.for_processing(self.media_processing)
+    def media_limits(self) -> MediaLimits | None:
+        """What one request may carry (images, pixels, clips, audio seconds, videos, frames): the limits the memory
+        plan sized the encoders and media buffers for (``plan.media_limits``), so that every frontend refuses what
+        the plan did not size; None for a text model, which takes no media."""
+        return self.plan.media_limits
 
     def prepare_chat(self, messages: list[dict[str, Any]], mm_processor_kwargs: dict[str, Any] | None = None,
                      **template_kwargs: Any) -> PreparedPrompt:

@@ -64,6 +64,8 @@ def _plan(stage: StageConfig) -> TextPlan:
         quantization=e.quantization,
         priority=e.priority,
         dtype=e.dtype,
+        encoder_quantization=e.encoder_quantization,
+        media_limits=e.media_limits,
     )
 
 
