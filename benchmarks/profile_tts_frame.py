@@ -62,11 +62,11 @@ def profile(args: argparse.Namespace) -> dict:
     engine = load_talker_engine(talker_engine_config(config.stage(0)))
     voice = VoiceRequest(TextTokenizer.from_dir(model).assistant_ids("Where does the time of one frame go?"),
                          speaker=sorted(engine.config.talker.speakers)[0])
-    total = 1 + WARMUP_FRAMES + 2 * FRAMES + 1
+    total = 1 + WARMUP_FRAMES + 2 * args.frames + 1
     engine.add("profile", voice, SamplingParams(max_frames=total, ignore_eos=True), torch.Generator().manual_seed(0))
     for _ in range(1 + WARMUP_FRAMES):  # the prompt, then warm-up frames
         engine.step()
-    talker_ms, per_frame = time_and_profile(engine.step, FRAMES)
+    talker_ms, per_frame = time_and_profile(engine.step, args.frames)
     ops = {key: ms for key, ms, _ in per_frame}
     weight_ms = sum(ms for key, ms in ops.items() if key in WEIGHT_OPS)
     fused_ms = sum(ms for key, ms in ops.items() if key in FUSED_OPS)
@@ -96,7 +96,7 @@ def profile(args: argparse.Namespace) -> dict:
         "kind": "edge-infer.profile.tts-frame",
         "model": args.model,
         "settings": {"dtype": args.dtype, "quantization": args.quantization, "threads": torch.get_num_threads(),
-                     "frames": FRAMES, "warmup_frames": WARMUP_FRAMES, "batch": 1},
+                     "frames": args.frames, "warmup_frames": WARMUP_FRAMES, "batch": 1},
         "talker_ms_per_frame": round(talker_ms, 2),
         "weight_products_ms_per_frame": round(weight_ms, 2),
         "fused_layers_ms_per_frame": round(fused_ms, 2),
@@ -138,6 +138,8 @@ def main() -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--quantization", choices=["cpu_int4", "cpu_w4a8"], default=None)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--frames", type=int, default=FRAMES,
+                        help="frames timed and profiled (the profiler's parse of a tiny model's many operators is slow)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--table", type=Path, help="print the markdown table of a directory of profiles instead")
     args = parser.parse_args()

@@ -16,11 +16,11 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "profile_tts_frame
 
 def test_frame_profile_accounts_for_the_talker_and_code2wav(tmp_path: Path) -> None:
     out = tmp_path / "frames" / "tiny.json"
-    run = subprocess.run([sys.executable, str(SCRIPT), str(TINY), "--dtype", "float32", "--out", str(out)],
+    run = subprocess.run([sys.executable, str(SCRIPT), str(TINY), "--dtype", "float32", "--frames", "4", "--out", str(out)],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     p = json.loads(out.read_text())
-    assert p["settings"]["threads"] == 1 and p["provenance"]["finished_at"]
+    assert p["settings"]["threads"] == 1 and p["settings"]["frames"] == 4 and p["provenance"]["finished_at"]
     parts = p["weight_products_ms_per_frame"] + p["other_operators_ms_per_frame"]
     assert 0 < p["weight_products_ms_per_frame"] < parts
     # The profiler's own cost can push the operators' sum past the unprofiled wall time; not far past.
