@@ -138,10 +138,12 @@ def unit_scale(model, seed: int = 1) -> None:
                 p.copy_(noise / math.sqrt(p[0].numel()))
 
 
-def write_thinker_checkpoint(path: Path, kind: str, tie_word_embeddings: bool = False) -> Path:
+def write_thinker_checkpoint(path: Path, kind: str, tie_word_embeddings: bool = False, vision: dict | None = None,
+                             audio: dict | None = None) -> Path:
     """A random thinker written by transformers (fp32): ``kind`` is qwen2_5_vl, qwen2_5_omni_thinker or
     qwen2_5_omni (the full model: the same thinker under ``thinker.``, and stand-ins for the talker's and
-    token2wav's tensors, which edge-infer neither loads nor counts)."""
+    token2wav's tensors, which edge-infer neither loads nor counts). ``vision`` / ``audio`` change the
+    towers' shapes (THINKER_VISION, THINKER_AUDIO)."""
     import json
 
     import torch
@@ -152,7 +154,8 @@ def write_thinker_checkpoint(path: Path, kind: str, tie_word_embeddings: bool = 
 
     family = "qwen2_5_vl" if kind == "qwen2_5_vl" else "qwen2_5_omni"
     text = THINKER_TEXT[family]
-    vision = dict(THINKER_VISION, out_hidden_size=text["hidden_size"])
+    audio = dict(THINKER_AUDIO, **(audio or {}))
+    vision = dict(THINKER_VISION, **(vision or {}), out_hidden_size=text["hidden_size"])
     if family == "qwen2_5_vl":
         config = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=dict(vision, tokens_per_second=2),
                                                tie_word_embeddings=tie_word_embeddings, **TOKEN_IDS)
@@ -161,7 +164,7 @@ def write_thinker_checkpoint(path: Path, kind: str, tie_word_embeddings: bool = 
         ids = {k.replace("_token_id", "_token_index") if k in ("image_token_id", "video_token_id", "audio_token_id")
                else k: v for k, v in OMNI_TOKEN_IDS.items()}
         config = transformers.Qwen2_5OmniThinkerConfig(
-            text_config=text, vision_config=vision, audio_config=dict(THINKER_AUDIO, output_dim=text["hidden_size"]),
+            text_config=text, vision_config=vision, audio_config=dict(audio, output_dim=text["hidden_size"]),
             tie_word_embeddings=tie_word_embeddings, **ids)
         model_cls = transformers.Qwen2_5OmniThinkerForConditionalGeneration
     config.get_text_config().initializer_range = 0.15  # a wide init: greedy outputs vary

@@ -20,7 +20,6 @@ from edge_infer.engine.protocol import media_problem
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.errors import InvalidRequestError, MediaError
 from edge_infer.media.features import AudioFeatures, VisionFeatures
-from edge_infer.media.limits import MediaLimits
 from edge_infer.models.encoder_config import audio_output_length
 from edge_infer.models.tokenizer import Tokenizer
 
@@ -38,14 +37,18 @@ def user(*parts) -> list[dict]:
     return [{"role": "user", "content": list(parts)}]
 
 
+# Limits that hold the media below and fit a 2048-token context (unset, the plan would turn videos off there).
+LIMITS = {"max_images": 1, "max_image_pixels": 448 * 448, "max_video_frames": 8, "max_audio_seconds": 3}
+
+
 @pytest.fixture(scope="module")
 def omni(synth_thinkers) -> Frontend:
-    return Frontend.create(synth_thinkers["qwen2_5_omni"], dtype="float32", max_model_len=2048)
+    return Frontend.create(synth_thinkers["qwen2_5_omni"], dtype="float32", max_model_len=2048, media_limits=LIMITS)
 
 
 @pytest.fixture(scope="module")
 def vl(synth_thinkers) -> Frontend:
-    return Frontend.create(synth_thinkers["qwen2_5_vl"], dtype="float32", max_model_len=2048)
+    return Frontend.create(synth_thinkers["qwen2_5_vl"], dtype="float32", max_model_len=2048, media_limits=LIMITS)
 
 
 # -- reading the parts ----------------------------------------------------------------------------------------
@@ -246,12 +249,17 @@ def test_a_text_model_refuses_media_naming_itself(tiny_model):
     ({"max_image_pixels": 1000}, [IMAGE], r"content\[0\] \(image_url\): 64x48 pixels is above the limit of 1000 "
                                           r"pixels per image \(--max-image-pixels\)"),
     ({"max_audio_seconds": 0.5}, [AUDIO], r"content\[0\] \(input_audio\): 1.0 s is above the limit of 0.5 seconds"),
+    ({"max_audios": 1}, [AUDIO, AUDIO], r"the request: 2 audios is above the limit of 1 audio clips per request "
+                                        r"\(--max-audios\)"),
     ({"max_videos": 0}, [VIDEO], r"the request: 1 videos is above the limit of 0 videos"),
 ])
-def test_limits_are_checked_naming_the_part_and_the_flag(omni, monkeypatch, limits, parts, error):
-    monkeypatch.setattr(Frontend, "media_limits", property(lambda self: MediaLimits(**limits)))
+def test_limits_are_the_plans_and_are_checked_naming_the_part_and_the_flag(synth_thinkers, limits, parts, error):
+    frontend = Frontend.create(synth_thinkers["qwen2_5_omni"], dtype="float32", max_model_len=2048,
+                               media_limits=limits)
+    assert frontend.media_limits is frontend.plan.media_limits
+    assert all(getattr(frontend.media_limits, name) == value for name, value in limits.items())
     with pytest.raises(MediaError, match=error):
-        omni.prepare_chat(user(*parts))
+        frontend.prepare_chat(user(*parts))
 
 
 def test_media_sources_follow_the_frontends_policy(omni, tmp_path, monkeypatch):
@@ -280,7 +288,7 @@ def test_local_text_engine_takes_the_same_messages_as_llm_chat(synth_thinkers):
 
     model = synth_thinkers["qwen2_5_vl"]
     messages = user({"type": "text", "text": "Describe"}, IMAGE, VIDEO)
-    settings = dict(dtype="float32", max_model_len=1024, kv_cache_memory_bytes=4 << 20)
+    settings = dict(dtype="float32", max_model_len=2048, kv_cache_memory_bytes=4 << 20, media_limits=LIMITS)
     with LLM(model, worker="thread", **settings) as llm:
         first = llm.chat(messages, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
         again = llm.chat(messages, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]

@@ -90,6 +90,24 @@ def test_media_are_encoded_once_though_preemption_recomputes_them(omni):
     assert {rid: tokens(d)[:10] for rid, d in out.items()} == reference
 
 
+def test_an_encoded_item_keeps_its_embeddings_and_drops_its_features(omni):
+    """Each item is held as its features until it is encoded, then as its embeddings only (the plan's "sequence
+    media" item sizes one or the other)."""
+    prompt, media = requests()["audio+image"]  # the clip in the first 16-token chunk, the image in a later one
+    core = engine(omni)
+    assert core.add_request(EngineRequest("r", prompt, GREEDY, media=media)) is None
+    seq = core.sequences["r"]
+    seen = set()
+    while seq.num_computed < len(prompt):
+        core.step()
+        held = tuple((m.features is None, e is not None) for m, e in zip(seq.media, seq.media_embeds))
+        assert all(dropped == encoded for dropped, encoded in held), held
+        seen.add(held)
+    assert ((True, True), (False, False)) in seen  # the clip encoded, the image not yet
+    assert all(m.features is None for m in seq.media) and all(e is not None for e in seq.media_embeds)
+    assert all(m.features is not None for m in media)  # the caller's own items are left as they were
+
+
 def test_different_images_behind_equal_tokens_do_not_share_cached_blocks(omni):
     prompt = Prompt(MM).text(list(range(20, 40))).image((1, 8, 8)).text(list(range(40, 60)))
     first, other = media_inputs(prompt, seed=1), media_inputs(prompt, seed=2)

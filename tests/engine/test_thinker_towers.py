@@ -1,5 +1,5 @@
 """A thinker's towers in the engine: built and loaded with the model, on the kernel --encoder-quantization names
-(dense in the engine's dtype by default), refused where this CPU cannot run it, counted in the plan's weights and in
+(dense in the engine's dtype by default), refused where this CPU cannot run it, each tower an item of the plan equal to
 what the core reports."""
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from edge_infer.config import EngineConfig
 from edge_infer.engine.core import EngineCore
 from edge_infer.errors import InvalidRequestError
 from edge_infer.hardware.cpu import profile
-from edge_infer.memory.encoder_path import apply_encoder_quantization
 from edge_infer.memory.plan import plan_text_session
 
 SETTINGS = dict(dtype="float32", max_model_len=128, max_num_seqs=2, max_num_batched_tokens=32,
@@ -29,7 +28,7 @@ def omni(thinker_checkpoints):
 def planned_core(path, encoder_quantization: str, **settings) -> tuple:
     if {encoder_quantization, settings.get("quantization")} & {"cpu_w4a8", "cpu_w8a8"} and runnable_variants() == ["scalar"]:
         pytest.skip("no variant of edge-infer's int8 kernels runs on this CPU")
-    plan = apply_encoder_quantization(plan_text_session(path, **{**SETTINGS, **settings}), encoder_quantization)
+    plan = plan_text_session(path, encoder_quantization=encoder_quantization, **{**SETTINGS, **settings})
     assert plan.admitted, plan.reasons
     return plan, EngineCore(plan.engine_config)
 
@@ -47,9 +46,12 @@ def test_the_towers_run_the_kernel_asked_for_and_the_plan_counts_them(omni, enco
     assert info.linear_kernels["encoder linears"].split(" ")[0] == towers
     assert info.linear_kernels["decoder linears"].split(" ")[0] == decoder
     assert {c.kind: c.kernel for c in plan.kernels.choices}["encoder linears"] == towers
-    assert plan.item("weights") == info.weight_bytes
     assert set(info.encoder_weight_bytes) == {"vision", "audio"}
-    assert info.weight_bytes == core.model.resident_bytes()
+    for kind, loaded in info.encoder_weight_bytes.items():
+        assert plan.item(f"{kind} encoder weights") == loaded, kind
+    assert plan.item("weights") == info.weight_bytes - sum(info.encoder_weight_bytes.values())  # the decoder's
+    assert plan.weight_bytes == info.weight_bytes == core.model.resident_bytes()
+    assert plan.settings["encoder_quantization"] == encoder_quantization
 
 
 @pytest.mark.parametrize("method", ["cpu_w8a8", "cpu_w4a8"])
@@ -64,7 +66,7 @@ def test_quantized_towers_see_what_the_dense_ones_see(omni, method):
 
 
 def test_a_kernel_this_cpu_cannot_run_is_refused_with_the_nearest(omni, capsys):
-    plan = apply_encoder_quantization(plan_text_session(omni, cpu=profile("arm-nodotprod"), **SETTINGS), "cpu_w4a8")
+    plan = plan_text_session(omni, cpu=profile("arm-nodotprod"), encoder_quantization="cpu_w4a8", **SETTINGS)
     assert not plan.admitted and plan.engine_config is None
     assert any(r.startswith("--encoder-quantization cpu_w4a8: cpu-w4a8 needs dotprod") and
                "use --encoder-quantization cpu_int4" in r for r in plan.reasons), plan.reasons
@@ -77,8 +79,8 @@ def test_a_kernel_this_cpu_cannot_run_is_refused_with_the_nearest(omni, capsys):
 
 def test_settings_that_do_not_apply_say_so(omni, hf_checkpoints):
     with pytest.raises(InvalidRequestError, match="encoder_quantization 'int3' is not supported; use one of none, same"):
-        apply_encoder_quantization(plan_text_session(omni, **SETTINGS), "int3")
-    text = apply_encoder_quantization(plan_text_session(hf_checkpoints["qwen2"], **SETTINGS), "cpu_w8a8")
+        plan_text_session(omni, encoder_quantization="int3", **SETTINGS)
+    text = plan_text_session(hf_checkpoints["qwen2"], encoder_quantization="cpu_w8a8", **SETTINGS)
     assert text.admitted and any("--encoder-quantization cpu_w8a8 does nothing" in n for n in text.notes)
     # same, with an unquantized decoder: dense towers
     plan, core = planned_core(omni, "same")

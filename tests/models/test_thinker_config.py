@@ -169,7 +169,10 @@ def test_edge_infer_plan_sizes_the_thinker_with_its_towers(thinker_checkpoints, 
     core = EngineCore(EngineConfig(model=str(path), dtype="float32", max_model_len=256, max_num_seqs=2,
                                    max_num_batched_tokens=16, kv_cache_memory_bytes=items["kv cache"]["bytes"]))
     assert core.ready_info.encoder_weight_bytes["vision"] > 0
-    assert items["weights"]["bytes"] == core.ready_info.weight_bytes  # the towers' weights included
+    towers = core.ready_info.encoder_weight_bytes
+    assert {f"{kind} encoder weights": items[f"{kind} encoder weights"]["bytes"] for kind in towers} == {
+        f"{kind} encoder weights": loaded for kind, loaded in towers.items()}
+    assert items["weights"]["bytes"] + sum(towers.values()) == core.ready_info.weight_bytes  # the decoder's + towers'
     assert items["kv cache"]["bytes"] == core.ready_info.kv_cache_bytes
     assert items["rope tables"]["bytes"] == core.ready_info.rope_bytes == 0
     assert plan["kernels"]["kernels"]["encoder linears"]["kernel"] == core.ready_info.linear_kernels["encoder linears"]

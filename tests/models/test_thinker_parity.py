@@ -243,5 +243,6 @@ def test_a_full_omni_checkpoint_loads_its_thinker_and_towers_only(engines, think
     assert info.decode_read_bytes == info.weight_bytes - sum(info.encoder_weight_bytes.values()) - untied_table
     plan = plan_text_session(thinker_checkpoints["qwen2_5_omni"], dtype="float32", max_model_len=512,
                              kv_cache_memory_bytes=4 << 20, available_bytes=8 << 30)
-    assert plan.admitted and plan.item("weights") == info.weight_bytes
+    assert plan.admitted and plan.weight_bytes == info.weight_bytes
+    assert {k: plan.item(f"{k} encoder weights") for k in towers} == info.encoder_weight_bytes
     assert plan.item("rope tables") == info.rope_bytes == 0

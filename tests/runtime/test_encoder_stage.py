@@ -31,14 +31,17 @@ from edge_infer.runtime.omni import AsyncOmni
 from edge_infer.runtime.transport import list_segments
 
 INLINE_THRESHOLD = 1024
-ENGINE = {"dtype": "float32", "max_model_len": 512}
+# What the cases carry, within what a 2048-token context holds
+LIMITS = {"max_images": 1, "max_image_pixels": 160 * 120, "max_audio_seconds": 3, "max_video_frames": 8,
+          "max_video_seconds": 3}
+ENGINE = {"dtype": "float32", "max_model_len": 2048, "media_limits": LIMITS}
 PIPELINE = """
 base_config: thinker_encoder
 connectors:
   shared_memory: {{inline_threshold_bytes: {threshold}, max_unacked_per_producer: 4}}
 stages:
-  - {{stage_id: 0, model: "{model}", engine: {{dtype: float32, max_model_len: 512}}}}
-  - {{stage_id: 1, model: "{model}", engine: {{dtype: float32, max_model_len: 512, max_num_seqs: 2}}}}
+  - {{stage_id: 0, model: "{model}", engine: {{dtype: float32, max_model_len: 2048, media_limits: {limits}}}}}
+  - {{stage_id: 1, model: "{model}", engine: {{dtype: float32, max_model_len: 2048, max_num_seqs: 2, media_limits: {limits}}}}}
 """
 GREEDY = dict(max_tokens=8, temperature=0.0, ignore_eos=True)
 
@@ -66,7 +69,7 @@ def model(synth_thinkers):
 @pytest.fixture(scope="module")
 def config_path(model, tmp_path_factory):
     return write_config(tmp_path_factory.mktemp("encoder-stage"),
-                        PIPELINE.format(model=model, threshold=INLINE_THRESHOLD))
+                        PIPELINE.format(model=model, threshold=INLINE_THRESHOLD, limits=json.dumps(LIMITS)))
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +183,15 @@ def test_the_plan_gives_the_towers_to_the_encoder_stage_and_none_to_the_thinker(
     executor.start(stage)  # the thinker stage's engine, in this process
     assert executor.core.model.towers() == {} and executor.core.model.encoders == {}
     assert thinker.weights_bytes == executor.core.ready_info.weight_bytes
-    assert plan.stage(0).max_payload_bytes == 512 * 4 * executor.core.model.cfg.hidden_size
+    assert plan.stage(0).max_payload_bytes == 2048 * 4 * executor.core.model.cfg.hidden_size
+    # one encode's activations and the media decode are booked where the towers run, not on the thinker
+    from edge_infer.memory.plan import plan_text_session
+
+    whole = plan_text_session(model, **{**ENGINE, "max_num_seqs": 2})
+    encode = whole.item("encoder activations") + whole.item("media preprocessing")
+    assert encode > 0 and encoder.buffers_bytes >= encode
+    assert thinker.buffers_bytes == whole.steady_bytes - whole.weight_bytes - whole.item("kv cache") \
+        - whole.item("runtime overhead") - encode
 
 
 def test_the_thinker_stage_places_embeddings_and_checks_what_came_with_them(config_path, model):

@@ -1,6 +1,8 @@
 """The real text engine as an `ar` stage: same tokens as the text API, text chunks, errors, plan."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from edge_infer import LLM, SamplingParams
@@ -83,3 +85,38 @@ def test_a_thinker_stage_takes_chat_messages_with_media(synth_thinkers, tmp_path
         outside = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "file:///etc/hostname"}}]}]
         (bad,) = omni.generate({"messages": outside}, sampling_params_list=[params])
         assert bad.status == "error" and "content[0] (image_url): file:///etc/hostname is outside" in bad.error
+
+
+def test_a_thinker_stage_reserves_and_holds_requests_to_what_its_plan_sized(synth_thinkers, tmp_path):
+    """The stage's engine settings reach its plan (the towers' kernel, the media limits): the reservation counts both
+    towers and the media items, and a request over a limit the plan sized fails, naming the flag."""
+    from media_files import data_url, png
+
+    model = synth_thinkers["qwen2_5_omni"]
+    engine = {"dtype": "float32", "max_model_len": 512, "encoder_quantization": "cpu_int4",
+              "media_limits": {"max_images": 1, "max_audio_seconds": 2}}
+    config = write_config(tmp_path, f"base_config: text\nstages:\n  - {{stage_id: 0, model: \"{model}\", "
+                                    f"engine: {json.dumps(engine)}}}\n")
+    text_plan = plan_text_session(model, dtype="float32", max_model_len=512, max_num_seqs=4,
+                                  encoder_quantization="cpu_int4", media_limits={"max_images": 1, "max_audio_seconds": 2})
+    assert text_plan.admitted and text_plan.media_limits.max_images == 1
+    stage = plan_deploy(load_deploy_config(config)).stage(0).reservation
+    assert stage.weights_bytes == text_plan.weight_bytes > text_plan.item("weights")  # the towers too
+    assert stage.weights_bytes + stage.kv_bytes + stage.buffers_bytes + stage.runtime_bytes == text_plan.steady_bytes
+    params = dict(max_tokens=4, temperature=0.0, ignore_eos=True)
+    two = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(png(i), "image/png")}}
+                                        for i in range(2)]}]
+    with Omni(config) as omni:
+        (bad,) = omni.generate(two, sampling_params_list=[params])
+        assert bad.status == "error" and "2 images is above the limit of 1 images per request (--max-images)" in bad.error
+        (one,) = omni.generate([{"role": "user", "content": two[0]["content"][:1]}], sampling_params_list=[params])
+        assert one.status == "finished", one.error
+
+
+def test_a_stages_media_limits_are_checked_by_name(tmp_path, tiny_model):
+    from edge_infer.runtime.config import DeployConfigError
+
+    config = write_config(tmp_path, f"base_config: text\nstages:\n  - {{stage_id: 0, model: \"{tiny_model}\", "
+                                    "engine: {media_limits: {max_pictures: 2}}}\n")
+    with pytest.raises(DeployConfigError, match="unknown media limit 'max_pictures'; known: max_images"):
+        load_deploy_config(config)

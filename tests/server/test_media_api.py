@@ -1,13 +1,15 @@
 """Images, audio and video through the real server with the official `openai` client (and langchain-openai): answers
 equal `LLM.chat`'s for the same messages (greedy), streamed or not, alone or batched; bad media, sources the operator
 did not allow and requests over a limit are 400s naming the problem, and the server keeps serving; preparing media
-does not hold up other requests; a client that leaves while its image is encoded frees everything."""
+does not hold up other requests; a client that leaves while its image is encoded frees everything. The limits a request
+is held to are the ones the server's memory plan sized (its --max-images ... flags, the rest fitted to the context)."""
 from __future__ import annotations
 
 import asyncio
 import base64
 import contextlib
 import io
+import math
 import threading
 
 import httpx
@@ -25,6 +27,11 @@ pytestmark = pytest.mark.slow
 MODEL = "qwen2_5_omni"  # the served name: the checkpoint directory's
 MAX_TOKENS = 8
 QUESTION = {"type": "text", "text": "What is in this?"}
+# The media limits the server is started with (a request at all of them fits its 2048-token context; unset, the plan
+# would fit them itself and turn videos off at this context): one image of up to 448x448 pixels, a video of 8 frames
+# with its sound, clips of up to 3 s (its --max-audios: one per request).
+LIMITS = {"max_images": 1, "max_image_pixels": 448 * 448, "max_video_frames": 8, "max_audio_seconds": 3}
+LIMIT_FLAGS = [arg for name, value in LIMITS.items() for arg in ("--" + name.replace("_", "-"), str(value))]
 
 
 def image(seed: int = 0, **size) -> dict:
@@ -61,7 +68,7 @@ def omni(synth_thinkers):
 
 @pytest.fixture(scope="module")
 def omni_server(omni, media_dir):
-    with ServerProcess(omni, "--max-model-len", "2048", "--max-num-seqs", "4",
+    with ServerProcess(omni, "--max-model-len", "2048", "--max-num-seqs", "4", *LIMIT_FLAGS,
                        "--allowed-media-dir", str(media_dir / "allowed")) as proc:
         yield proc
 
@@ -70,7 +77,7 @@ def omni_server(omni, media_dir):
 def reference(omni, media_dir):
     """The same checkpoint and settings in this process: what LLM.chat answers."""
     with LLM(omni, dtype="float32", max_model_len=2048, max_num_seqs=4, num_threads=1, worker="thread",
-             media_policy=MediaPolicy(allowed_dir=media_dir / "allowed")) as llm:
+             media_limits=LIMITS, media_policy=MediaPolicy(allowed_dir=media_dir / "allowed")) as llm:
         yield llm
 
 
@@ -151,10 +158,15 @@ BAD = {
     "0-byte audio": (user({"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}),
                      "content[0] (input_audio): is empty (0 bytes)"),
     "oversized image": (user({"type": "image_url", "image_url": {"url": data_url(huge_png(), "image/png")}}),
-                        "content[0] (image_url): 3600x3600 pixels is above the limit of 12845056 pixels per image "
+                        "content[0] (image_url): 3600x3600 pixels is above the limit of 200704 pixels per image "
                         "(--max-image-pixels)"),
-    "too many images": (user(*[image(i) for i in range(5)]),
-                        "the request: 5 images is above the limit of 4 images per request (--max-images)"),
+    "too many images": (user(image(0), image(1)),
+                        "the request: 2 images is above the limit of 1 images per request (--max-images); send fewer "
+                        "images or raise --max-images"),
+    "too many clips": (user(wav(0.5), wav(0.5, 300.0)),
+                       "the request: 2 audios is above the limit of 1 audio clips per request (--max-audios)"),
+    "too long a clip": (user(wav(4.0)), "content[0] (input_audio): 4.0 s is above the limit of 3 seconds of audio per "
+                                        "clip (--max-audio-seconds)"),
     "remote URL": (user({"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/picture.png"}}),
                    "remote media URLs are off; send the file as a data: URL, or start the server with "
                    "--allow-remote-media"),
@@ -209,8 +221,9 @@ def test_concurrent_multimodal_requests_equal_single_ones(omni_server):
 
 
 def test_a_client_that_leaves_while_its_big_image_is_encoded_frees_everything(omni_server):
-    """A 1232x1232 image (1936 tokens) keeps the encoder busy; the client goes once the request holds KV blocks."""
-    body = {"model": MODEL, "messages": user(image(7, width=1232, height=1232)), "max_tokens": 80, "ignore_eos": True,
+    """An image at the limit (448x448, 256 tokens) keeps the encoder busy; the client goes once the request holds KV
+    blocks."""
+    body = {"model": MODEL, "messages": user(image(7, width=448, height=448)), "max_tokens": 80, "ignore_eos": True,
             "stream": True}
     with httpx.stream("POST", omni_server.base_url + "/v1/chat/completions", json=body, timeout=60):
         wait_until(lambda: omni_server.metrics()["edge_infer_kv_blocks_used"] > 0, "the request to be admitted")
@@ -318,6 +331,20 @@ async def _finish_reason(stream) -> str | None:
         if chunk.choices and chunk.choices[0].finish_reason:
             reason = chunk.choices[0].finish_reason
     return reason
+
+
+def test_a_limit_the_plan_fitted_is_the_limit_enforced(local_server):
+    """Started without limit flags: the plan fitted the image size to the 2048-token context, and that is what a
+    request is held to."""
+    service, base_url = local_server
+    limit = service.frontend.plan.media_limits.max_image_pixels
+    assert 0 < limit < 12845056  # not the checkpoint's max_pixels
+    side = math.isqrt(limit) + 1
+    body = {"model": MODEL, "messages": user(image(9, width=side, height=side)), "max_tokens": 2}
+    response = httpx.post(base_url + "/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400
+    assert (f"{side}x{side} pixels is above the limit of {limit} pixels per image (--max-image-pixels)"
+            in response.json()["error"]["message"])
 
 
 def test_a_client_that_leaves_during_preparation_is_not_served(local_server, monkeypatch):

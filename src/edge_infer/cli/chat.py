@@ -19,12 +19,9 @@ async def _chat(args: argparse.Namespace) -> int:
     from edge_infer.engine.local import LocalTextEngine
     from edge_infer.engine.frontend import resolve_model
     from edge_infer.errors import PlanRefusedError
-    from edge_infer.memory.encoder_path import apply_encoder_quantization
     from edge_infer.memory.plan import plan_text_session
 
-    settings = engine_settings(args)
-    encoder_quantization = settings.pop("encoder_quantization")
-    plan = apply_encoder_quantization(plan_text_session(resolve_model(args.model), **settings), encoder_quantization)
+    plan = plan_text_session(resolve_model(args.model), **engine_settings(args))
     if not plan.admitted:
         raise PlanRefusedError("memory plan refused:\n" + plan.table(), plan)
     engine = LocalTextEngine(plan, worker=args.worker)

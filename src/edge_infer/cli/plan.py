@@ -27,15 +27,12 @@ def run(args: argparse.Namespace) -> int:
     from edge_infer.engine.frontend import resolve_model
     from edge_infer.errors import EdgeInferError
     from edge_infer.hardware.cpu import profile
-    from edge_infer.memory.encoder_path import apply_encoder_quantization
     from edge_infer.memory.plan import plan_text_session
 
     try:
         cpu = profile(args.cpu) if args.cpu else None
-        settings = engine_settings(args)
-        encoder_quantization = settings.pop("encoder_quantization")
-        plan = apply_encoder_quantization(plan_text_session(resolve_model(args.model), available_bytes=args.available_bytes,
-                                                            cpu=cpu, **settings), encoder_quantization)
+        plan = plan_text_session(resolve_model(args.model), available_bytes=args.available_bytes, cpu=cpu,
+                                 **engine_settings(args))
     except (EdgeInferError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -48,6 +48,31 @@ def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True
                         "CPU cannot run it")
     g.add_argument("--weight-backend", default="auto", choices=["auto", "onednn", "dense", "w16"], help=argparse.SUPPRESS)
     g.add_argument("--worker", default="process", choices=["process", "thread"], help=argparse.SUPPRESS)
+    _add_media_limit_args(parser)
+
+
+def _add_media_limit_args(parser: argparse.ArgumentParser) -> None:
+    """One flag per media limit (media/limits.py names them in its refusals); unset ones keep the plan's default."""
+    from dataclasses import fields
+
+    from edge_infer.media.limits import LIMITS, MediaLimits
+
+    g = parser.add_argument_group(
+        "media limits per request (multimodal models; the plan sizes the encoders for them; by default the "
+        "checkpoint's, lowered where a request at every limit would not fit --max-model-len)")
+    defaults = MediaLimits()
+    for f in fields(MediaLimits):
+        default = "the checkpoint's max_pixels" if f.name == "max_image_pixels" else f"{getattr(defaults, f.name):g}"
+        g.add_argument(LIMITS[f.name].flag, dest=f.name, type=float if f.type == "float" else int, default=None,
+                       metavar="N", help=f"{LIMITS[f.name].unit} (default {default})")
+
+
+def media_limit_settings(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The media limits given on the command line, or None (the plan's defaults)."""
+    from edge_infer.media.limits import LIMITS
+
+    given = {name: getattr(args, name) for name in LIMITS if getattr(args, name, None) is not None}
+    return given or None
 
 
 def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -71,4 +96,5 @@ def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
         packed_head=args.packed_head,
         prefix_caching=not args.no_prefix_cache,
         kv_cache_dtype=args.kv_cache_dtype,
+        **({"media_limits": limits} if (limits := media_limit_settings(args)) else {}),
     )

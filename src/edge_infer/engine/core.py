@@ -5,9 +5,9 @@ reports a ``TokenDelta`` per request that progressed or ended. It knows token
 ids only, and media as encoder features: a multimodal thinker's media item is
 encoded (on ``encoder_threads``) when the first step that computes one of its
 placeholder tokens is scheduled (an item that comes with its embeddings,
-``MediaEmbeddings``, is placed as it is), and its embeddings stay with the
-sequence until it ends. It runs inside a worker process by default
-(``engine.worker``).
+``MediaEmbeddings``, is placed as it is); its embeddings then replace its
+features and stay with the sequence until it ends. It runs inside a worker
+process by default (``engine.worker``).
 """
 from __future__ import annotations
 
@@ -247,12 +247,13 @@ class EngineCore:
             if seq.media_embeds[k] is None and np.searchsorted(m.positions, start) < np.searchsorted(m.positions, end):
                 if m.encoded:  # embeddings computed elsewhere (an encoder stage): placed as they are
                     seq.media_embeds[k] = torch.from_numpy(m.features.rows).to(self.model.dtype)
-                    continue
-                began = time.perf_counter()
-                with threads(self.encoder_threads):
-                    seq.media_embeds[k] = self.model.encode(m.kind, m.features)
-                seq.encode_s += time.perf_counter() - began
-                self.stats.media_encoded += 1
+                else:
+                    began = time.perf_counter()
+                    with threads(self.encoder_threads):
+                        seq.media_embeds[k] = self.model.encode(m.kind, m.features)
+                    seq.encode_s += time.perf_counter() - began
+                    self.stats.media_encoded += 1
+                seq.media[k] = replace(m, features=None)  # the embeddings replace the input (memory/media_plan.py)
 
     def abort(self, request_ids: list[str]) -> list[TokenDelta]:
         out = []

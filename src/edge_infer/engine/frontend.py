@@ -20,7 +20,6 @@ from edge_infer.errors import CheckpointError, InvalidRequestError, PlanRefusedE
 from edge_infer.media.config import MediaProcessing
 from edge_infer.media.limits import MediaLimits
 from edge_infer.media.sources import MediaPolicy
-from edge_infer.memory.encoder_path import apply_encoder_quantization
 from edge_infer.memory.plan import TextPlan, plan_text_session
 from edge_infer.models.checkpoint import demo_model_dir
 from edge_infer.models.config import ModelConfig
@@ -94,9 +93,8 @@ class Frontend:
         ModelConfig.from_dir(model_dir)  # a directory that is not a checkpoint is the first thing to report (parsed once: models/config.py)
         tokenizer = None if skip_tokenizer_init else Tokenizer(model_dir)
         defaults = GenerationDefaults.from_dir(model_dir, tokenizer.eos_token_id if tokenizer else None)
-        encoder_quantization = settings.pop("encoder_quantization", None)
         plan = plan_text_session(model_dir, eos_token_ids=defaults.eos_token_ids, **settings)
-        return cls(apply_encoder_quantization(plan, encoder_quantization), tokenizer, defaults)
+        return cls(plan, tokenizer, defaults)
 
     @classmethod
     def from_plan(cls, plan: TextPlan, skip_tokenizer_init: bool = False) -> "Frontend":
@@ -144,9 +142,11 @@ class Frontend:
         return PreparedPrompt(prompt, self.require_tokenizer().encode(prompt))
 
     @property
-    def media_limits(self) -> MediaLimits:
-        """What one request may carry (images, pixels, audio seconds, video frames); the one place they come from."""
-        return MediaLimits.for_processing(self.media_processing)
+    def media_limits(self) -> MediaLimits | None:
+        """What one request may carry (images, pixels, clips, audio seconds, videos, frames): the limits the memory
+        plan sized the encoders and media buffers for (``plan.media_limits``), so that every frontend refuses what
+        the plan did not size; None for a text model, which takes no media."""
+        return self.plan.media_limits
 
     def prepare_chat(self, messages: list[dict[str, Any]], mm_processor_kwargs: dict[str, Any] | None = None,
                      **template_kwargs: Any) -> PreparedPrompt:

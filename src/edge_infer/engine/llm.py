@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 from edge_infer.engine.frontend import Frontend, PreparedPrompt, PromptInput
 from edge_infer.engine.request_fold import RequestFold
 from edge_infer.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from edge_infer.engine.protocol import AbortRequests, AddRequest, Deltas
+from edge_infer.engine.protocol import AbortRequests, AddRequest, Deltas, EngineRequest
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.engine.worker import CoreClient
 from edge_infer.media.sources import MediaPolicy
@@ -166,8 +166,9 @@ class LLM:
                 ids.append(rid)
             layout.append(ids)
         arrival = time.time()
-        for req in requests:
-            self._client.send(AddRequest(req))
+        self._send_all(requests)
+        for prompt in prepared:  # the worker has the media now; the outputs need their token ids only
+            prompt.media = []
         pending = set(samples)
         bar = tqdm(total=len(pending), desc="generating", unit="sample", disable=not use_tqdm)
         while pending:
@@ -185,6 +186,12 @@ class LLM:
                         bar.update(1)
         bar.close()
         return [self._output(prepared[i], ids, samples, arrival) for i, ids in enumerate(layout)]
+
+    def _send_all(self, requests: list[EngineRequest]) -> None:
+        """Hand the requests to the worker and keep no reference to them (nor to their media's features)."""
+        for req in requests:
+            self._client.send(AddRequest(req))
+        requests.clear()
 
     def _output(self, prompt: PreparedPrompt, ids: list[str], samples: dict[str, RequestFold], arrival: float) -> RequestOutput:
         outs = [

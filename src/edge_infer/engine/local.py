@@ -25,13 +25,12 @@ from typing import Any, Callable
 
 from edge_infer.engine.async_engine import AsyncEngine, RequestRecord
 from edge_infer.engine.frontend import Frontend
-from edge_infer.engine.media_prompt import MEDIA_PREP_THREADS
 from edge_infer.engine.protocol import ReadyInfo
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.engine.streams import RequestStream
 from edge_infer.errors import InvalidRequestError, PlanRefusedError, StaleSessionError
+from edge_infer.media.limits import MEDIA_PREP_THREADS
 from edge_infer.media.sources import MediaPolicy
-from edge_infer.memory.encoder_path import apply_encoder_quantization
 from edge_infer.memory.plan import TextPlan, plan_text_session
 
 
@@ -46,8 +45,7 @@ class LocalTextEngine:
                  media_policy: MediaPolicy | None = None, **plan_kwargs: Any):
         """``media_policy``: where chat media parts may be read from (default: data: URLs only)."""
         if not isinstance(plan, TextPlan):
-            encoder_quantization = plan_kwargs.pop("encoder_quantization", None)
-            plan = apply_encoder_quantization(plan_text_session(plan, **plan_kwargs), encoder_quantization)
+            plan = plan_text_session(plan, **plan_kwargs)
         if not plan.admitted:
             raise PlanRefusedError("memory plan refused: " + "; ".join(plan.reasons), plan)
         self.plan = plan

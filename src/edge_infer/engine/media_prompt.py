@@ -9,7 +9,7 @@ The server, ``LLM.chat``, ``LocalTextEngine`` and the Omni text stage all go thr
    Qwen2.5-Omni's templates and edge-infer's synth templates render as their markers around one
    placeholder) and a ``MediaPart`` to load; a content list without media is joined into one string, as
    text-only templates expect.
-2. ``check_parts``: the model takes each kind, and the image and video counts are within the limits.
+2. ``check_parts``: the model takes each kind, and the image, audio and video counts are within the limits.
    Nothing has been read yet.
 3. The template renders; ``check_placeholders`` matches the placeholders it wrote to the parts.
 4. ``load_part`` reads a part's bytes under the operator's ``MediaPolicy``, decodes and featurizes it
@@ -41,17 +41,13 @@ from edge_infer.media.video import video_features
 from edge_infer.models.config import MultimodalConfig
 from edge_infer.models.mrope import MediaLayout, audio_in_video_pieces
 
-# Preparations with media run at once by a frontend with an event loop (the server, LocalTextEngine). Decoding
-# is CPU work: more threads would share the same cores, and each running one holds a decoded item in memory.
-MEDIA_PREP_THREADS = 2
-
 # Content part type -> the media kind it carries.
 MEDIA_PARTS = {"image_url": "image", "input_audio": "audio", "audio_url": "audio", "video_url": "video"}
 INPUT_AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg")
 PART_TYPES = "text, image_url, input_audio, audio_url or video_url"
 # mm_processor_kwargs (vLLM's name) that the preprocessing takes.
 PROCESSOR_OPTIONS = ("use_audio_in_video",)
-_COUNT_LIMITS = {"image": "max_images", "video": "max_videos"}
+_COUNT_LIMITS = {"image": "max_images", "audio": "max_audios", "video": "max_videos"}
 
 
 @dataclass(frozen=True)
@@ -149,11 +145,13 @@ def use_audio_in_video(mm_processor_kwargs: Mapping[str, Any] | None) -> bool:
     return value
 
 
-def check_parts(parts: Sequence[MediaPart], mm: MultimodalConfig | None, model: str, limits: MediaLimits) -> None:
-    """Refuse parts the model cannot take, or more images or videos than a request may carry."""
+def check_parts(parts: Sequence[MediaPart], mm: MultimodalConfig | None, model: str,
+                limits: MediaLimits | None) -> None:
+    """Refuse parts the model cannot take, or more images, audio clips or videos than a request may carry
+    (``limits``: a multimodal model's; a text model, which has none, takes no parts)."""
     if not parts:
         return
-    if mm is None:
+    if mm is None or limits is None:
         raise InvalidRequestError(f"{parts[0].where}: this model ({model}) takes text only; send the messages "
                                   "without image, audio or video parts, or serve a multimodal model "
                                   "(Qwen2.5-VL, Qwen2.5-Omni)")

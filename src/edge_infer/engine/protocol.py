@@ -51,7 +51,9 @@ class MediaInput:
     """
 
     kind: str  # image | video | audio
-    features: VisionFeatures | AudioFeatures | MediaEmbeddings
+    # None once the core has encoded it: a sequence keeps the embeddings (and this item's positions and digest),
+    # never the encoder's input beside them.
+    features: VisionFeatures | AudioFeatures | MediaEmbeddings | None
     positions: np.ndarray  # int64 prompt indices its embeddings fill, in order
     digest: bytes
 
@@ -62,6 +64,7 @@ class MediaInput:
 
     @property
     def layout(self) -> MediaLayout:
+        """Where its embeddings sit and (vision) their grid, for the M-RoPE positions: before it is encoded."""
         f = self.features
         if isinstance(f, (VisionFeatures, MediaEmbeddings)) and f.grid_thw is not None:
             return MediaLayout(self.kind, np.asarray(self.positions), tuple(f.grid_thw), f.second_per_grid)

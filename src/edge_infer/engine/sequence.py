@@ -49,8 +49,8 @@ class Sequence:
     # Structured output: the llguidance matcher the output must satisfy (a Future until it is built).
     grammar: Any = None
     # Media: the items, their M-RoPE positions over the prompt (None: text only, positions are indices) and the
-    # delta of generated tokens, and each item's embeddings once encoded, kept until the sequence ends (a
-    # recompute after preemption does not encode again).
+    # delta of generated tokens, and each item's embeddings once encoded (its features are dropped then), kept
+    # until the sequence ends (a recompute after preemption does not encode again).
     media: list[MediaInput] = field(default_factory=list)
     mrope_positions: np.ndarray | None = None
     mrope_delta: int = 0

@@ -15,6 +15,12 @@ if TYPE_CHECKING:
     from edge_infer.media.config import MediaProcessing
 
 
+# Requests a frontend with an event loop (the server, LocalTextEngine) prepares at once, each on a thread of its
+# own. Decoding is CPU work: more threads would share the same cores, and each running one holds a decoded item in
+# memory, which the plan sizes for this many requests at the limits.
+MEDIA_PREP_THREADS = 2
+
+
 @dataclass(frozen=True)
 class _Limit:
     unit: str  # what the amount counts, per what
@@ -26,6 +32,7 @@ LIMITS = {
     "max_images": _Limit("images per request", "--max-images", "send fewer images"),
     "max_image_pixels": _Limit("pixels per image", "--max-image-pixels", "resize it"),
     "max_audio_seconds": _Limit("seconds of audio per clip", "--max-audio-seconds", "cut it"),
+    "max_audios": _Limit("audio clips per request", "--max-audios", "send fewer clips"),
     "max_videos": _Limit("videos per request", "--max-videos", "send fewer videos"),
     "max_video_frames": _Limit("sampled frames per video", "--max-video-frames", "send a shorter video"),
     "max_video_seconds": _Limit("seconds per video", "--max-video-seconds", "cut it"),
@@ -45,6 +52,7 @@ class MediaLimits:
     max_images: int = 4
     max_image_pixels: int = 16384 * 28 * 28  # Qwen2.5-VL/Omni checkpoints' max_pixels
     max_audio_seconds: float = 30.0
+    max_audios: int = 1
     max_videos: int = 1
     max_video_frames: int = 32
     max_video_seconds: float = 120.0
@@ -54,6 +62,10 @@ class MediaLimits:
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"{f.name} ({LIMITS[f.name].flag}) must be a number >= 0, got {value!r}")
+            if f.type in (int, "int"):  # counts and pixels are whole (a YAML or JSON 1.0 is 1)
+                if value != int(value):
+                    raise ValueError(f"{f.name} ({LIMITS[f.name].flag}) must be a whole number, got {value!r}")
+                object.__setattr__(self, f.name, int(value))
 
     @classmethod
     def for_processing(cls, media: "MediaProcessing", **overrides: Any) -> "MediaLimits":

@@ -65,16 +65,15 @@ class _Request:
 
 def _plan(stage: StageConfig) -> TextPlan:
     """The thinker's plan for this stage's settings, with the towers' weight path (engine.quantization)."""
-    from edge_infer.memory.encoder_path import apply_encoder_quantization
     from edge_infer.memory.plan import plan_text_session
 
     e = stage.engine
     plan = plan_text_session(stage.model, max_model_len=e.max_model_len, max_num_seqs=1, dtype=e.dtype,
-                             available_bytes=_SETTINGS_ONLY_BYTES)
+                             available_bytes=_SETTINGS_ONLY_BYTES, encoder_quantization=e.quantization,
+                             media_limits=e.media_limits)
     if plan.model_config.multimodal is None:
         raise CheckpointError(f"{stage.model} holds a text model ({plan.model_config.architecture}): it has no media "
                               "encoders; the media_encoder stage takes a Qwen2.5-VL or Qwen2.5-Omni thinker")
-    plan = apply_encoder_quantization(plan, e.quantization)
     if not plan.admitted:
         raise PlanRefusedError("; ".join(plan.reasons), plan)
     return plan
@@ -89,16 +88,13 @@ class MediaEncoderExecutor(StageExecutor):
 
     @classmethod
     def plan(cls, stage: StageConfig) -> ReservationPlan:
-        from edge_infer.memory.encoder_path import plan_tower_bytes
+        from edge_infer.memory.plan import TOWER_ITEMS, WEIGHT_ITEMS
 
-        plan = _plan(stage)
+        plan = _plan(stage)  # one sequence: "sequence media" is one request's inputs and embeddings
         hidden = plan.model_config.hidden_size
-        # HOOK (issue 15, memory plan of the encoders): buffers are the towers' activation peak at the largest
-        # item plus one request's features and embeddings; main's plan has no item for them yet (0 here). When
-        # it does ("encoder activations", "media inputs", "media embeddings", "media preprocessing"), sum them.
         return ReservationPlan(
-            weights_bytes=plan_tower_bytes(plan),
-            buffers_bytes=0,
+            weights_bytes=plan.items_bytes(TOWER_ITEMS & WEIGHT_ITEMS),
+            buffers_bytes=plan.items_bytes(TOWER_ITEMS - WEIGHT_ITEMS) + plan.item("sequence media"),
             runtime_bytes=plan.item("runtime overhead"),
             # An item's rows are placeholders of a prompt shorter than max_model_len (float32); the prompt's ids
             # and positions are smaller.

@@ -68,20 +68,12 @@ def _plan(stage: StageConfig) -> TextPlan:
         quantization=e.quantization,
         priority=e.priority,
         dtype=e.dtype,
+        encoder_quantization=e.encoder_quantization,
+        media_limits=e.media_limits,
     )
     if TextEngineExecutor.options(stage).load_encoders is False and plan.engine_config is not None:
         plan.engine_config = replace(plan.engine_config, load_encoders=False)
     return plan
-
-
-def _tower_bytes(plan: TextPlan) -> int:
-    """What the plan's weights item holds for towers this stage does not load."""
-    engine = plan.engine_config
-    if plan.model_config.multimodal is None or engine is None or engine.load_encoders:
-        return 0
-    from edge_infer.memory.encoder_path import plan_tower_bytes
-
-    return plan_tower_bytes(plan)
 
 
 class TextEngineExecutor(StageExecutor):
@@ -98,14 +90,21 @@ class TextEngineExecutor(StageExecutor):
 
     @classmethod
     def plan(cls, stage: StageConfig) -> ReservationPlan:
-        # HOOK (issue 15, memory plan of the encoders): main's plan has the towers inside "weights" and no encoder
-        # activation item yet; when it lists them apart, a stage without towers leaves those items out too.
+        from edge_infer.memory.plan import TOWER_ITEMS, WEIGHT_ITEMS
+
         plan = _plan(stage)
+        weights, kv, runtime = plan.weight_bytes, plan.item("kv cache"), plan.item("runtime overhead")
+        # the rest of the steady state: activations, RoPE tables, a thinker's media and encodes
+        buffers = plan.steady_bytes - weights - kv - runtime
+        engine = plan.engine_config
+        if engine is not None and not engine.load_encoders:  # an encoder stage runs the towers: none of theirs here
+            weights -= plan.items_bytes(TOWER_ITEMS & WEIGHT_ITEMS)
+            buffers -= plan.items_bytes(TOWER_ITEMS - WEIGHT_ITEMS)
         return ReservationPlan(
-            weights_bytes=plan.item("weights") - _tower_bytes(plan),
-            kv_bytes=plan.item("kv cache"),
-            buffers_bytes=plan.item("activations") + plan.item("rope tables"),
-            runtime_bytes=plan.item("runtime overhead"),
+            weights_bytes=weights,
+            kv_bytes=kv,
+            buffers_bytes=buffers,
+            runtime_bytes=runtime,
             max_payload_bytes=4 * MAX_TEXT_CHUNK_CHARS,
         )
 
@@ -164,6 +163,7 @@ class TextEngineExecutor(StageExecutor):
             raise StageRequestError(request_id, "the M-RoPE positions sent with the prompt differ from those its media "
                                                 "give here: do the encoder stage and this one hold the same checkpoint?")
         req.fold = RequestFold.start(self.frontend.tokenizer, engine_request.params)
+        req.media = []  # the core holds them until it encodes them (then their embeddings only)
         problem = self.core.add_request(engine_request)
         if problem is not None:
             raise StageRequestError(request_id, problem.error)

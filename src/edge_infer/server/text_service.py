@@ -19,7 +19,7 @@ from typing import Any, Callable, TypeVar
 
 from edge_infer.engine.async_engine import AsyncEngine
 from edge_infer.engine.frontend import Frontend
-from edge_infer.engine.media_prompt import MEDIA_PREP_THREADS
+from edge_infer.media.limits import MEDIA_PREP_THREADS
 from edge_infer.server.exit_codes import EXIT_ENGINE_DEAD
 from edge_infer.server.metrics import SharedMetrics, TextMetrics
 from edge_infer.server.protocol import ModelCard
