@@ -41,6 +41,9 @@ prepare llama llama-3.2-1b
 if [ ! -f "$models/qwen3-tts-0.6b/config.json" ]; then  # speech: no GGUF
   $EDGE_INFER synth "$models/qwen3-tts-0.6b" --family qwen3-tts --preset qwen3-tts-0.6b
 fi
+if [ ! -f "$models/qwen2.5-omni-3b/config.json" ]; then  # media in (the thinker): no GGUF; transformers is its baseline
+  $EDGE_INFER synth "$models/qwen2.5-omni-3b" --family qwen2_5_omni --preset qwen2.5-omni-3b
+fi
 
 status=0
 for spec in ${SPECS:-benchmarks/specs/*.json}; do  # SPECS: a subset, e.g. SPECS="benchmarks/specs/pp-tg-*.json"

@@ -289,3 +289,38 @@ def test_an_image_partly_in_cached_blocks_is_encoded_and_placed_from_where_the_c
     again = run(core, {"b": (prompt.ids, media)})["b"]
     assert again[-1].num_cached_tokens == 32  # the last 4 of the image's 16 rows are computed again
     assert tokens(again) == cold and core.current_stats().media_encoded == 2
+
+
+def test_each_request_reports_the_time_its_media_took_to_encode(omni, monkeypatch):
+    """The core times each item's encoding and sends the request's total on its deltas; LLM reports it as
+    RequestMetrics.encode_time, inside the time to the first token. A text-only request took none."""
+    import time
+
+    from edge_infer import LLM
+    from edge_infer.engine import core as core_module
+
+    def slow(towers: FakeTowers) -> dict:
+        return {k: (lambda f, e=e: time.sleep(0.05) or e(f)) for k, e in towers.encoders().items()}
+
+    core = engine(omni)
+    core.model.encoders = slow(FakeTowers(core.model.cfg.hidden_size))
+    reqs = requests()
+    out = run(core, {rid: reqs[rid] for rid in ("image", "audio+image", "text")})
+    image, both, text = (out[rid][-1].encode_s for rid in ("image", "audio+image", "text"))
+    assert 0.05 <= image < 0.5 and 0.1 <= both < 1.0 and text == 0.0
+    assert all(d.encode_s == out["image"][-1].encode_s for d in out["image"])  # encoded before its first token
+
+    load = core_module.load_model
+
+    def with_slow_towers(config, progress=None):
+        model = load(config, progress)
+        model.encoders = slow(FakeTowers(model.cfg.hidden_size))
+        return model
+
+    monkeypatch.setattr(core_module, "load_model", with_slow_towers)
+    with LLM(str(omni), dtype="float32", max_model_len=320, worker="thread", skip_tokenizer_init=True,
+             kv_cache_memory_bytes=4 << 20) as llm:
+        ids, media = reqs["image"]
+        m = llm.generate({"prompt_token_ids": ids, "media": media}, GREEDY)[0].metrics
+        assert 0.05 <= m.encode_time < m.first_token_time - m.arrival_time
+        assert llm.generate({"prompt_token_ids": reqs["text"][0]}, GREEDY)[0].metrics.encode_time == 0.0

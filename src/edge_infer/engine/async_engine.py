@@ -58,6 +58,7 @@ class RequestRecord:
     error: str | None = None
     cancelled: bool = False
     num_preemptions: int = 0
+    encode_s: float = 0.0  # seconds the core spent encoding its media
     late_events: int = 0  # core deltas that arrived after the request was cancelled
     submitted_at: float = field(default_factory=time.time)
     first_token_at: float | None = None
@@ -289,8 +290,8 @@ class AsyncEngine:
         fold = active.fold
         step = fold.apply(delta)
         now = time.time()
-        record.num_preemptions, record.output_token_ids, record.first_token_at = (
-            fold.num_preemptions, fold.token_ids, fold.first_token_at)
+        record.num_preemptions, record.output_token_ids, record.first_token_at, record.encode_s = (
+            fold.num_preemptions, fold.token_ids, fold.first_token_at, fold.encode_s)
         prompt_logprobs = step.prompt_logprobs  # on the first event that goes out
         if step.token_ids:
             self._emit(active, StreamEvent("token", delta.request_id, step.text, step.token_ids, step.logprobs or None,

@@ -248,8 +248,10 @@ class EngineCore:
                 if m.encoded:  # embeddings computed elsewhere (an encoder stage): placed as they are
                     seq.media_embeds[k] = torch.from_numpy(m.features.rows).to(self.model.dtype)
                 else:
+                    began = time.perf_counter()
                     with threads(self.encoder_threads):
                         seq.media_embeds[k] = self.model.encode(m.kind, m.features)
+                    seq.encode_s += time.perf_counter() - began
                     self.stats.media_encoded += 1
                 seq.media[k] = replace(m, features=None)  # the embeddings replace the input (memory/media_plan.py)
 
@@ -427,6 +429,7 @@ class EngineCore:
             num_prompt_tokens=len(seq.prompt_token_ids),
             num_cached_tokens=seq.num_cached_tokens,
             num_preemptions=seq.num_preemptions,
+            encode_s=seq.encode_s,
         )
 
     def current_stats(self) -> CoreStats:

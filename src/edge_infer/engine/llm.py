@@ -210,7 +210,7 @@ class LLM:
             prompt_token_ids=prompt.token_ids,
             outputs=outs,
             finished=True,
-            metrics=RequestMetrics(arrival, first.first_token_at, time.time(), first.num_preemptions),
+            metrics=RequestMetrics(arrival, first.first_token_at, time.time(), first.num_preemptions, first.encode_s),
             error=errors[0] if errors else None,
             num_cached_tokens=first.num_cached_tokens,
             prompt_logprobs=None if first.prompt_logprobs is None else [

@@ -32,6 +32,7 @@ class RequestMetrics:
     first_token_time: float | None = None
     finished_time: float | None = None
     num_preemptions: int = 0
+    encode_time: float = 0.0  # seconds the engine spent encoding the request's media (images, audio, video)
 
 
 @dataclass

@@ -168,6 +168,7 @@ class TokenDelta:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission
     num_preemptions: int = 0
+    encode_s: float = 0.0  # seconds the core has spent encoding this request's media so far
     error: str | None = None
 
 

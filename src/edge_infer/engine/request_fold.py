@@ -107,6 +107,7 @@ class RequestFold:
     first_token_at: float | None = None
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens the prefix cache held
+    encode_s: float = 0.0  # seconds the core spent encoding its media
     error: str | None = None
     token_ids: list[int] = field(default_factory=list)
 
@@ -129,6 +130,7 @@ class RequestFold:
     def apply(self, delta: TokenDelta) -> FoldStep:
         self.num_preemptions = delta.num_preemptions
         self.num_cached_tokens = delta.num_cached_tokens
+        self.encode_s = max(self.encode_s, delta.encode_s)
         update = self.text.apply(delta)
         logprobs: list[TokenLogprobs] = []
         if delta.token_id is not None:

@@ -55,6 +55,7 @@ class Sequence:
     mrope_positions: np.ndarray | None = None
     mrope_delta: int = 0
     media_embeds: list[torch.Tensor | None] = field(default_factory=list)
+    encode_s: float = 0.0  # seconds spent encoding its media (reported on its deltas)
 
     @property
     def num_tokens(self) -> int:
