@@ -156,7 +156,7 @@ def test_the_published_spec_runs_every_arm_on_two_cores_and_each_command_parses(
     spec = load_spec(SPEC)
     assert spec.cores == "0-1" and spec.metric == "image_ttft_ms"
     tags = [arm.tag for arm in spec.arms]
-    assert {"edge-infer-bf16", "edge-infer-w4a8", "edge-infer-w4a16", "transformers-bf16", "transformers-fp32"} <= set(tags)
+    assert {"edge-infer-bf16", "edge-infer-w4a8", "edge-infer-w4a16", "transformers-bf16"} <= set(tags)
     for arm in spec.arms:
         words = shlex.split(arm.command.replace("${EDGE_INFER:-edge-infer}", "edge-infer"))[1:]
         args = build_parser(words[0]).parse_args(words)
