@@ -7,11 +7,16 @@ Writes src/edge_infer/memory/overhead.json: RssAnon of
 the tokenizer's resident bytes per byte of tokenizer.json, and the
 activation calibration: the RssAnon a prefill step adds, measured at two
 chunk sizes on the demo model and fitted as (factor x the shape-derived
-bytes per token) x tokens + fixed bytes, after the mask and logits. Each
+bytes per token) x tokens + fixed bytes, after the mask and logits; and the
+media encoders' (memory/encoder_sizing.py): the RssAnon one encode adds
+(memory/encoder_probe.py), at two sizes of each tower at a small and at the
+Qwen2.5-Omni-3B width, fitted per dtype as factor x the shape-derived
+tensors + fixed bytes + bytes per byte of the largest weight matrix. Each
 figure is the median of several fresh processes. Run on the machine class
 the plan is for; the file records where it was measured.
 
-    python scripts/measure_overhead.py
+    python scripts/measure_overhead.py               # everything
+    python scripts/measure_overhead.py --encoders    # the encoders' keys only
 """
 from __future__ import annotations
 
@@ -181,6 +186,90 @@ def shared_mask_cost(*calibrations: dict[str, float]) -> dict[str, float]:
     return merged
 
 
+# Towers random-weighted in memory (encoder_probe --config): a small width and the Qwen2.5-Omni-3B width (two
+# blocks; the activations do not depend on depth), each measured at two sizes.
+ENCODER_SHAPES = {
+    "small": {"vision_config": {"depth": 2, "hidden_size": 128, "num_heads": 4, "intermediate_size": 256,
+                                "out_hidden_size": 96, "fullatt_block_indexes": [1]},
+              "audio_config": {"num_mel_bins": 128, "d_model": 128, "encoder_layers": 2, "encoder_attention_heads": 4,
+                               "encoder_ffn_dim": 256, "output_dim": 96}},
+    "omni-3b": {"vision_config": {"depth": 2, "hidden_size": 1280, "num_heads": 16, "intermediate_size": 3420,
+                                  "out_hidden_size": 2048, "fullatt_block_indexes": [1]},
+                "audio_config": {"num_mel_bins": 128, "d_model": 1280, "encoder_layers": 2,
+                                 "encoder_attention_heads": 20, "encoder_ffn_dim": 5120, "output_dim": 2048}},
+}
+ENCODER_SIZES = {  # (vision grid side in patches, audio mel frames), two points per shape
+    "small": ((64, 3000), (128, 12000)),
+    "omni-3b": ((32, 1000), (64, 3000)),
+}
+
+
+def _encoder_peak(config: Path, dtype: str, args: list[str]) -> float:
+    runs = []
+    for _ in range(REPEATS):
+        out = subprocess.run([sys.executable, "-m", "edge_infer.memory.encoder_probe", "--config", str(config),
+                              "--dtype", dtype, *args], capture_output=True, text=True, check=True)
+        runs.append(json.loads(out.stdout)["peak_bytes"])
+    return statistics.median(runs)
+
+
+def encoder_calibration(dtype: str) -> dict[str, float]:
+    """factor, fixed bytes and bytes per largest-weight byte of one encode, for ``dtype``.
+
+    The factor is the largest slope of measured over shape-derived bytes (per tower and shape); each
+    shape's fixed part the largest remainder; the fixed parts of the two widths give the line through the
+    largest weight matrix's bytes (the BLAS's packing buffers grow with it). A plan errs on the side of
+    refusing."""
+    from edge_infer.memory import encoder_sizing as sizing
+    from edge_infer.models.encoder_config import AudioConfig, VisionConfig
+
+    d = 2 if dtype == "bfloat16" else 4
+    points = {}  # shape -> [(tensors, measured)] per tower
+    largest = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for shape, config in ENCODER_SHAPES.items():
+            path = Path(tmp) / f"{shape}.json"
+            path.write_text(json.dumps(config))
+            vision = VisionConfig.from_dict(config["vision_config"], split_qkv=True)
+            audio = AudioConfig.from_dict(config["audio_config"])
+            largest[shape] = max(sizing.largest_linear_bytes(vision, d), sizing.largest_linear_bytes(audio, d))
+            for tower in ("vision", "audio"):
+                measured = []
+                for side, frames in ENCODER_SIZES[shape]:
+                    if tower == "vision":
+                        args, tensors = ["--image-grid", "1", str(side), str(side)], sizing.vision_tensor_bytes(vision, side * side, d)
+                    else:
+                        args, tensors = ["--audio-frames", str(frames)], sizing.audio_tensor_bytes(audio, frames, d)
+                    measured.append((tensors, _encoder_peak(path, dtype, args)))
+                points[(shape, tower)] = measured
+    factor = max((m1 - m0) / (t1 - t0) for (t0, m0), (t1, m1) in points.values())
+    fixed = {shape: max(m - factor * t for (s, _), pts in points.items() if s == shape for t, m in pts)
+             for shape in ENCODER_SHAPES}
+    (l0, f0), (l1, f1) = ((largest[s], fixed[s]) for s in ENCODER_SHAPES)
+    per_weight_byte = max(0.0, (f1 - f0) / (l1 - l0))
+    prefix = "encoder_bf16_" if d == 2 else "encoder_fp32_"
+    return {prefix + "activation_factor": round(factor, 3),
+            prefix + "activation_fixed_bytes": int(max(0, max(f - per_weight_byte * largest[s] for s, f in fixed.items()))),
+            prefix + "scratch_per_weight_byte": round(per_weight_byte, 3)}
+
+
+def encoder_calibrations() -> dict[str, float]:
+    """Both dtypes where bf16 runs natively (oneDNN); fp32 only elsewhere (the bf16 keys are kept)."""
+    from edge_infer.models.layers.linear import onednn_bf16_available
+
+    dtypes = ("float32", "bfloat16") if onednn_bf16_available() else ("float32",)
+    return {k: v for dtype in dtypes for k, v in encoder_calibration(dtype).items()}
+
+
+def encoder_provenance() -> str:
+    import os
+
+    return (f"memory/encoder_probe.py (glibc mmap threshold pinned), {REPEATS} fresh processes each, "
+            f"{len(os.sched_getaffinity(0))} threads: random towers of a small width and the Qwen2.5-Omni-3B width, "
+            f"each at two sizes {ENCODER_SIZES}; measured {datetime.now(timezone.utc).isoformat(timespec='seconds')} "
+            f"on {platform.node()}")
+
+
 def probe(kind: str, tokenizer_dir: str = "-") -> list[int]:
     out = subprocess.run([sys.executable, "-c", PROBE, kind, tokenizer_dir], capture_output=True, text=True, check=True)
     return [int(x) for x in out.stdout.split()]
@@ -193,6 +282,14 @@ def median(kind: str, tokenizer_dir: str = "-") -> list[int]:
 
 def main() -> None:
     sys.path.insert(0, str(ROOT / "src"))
+    if "--encoders" in sys.argv[1:]:
+        result = json.loads(OUT.read_text())
+        provenance = result.pop("provenance")
+        result.update(encoder_calibrations())
+        provenance["encoder_probe"] = encoder_provenance()
+        OUT.write_text(json.dumps({**result, "provenance": provenance}, indent=2) + "\n")
+        print(json.dumps(result, indent=2))
+        return
     from edge_infer.engine.frontend import demo_model_dir
 
     from edge_infer.models.synth import write_checkpoint
@@ -214,6 +311,9 @@ def main() -> None:
             activation_calibration([str(demo_model_dir()), real_shape]),
             activation_calibration([str(demo_model_dir()), real_shape], "cpu_int4"),
         ),
+        # bf16 is calibrated only where it runs natively; elsewhere the previous bf16 figures are kept
+        **{k: v for k, v in json.loads(OUT.read_text()).items() if k.startswith("encoder_")},
+        **encoder_calibrations(),
         "provenance": {
             "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "host": platform.node(),
@@ -227,6 +327,7 @@ def main() -> None:
                 f"at a {ACTIVATION_CONTEXTS[0]}-token context and {ACTIVATION_POINTS[1]} at {ACTIVATION_CONTEXTS[1]}; "
                 f"the larger per-token factor, fixed part and mask cost"
             ),
+            "encoder_probe": encoder_provenance(),
         },
     }
     shutil.rmtree(Path(real_shape).parent)

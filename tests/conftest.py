@@ -34,3 +34,23 @@ def demo_model() -> Path:
     from edge_infer.engine.frontend import demo_model_dir
 
     return demo_model_dir()
+
+
+@pytest.fixture(scope="session")
+def thinker_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """Tiny Qwen2.5-VL, Qwen2.5-Omni thinker and full Qwen2.5-Omni checkpoints written by transformers."""
+    from testutil import write_thinker_checkpoint
+
+    root = tmp_path_factory.mktemp("thinkers")
+    return {kind: write_thinker_checkpoint(root / kind, kind) for kind in ("qwen2_5_vl", "qwen2_5_omni_thinker", "qwen2_5_omni")}
+
+
+@pytest.fixture(scope="session")
+def synth_thinkers(tmp_path_factory) -> dict[str, Path]:
+    """Tiny Qwen2.5-VL and Qwen2.5-Omni thinkers from `edge-infer synth` (tokenizer, chat template for content lists,
+    processor files)."""
+    from edge_infer.models.synth_thinker import write_thinker
+
+    root = tmp_path_factory.mktemp("synth-thinkers")
+    return {family: write_thinker(root / family, family, "tiny", seed=0, dtype="float32", shard_bytes=1 << 30)
+            for family in ("qwen2_5_vl", "qwen2_5_omni")}

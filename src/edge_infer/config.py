@@ -6,8 +6,10 @@ default (dtype, context length, KV budget) and admits or refuses them. An
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
+
+from edge_infer.errors import InvalidRequestError
 
 DTYPES = ("bfloat16", "float32")
 # What --quantization takes: 4-bit weights through PyTorch's tinygemm (W4A16), or 4- or 8-bit weights times
@@ -16,6 +18,9 @@ QUANT_METHODS = ("cpu_int4", "cpu_w4a8", "cpu_w8a8")
 # "auto": chosen by priority among what this CPU runs (memory/weight_path.py).
 QUANTIZATION_CHOICES = (*QUANT_METHODS, "auto", "none")
 PRIORITIES = ("speed", "fidelity", "memory")
+# What --encoder-quantization takes for a thinker's media towers: none (dense, in the engine's dtype), the
+# decoder's weight path (same), or one by name.
+ENCODER_QUANTIZATION_CHOICES = ("none", "same", *QUANT_METHODS)
 # auto: the compute dtype; int8: codes with an fp32 scale per token and head (models/layers/kv_cache.py).
 KV_CACHE_DTYPES = ("auto", "int8")
 
@@ -52,6 +57,19 @@ class QuantConfig:
         return "cpu_w4a8" if self.int8_activations else "cpu_int4"
 
 
+def encoder_quant_config(choice: str | None, decoder: QuantConfig | None) -> QuantConfig | None:
+    """The towers' settings for ``--encoder-quantization choice``: ``same`` takes the decoder's (its head option
+    aside), a method name that method at the decoder's group size (128 without one)."""
+    if choice in (None, "none"):
+        return None
+    if choice == "same":
+        return None if decoder is None else replace(decoder, quantize_head=False)
+    if choice not in QUANT_METHODS:
+        raise InvalidRequestError(f"encoder_quantization {choice!r} is not supported; use one of "
+                                  f"{', '.join(ENCODER_QUANTIZATION_CHOICES)}")
+    return QuantConfig.named(choice, group_size=decoder.group_size if decoder is not None else 128)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: str
@@ -72,6 +90,17 @@ class EngineConfig:
     # Full KV blocks kept and shared between requests with the same prefix (engine/block_allocator.py).
     prefix_caching: bool = False
     kv_cache_dtype: str = "auto"  # auto: the compute dtype; int8: codes + an fp32 scale per token and head
+    # Threads the media encoders run on (a multimodal thinker); None: num_threads.
+    encoder_threads: int | None = None
+    # The towers' weight path (ENCODER_QUANTIZATION_CHOICES); encoder_quant() resolves it.
+    encoder_quantization: str = "none"
+    # A thinker's media towers loaded with its decoder. False: the decoder alone, every media item must come with
+    # its embeddings (an encoder stage computes them: runtime/encoder_executor.py).
+    load_encoders: bool = True
+
+    def encoder_quant(self) -> QuantConfig | None:
+        """The towers' quantized weight settings, or None for dense weights in ``dtype``."""
+        return encoder_quant_config(self.encoder_quantization, self.quant)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

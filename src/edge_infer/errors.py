@@ -14,6 +14,13 @@ class InvalidRequestError(EdgeInferError, ValueError):
     """A request's prompt or parameters cannot be served as given."""
 
 
+class MediaError(InvalidRequestError):
+    """A request's image, audio or video cannot be read, or is over a limit; the message names the part.
+
+    An InvalidRequestError, so the server answers it with a 400 like any other bad request.
+    """
+
+
 class PlanRefusedError(EdgeInferError, RuntimeError):
     """The memory plan does not fit; carries the plan for its numbers."""
 

@@ -31,6 +31,18 @@ def wait_until(condition, what: str, timeout_s: float = 30.0) -> None:
         time.sleep(0.1)
 
 
+def scrape(base_url: str) -> dict[str, float]:
+    """Samples of /metrics by name (labels folded into the name as name{k=v,...})."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for family in text_string_to_metric_families(httpx.get(base_url + "/metrics", timeout=10).text):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out
+
+
 class ServerProcess:
     def __init__(self, model: Path, *args: str, api_key: str | None = None):
         self.port = free_port()
@@ -93,15 +105,7 @@ class ServerProcess:
         return openai.AsyncOpenAI(base_url=self.base_url + "/v1", max_retries=0, timeout=120, **kwargs)
 
     def metrics(self) -> dict[str, float]:
-        """Samples of /metrics by name (labels folded into the name as name{k=v,...})."""
-        from prometheus_client.parser import text_string_to_metric_families
-
-        out = {}
-        for family in text_string_to_metric_families(httpx.get(self.base_url + "/metrics", timeout=10).text):
-            for s in family.samples:
-                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-                out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-        return out
+        return scrape(self.base_url)
 
     def worker_pids(self) -> list[int]:
         import psutil

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge_infer.engine.cli_args import add_engine_args, engine_settings
+from edge_infer.media.sources import ALLOWED_DIR_FLAG, MAX_BYTES_FLAG, REMOTE_FLAG, MediaPolicy
 from edge_infer.server.exit_codes import EXIT_ENGINE_DEAD, EXIT_LOAD_FAILED
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -66,6 +67,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="seconds of silence from the engine worker before it is unresponsive: /health 503, requests end "
                         "(default 3)")
     g.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    m = parser.add_argument_group("media (image, audio and video parts of a multimodal model's chat requests)")
+    m.add_argument(ALLOWED_DIR_FLAG, default=None, metavar="DIR",
+                   help="read file:// media URLs under DIR only (symlinks and .. resolved first); off by default: "
+                        "requests send data: URLs")
+    m.add_argument(REMOTE_FLAG, action="store_true",
+                   help="fetch http(s) media URLs (requests can then make the server fetch any URL it reaches, its "
+                        "own network included); off by default")
+    m.add_argument(MAX_BYTES_FLAG, type=int, default=MediaPolicy.max_bytes,
+                   help=f"largest media item read from any source (default {MediaPolicy.max_bytes >> 20} MiB)")
+    m.add_argument("--media-timeout-s", type=float, default=MediaPolicy.timeout_s,
+                   help=f"longest download of a remote media item (default {MediaPolicy.timeout_s:g} s)")
     s = parser.add_argument_group("speech (a Qwen3-TTS checkpoint, or a speech deploy config)")
     s.add_argument("--speech", default=None, metavar="DIR", help="also serve this Qwen3-TTS checkpoint (beside the text MODEL)")
     s.add_argument("--deploy-config", default=None, help="serve this speech pipeline (YAML; its stages name their model)")
@@ -79,6 +91,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.max_body_bytes < 1024 or (args.heartbeat_timeout_s is not None and args.heartbeat_timeout_s <= 0):
         print("error: --max-body-bytes must be at least 1024 and --heartbeat-timeout-s positive", file=sys.stderr)
+        return 2
+    if args.max_media_bytes < 1 or args.media_timeout_s <= 0:
+        print(f"error: {MAX_BYTES_FLAG} and --media-timeout-s must be positive", file=sys.stderr)
+        return 2
+    if args.allowed_media_dir is not None and not Path(args.allowed_media_dir).is_dir():
+        print(f"error: {ALLOWED_DIR_FLAG} {args.allowed_media_dir} is not a directory", file=sys.stderr)
         return 2
     from edge_infer.runtime.config import DeployConfigError
     from edge_infer.runtime.omni import DeployRefused
@@ -117,6 +135,7 @@ def _text_service(args: argparse.Namespace, shared: Any) -> Any:
 
     # A refused plan or a bad checkpoint is reported by edge_infer.cli in one line (nothing loaded).
     frontend = Frontend.create(args.model, frontend="server", **engine_settings(args))
+    frontend.media_policy = media_policy(args)
     plan = frontend.plan
     print(f"memory plan: steady {plan.steady_bytes / 2**20:,.1f} MiB, load peak {plan.load_peak_bytes / 2**20:,.1f} MiB, "
           f"{plan.available_bytes / 2**20:,.1f} MiB available: admitted", file=sys.stderr)
@@ -131,8 +150,16 @@ def _text_service(args: argparse.Namespace, shared: Any) -> Any:
                        heartbeat_timeout_s=args.heartbeat_timeout_s, shared=shared)
 
 
+def media_policy(args: argparse.Namespace) -> MediaPolicy:
+    """Where the media parts of chat requests may be read from, as the operator's flags say."""
+    allowed = Path(args.allowed_media_dir).resolve() if args.allowed_media_dir else None
+    return MediaPolicy(allowed_dir=allowed, allow_remote=args.allow_remote_media, max_bytes=args.max_media_bytes,
+                       timeout_s=args.media_timeout_s)
+
+
 def _speech_service(args: argparse.Namespace, shared: Any, model: str | None) -> Any:
     from edge_infer.runtime.config import load_deploy_config
+    from edge_infer.runtime.config_problems import DeployConfigError
     from edge_infer.server.speech_service import SpeechService
     from edge_infer.tts.deploy import EngineFlags, SpeechPipeline
 
@@ -143,7 +170,14 @@ def _speech_service(args: argparse.Namespace, shared: Any, model: str | None) ->
     if args.deploy_config:
         if args.model:
             raise ValueError("give a checkpoint directory or --deploy-config (whose stages name their model), not both")
-        pipeline = SpeechPipeline.from_config(load_deploy_config(args.deploy_config, args.stage_overrides))
+        try:
+            pipeline = SpeechPipeline.from_config(load_deploy_config(args.deploy_config, args.stage_overrides))
+        except ValueError as exc:
+            if isinstance(exc, DeployConfigError):
+                raise
+            raise ValueError(f"{exc}. serve --deploy-config serves speech pipelines; run other pipelines (such as "
+                             "thinker_encoder, chat with media) through edge_infer.Omni or AsyncOmni "
+                             "(docs/deploy-config.md)") from None
     else:
         # Beside a text model, the engine flags are the text model's: the speech stages keep their defaults.
         flags = EngineFlags(dtype=args.dtype, max_num_seqs=args.max_num_seqs, num_threads=args.num_threads,

@@ -4,13 +4,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from edge_infer.models.synth import FAMILIES, PRESETS, write_checkpoint
+from edge_infer.models.synth import FAMILIES, PRESETS, THINKER_FAMILIES, write_checkpoint
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out", help="directory to write (created if missing)")
-    parser.add_argument("--family", required=True, choices=FAMILIES + ("qwen3-tts",))
-    parser.add_argument("--preset", default="tiny", help=f"shape preset: {', '.join(PRESETS)} (qwen3-tts: tiny, qwen3-tts-0.6b)")
+    parser.add_argument("--family", required=True, choices=FAMILIES + THINKER_FAMILIES + ("qwen3-tts",))
+    parser.add_argument("--preset", default="tiny",
+                        help=f"shape preset: {', '.join(PRESETS)} (qwen2_5_vl: tiny, qwen2.5-vl-3b; qwen2_5_omni: tiny, "
+                             "qwen2.5-omni-3b, its thinker; qwen3-tts: tiny, qwen3-tts-0.6b)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     parser.add_argument("--shard-bytes", type=int, default=2 << 30, help="split weights into shards of at most this size")

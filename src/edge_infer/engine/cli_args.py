@@ -4,7 +4,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from edge_infer.config import KV_CACHE_DTYPES, PRIORITIES, QUANT_METHODS, QUANTIZATION_CHOICES, QuantConfig
+from edge_infer.config import (
+    ENCODER_QUANTIZATION_CHOICES, KV_CACHE_DTYPES, PRIORITIES, QUANT_METHODS, QUANTIZATION_CHOICES, QuantConfig,
+)
 
 
 def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True) -> None:
@@ -38,8 +40,39 @@ def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True
                    help="do not keep and share the KV blocks of common prompt prefixes (on by default: a request "
                         "resending a conversation or a system prompt computes only its new tokens)")
     g.add_argument("--num-threads", type=int, default=None, help="compute threads (default: the CPUs this process may use)")
+    g.add_argument("--encoder-threads", type=int, default=None,
+                   help="threads of the image and audio encoders of a multimodal model (default: --num-threads)")
+    g.add_argument("--encoder-quantization", default="none", choices=ENCODER_QUANTIZATION_CHOICES,
+                   help="weights of the image and audio encoders of a multimodal model: none (dense, in --dtype), "
+                        "same (the decoder's --quantization) or a method as for --quantization; refused where this "
+                        "CPU cannot run it")
     g.add_argument("--weight-backend", default="auto", choices=["auto", "onednn", "dense", "w16"], help=argparse.SUPPRESS)
     g.add_argument("--worker", default="process", choices=["process", "thread"], help=argparse.SUPPRESS)
+    _add_media_limit_args(parser)
+
+
+def _add_media_limit_args(parser: argparse.ArgumentParser) -> None:
+    """One flag per media limit (media/limits.py names them in its refusals); unset ones keep the plan's default."""
+    from dataclasses import fields
+
+    from edge_infer.media.limits import LIMITS, MediaLimits
+
+    g = parser.add_argument_group(
+        "media limits per request (multimodal models; the plan sizes the encoders for them; by default the "
+        "checkpoint's, lowered where a request at every limit would not fit --max-model-len)")
+    defaults = MediaLimits()
+    for f in fields(MediaLimits):
+        default = "the checkpoint's max_pixels" if f.name == "max_image_pixels" else f"{getattr(defaults, f.name):g}"
+        g.add_argument(LIMITS[f.name].flag, dest=f.name, type=float if f.type == "float" else int, default=None,
+                       metavar="N", help=f"{LIMITS[f.name].unit} (default {default})")
+
+
+def media_limit_settings(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The media limits given on the command line, or None (the plan's defaults)."""
+    from edge_infer.media.limits import LIMITS
+
+    given = {name: getattr(args, name) for name in LIMITS if getattr(args, name, None) is not None}
+    return given or None
 
 
 def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -57,8 +90,11 @@ def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
         quantization=quant,
         priority=args.priority,
         num_threads=args.num_threads,
+        encoder_threads=args.encoder_threads,
+        encoder_quantization=args.encoder_quantization,
         weight_backend=args.weight_backend,
         packed_head=args.packed_head,
         prefix_caching=not args.no_prefix_cache,
         kv_cache_dtype=args.kv_cache_dtype,
+        **({"media_limits": limits} if (limits := media_limit_settings(args)) else {}),
     )

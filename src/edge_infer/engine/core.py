@@ -2,7 +2,12 @@
 
 ``EngineCore.step()`` schedules one batch, runs one forward pass, samples and
 reports a ``TokenDelta`` per request that progressed or ended. It knows token
-ids only. It runs inside a worker process by default (``engine.worker``).
+ids only, and media as encoder features: a multimodal thinker's media item is
+encoded (on ``encoder_threads``) when the first step that computes one of its
+placeholder tokens is scheduled (an item that comes with its embeddings,
+``MediaEmbeddings``, is placed as it is); its embeddings then replace its
+features and stay with the sequence until it ends. It runs inside a worker
+process by default (``engine.worker``).
 """
 from __future__ import annotations
 
@@ -11,15 +16,21 @@ import os
 import time
 import traceback
 from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator, Sequence as Seq
 
+import numpy as np
 import torch
 
 from edge_infer.config import EngineConfig
 from edge_infer.models.layers.kv_cache import KVCache, KVLayout
 from edge_infer.engine.grammar import GrammarMatchers
-from edge_infer.engine.protocol import GRAMMAR_DEAD_END, CoreStats, EngineRequest, ReadyInfo, TokenDelta, request_problem
+from edge_infer.engine.protocol import (
+    GRAMMAR_DEAD_END, CoreStats, EngineRequest, MediaInput, ReadyInfo, TokenDelta, media_problem, mrope_positions,
+    request_problem,
+)
 from edge_infer.engine.runner import ModelRunner
 from edge_infer.engine.sampler import SampledToken, sample_row
 from edge_infer.engine.scheduler import ScheduledSeq, Scheduler
@@ -30,7 +41,9 @@ from edge_infer.memory.measure import malloc_trim
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.layers.linear import make_kernel, onednn_bf16_available
 from edge_infer.models.llama import DecoderLM
+from edge_infer.models.multimodal import MultimodalLM
 from edge_infer.models.checkpoint import check_checkpoint
+from edge_infer.models.encoder_weights import is_tower_target
 from edge_infer.models.loader import TORCH_DTYPES, LinearInstaller, install_dense, load_weights
 
 log = logging.getLogger(__name__)
@@ -42,6 +55,19 @@ def configure_threads(requested: int | None) -> int:
     n = requested or len(os.sched_getaffinity(0))
     torch.set_num_threads(n)
     return n
+
+
+@contextmanager
+def threads(n: int) -> Iterator[None]:
+    """Run the block on ``n`` threads, then go back to the ones set before."""
+    before = torch.get_num_threads()
+    if n != before:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if n != before:
+            torch.set_num_threads(before)
 
 
 def weight_backend(config: EngineConfig) -> str:
@@ -62,14 +88,41 @@ def linear_installer(config: EngineConfig) -> LinearInstaller:
     return install_dense(weight_backend(config))
 
 
+def tower_installer(config: EngineConfig) -> LinearInstaller:
+    """A thinker's towers: dense in the engine's dtype, or the kernel --encoder-quantization names."""
+    dense = install_dense(weight_backend(config))
+    quant = config.encoder_quant()
+    if quant is None:
+        return dense
+    from edge_infer.quant.install import quantized_installer
+
+    return quantized_installer(quant, fallback=dense)
+
+
+def thinker_installer(decoder: LinearInstaller, towers: LinearInstaller) -> LinearInstaller:
+    """One load of a thinker: each linear by its target, the towers' (visual., audio_tower.) apart."""
+    def install(linear, target, sources, reader, dtype) -> None:
+        (towers if is_tower_target(target) else decoder)(linear, target, sources, reader, dtype)
+
+    return install
+
+
 def load_model(config: EngineConfig, progress: Callable[[int, int], None] | None = None) -> DecoderLM:
     cfg = ModelConfig.from_dir(config.model)
-    model = DecoderLM(cfg, config.max_model_len)
+    # A thinker is its text decoder plus its media towers (models/multimodal.py): one weight list, one load, the
+    # towers' linears on their own installer; without them (load_encoders false) the decoder alone.
+    if cfg.multimodal is not None:
+        model: DecoderLM = MultimodalLM(cfg, config.max_model_len, towers=config.load_encoders)
+    else:
+        model = DecoderLM(cfg, config.max_model_len)
     check_checkpoint(cfg, config.model, model.weight_specs())
     quantized_head = config.quant is not None and config.quant.quantize_head
     widened = config.weight_backend == "w16"  # 16-bit weights kept as stored, the table too (quant/widened.py)
+    install = linear_installer(config)
+    if cfg.multimodal is not None and config.load_encoders:
+        install = thinker_installer(install, tower_installer(config))
     load_weights(
-        model, config.model, TORCH_DTYPES[config.dtype], linear_installer(config), progress,
+        model, config.model, TORCH_DTYPES[config.dtype], install, progress,
         head_from_embedding=(quantized_head or widened) and cfg.tie_word_embeddings,
         release=malloc_trim,
         table_dtype_as_stored=widened,
@@ -90,6 +143,7 @@ class EngineCore:
         t0 = time.perf_counter()
         self.config = config
         self.num_threads = configure_threads(config.num_threads)
+        self.encoder_threads = config.encoder_threads or self.num_threads
         self.model = load_model(config, progress)
         cfg = self.model.cfg
         dtype = TORCH_DTYPES[config.dtype]
@@ -121,6 +175,7 @@ class EngineCore:
             rope_bytes=self.model.rope.nbytes,
             weight_kernels=kernels,
             linear_kernels=self.model.kernels_by_kind(),
+            encoder_weight_bytes=self.model.tower_bytes() if isinstance(self.model, MultimodalLM) else {},
             num_threads=self.num_threads,
             load_s=time.perf_counter() - t0,
             trimmed_bytes=trimmed,
@@ -135,8 +190,9 @@ class EngineCore:
         if req.request_id in self.sequences:
             problem = f"request id {req.request_id!r} is already in use"
         else:
-            problem = request_problem(req.prompt_token_ids, p.max_tokens or 1, self.config.max_model_len,
-                                      self.model.cfg.vocab_size, p.logit_bias or ())
+            problem = (request_problem(req.prompt_token_ids, p.max_tokens or 1, self.config.max_model_len,
+                                       self.model.cfg.vocab_size, p.logit_bias or ())
+                       or self._media_problem(req.prompt_token_ids, req.media, req.mrope_positions))
         if problem is not None:
             return TokenDelta(req.request_id, finished=True, finish_reason="error", error=problem, num_prompt_tokens=n_prompt)
         stop_ids = set(p.stop_token_ids or ())
@@ -153,9 +209,49 @@ class EngineCore:
             prompt_logprobs=[] if p.prompt_logprobs is not None else None,
             grammar=None if req.grammar is None else self.grammars.start(req.grammar),
         )
+        self._attach_media(seq, req.media, req.mrope_positions, req.mrope_delta)
         self.sequences[req.request_id] = seq
         self.scheduler.add(seq)
         return None
+
+    def _media_problem(self, prompt_ids: list[int], media: Seq[MediaInput], positions) -> str | None:
+        cfg = self.model.cfg
+        problem = media_problem(prompt_ids, media, cfg.multimodal, cfg.architecture)
+        if problem is None:
+            missing = sorted({m.kind for m in media if not m.encoded and not self.model.can_encode(m.kind)})
+            if missing:
+                problem = f"this engine has no {' or '.join(missing)} encoder for {cfg.architecture}"
+                if not self.config.load_encoders:
+                    problem += " (it runs without its towers, load_encoders false: send the media's embeddings)"
+        if problem is None and positions is not None and np.shape(positions) != (3, len(prompt_ids)):
+            problem = f"mrope_positions has shape {np.shape(positions)}; the prompt needs (3, {len(prompt_ids)})"
+        return problem
+
+    def _attach_media(self, seq: Sequence, media: Seq[MediaInput], positions, delta: int) -> None:
+        """Media and M-RoPE positions of a checked request; positions are computed here when not given."""
+        if not media:
+            return
+        if positions is None:
+            positions, delta = mrope_positions(seq.prompt_token_ids, media, self.model.cfg.multimodal)
+        seq.media = [m if isinstance(m.positions, np.ndarray) else replace(m, positions=np.asarray(m.positions))
+                     for m in media]
+        seq.mrope_positions, seq.mrope_delta = np.asarray(positions, dtype=np.int64), int(delta)
+        seq.media_embeds = [None] * len(media)
+
+    def _encode_media(self, item: ScheduledSeq) -> None:
+        """Encode the media items with a placeholder among the tokens this step computes for ``item`` that are
+        not encoded yet (on the encoder threads)."""
+        seq = item.seq
+        start, end = seq.num_computed, seq.num_computed + item.num_new
+        for k, m in enumerate(seq.media):
+            if seq.media_embeds[k] is None and np.searchsorted(m.positions, start) < np.searchsorted(m.positions, end):
+                if m.encoded:  # embeddings computed elsewhere (an encoder stage): placed as they are
+                    seq.media_embeds[k] = torch.from_numpy(m.features.rows).to(self.model.dtype)
+                else:
+                    with threads(self.encoder_threads):
+                        seq.media_embeds[k] = self.model.encode(m.kind, m.features)
+                    self.stats.media_encoded += 1
+                seq.media[k] = replace(m, features=None)  # the embeddings replace the input (memory/media_plan.py)
 
     def abort(self, request_ids: list[str]) -> list[TokenDelta]:
         out = []
@@ -170,23 +266,29 @@ class EngineCore:
         if seq is not None and seq.credits is not None:
             seq.credits += credits
 
-    def score(self, token_ids: list[int]) -> torch.Tensor:
+    def score(self, token_ids: list[int], media: Seq[MediaInput] = ()) -> torch.Tensor:
         """fp32 logits ``[len(token_ids), vocab]``: the next-token distribution after each prefix.
 
         Teacher forcing for fidelity metrics and tests. Runs alone (call it
         when no request is in flight), in chunks of max_num_batched_tokens.
+        ``media`` sit in ``token_ids`` as in a request's prompt.
         """
         if self.scheduler.num_unfinished:
             raise RuntimeError("score() needs an idle engine")
         if not 0 < len(token_ids) <= self.config.max_model_len:
             raise ValueError(f"score() takes 1..{self.config.max_model_len} tokens, got {len(token_ids)}")
+        problem = self._media_problem(list(token_ids), media, None)
+        if problem is not None:
+            raise ValueError(problem)
         seq = Sequence(request_id="score", prompt_token_ids=list(token_ids), params=self.scheduler_params)
+        self._attach_media(seq, media, None, 0)
         rows = []
         try:
             while seq.num_computed < seq.num_tokens:
                 n = min(seq.remaining, self.config.max_num_batched_tokens)
                 if not self.scheduler.reserve(seq, seq.num_computed + n):
                     raise RuntimeError("the KV cache cannot hold the tokens to score")
+                self._encode_media(ScheduledSeq(seq, n))
                 rows.append(self.runner.forward_all_logits(ScheduledSeq(seq, n)))
                 seq.num_computed += n
         finally:
@@ -202,18 +304,22 @@ class EngineCore:
         batch = self.scheduler.schedule()
         if not batch:
             return []
+        out: list[TokenDelta] = []
+        if self.model.cfg.multimodal is not None:
+            batch = self._encode_batch(batch, out)
+            if not batch:
+                return out
         try:
             logits, sampling = self.runner.forward(batch)
         except Exception as exc:  # keep serving: fail this batch's requests, not the engine
             log.error("forward pass failed:\n%s", traceback.format_exc())
-            return [self._fail(item.seq, f"forward pass failed: {exc}") for item in batch]
+            return out + [self._fail(item.seq, f"forward pass failed: {exc}") for item in batch]
         self.stats.steps += 1
         for item in batch:
             item.seq.num_computed += item.num_new
             self.scheduler.cache_computed_blocks(item.seq)
             if len(item.seq.output_token_ids) == 0:
                 self.stats.prompt_tokens_computed += item.num_new
-        out: list[TokenDelta] = []
         rows: list[tuple[int, Sequence]] = []
         for row, item in enumerate(sampling):
             if item.seq.params.max_tokens == 0:  # the prompt alone was asked for (scoring): done once it is computed
@@ -239,6 +345,20 @@ class EngineCore:
                 seq.stop_reason = tok.token_id
             out.append(self._delta(seq, tok, finished=False) if reason is None else self._finish(seq, reason, tok))
         return out
+
+    def _encode_batch(self, batch: list[ScheduledSeq], out: list[TokenDelta]) -> list[ScheduledSeq]:
+        """The batch with the media its step needs encoded; a request whose media fail to encode ends with the
+        error (``out``), the others run."""
+        kept = []
+        for item in batch:
+            try:
+                self._encode_media(item)
+            except Exception as exc:
+                log.error("encoding media failed for %s:\n%s", item.seq.request_id, traceback.format_exc())
+                out.append(self._fail(item.seq, f"encoding its media failed: {exc}"))
+                continue
+            kept.append(item)
+        return kept
 
     def _grammar_masks(self, seqs: list[Sequence], out: list[TokenDelta]) -> dict[str, torch.Tensor]:
         """The allowed tokens of each constrained sequence, by request id; a grammar that could not be built,

@@ -7,15 +7,19 @@ the weights live in the engine core.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
 from edge_infer.config import EngineConfig
+from edge_infer.engine import media_prompt
 from edge_infer.engine.grammar import compile_grammar
-from edge_infer.engine.protocol import EngineRequest, request_problem
+from edge_infer.engine.protocol import EngineRequest, MediaInput, media_problem, mrope_positions, request_problem
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.errors import CheckpointError, InvalidRequestError, PlanRefusedError
+from edge_infer.media.config import MediaProcessing
+from edge_infer.media.limits import MediaLimits
+from edge_infer.media.sources import MediaPolicy
 from edge_infer.memory.plan import TextPlan, plan_text_session
 from edge_infer.models.checkpoint import demo_model_dir
 from edge_infer.models.config import ModelConfig
@@ -25,7 +29,8 @@ from edge_infer.models.tokenizer import Tokenizer
 # Normalization (NFC, NFKC) can compose up to this many input characters into one (Hangul jamo: 3).
 _CHARS_PER_NORMALIZED_CHAR = 4
 
-# A prompt: text, token ids, or {"prompt": ...} / {"prompt_token_ids": [...]}.
+# A prompt: text, token ids, or {"prompt": ...} / {"prompt_token_ids": [...]}; either dict may add
+# "media": [MediaInput, ...] placed at the prompt's placeholder tokens (a multimodal model).
 PromptInput = Union[str, list[int], dict[str, Any]]
 
 
@@ -49,6 +54,7 @@ def resolve_model(model: str | Path | None) -> str:
 class PreparedPrompt:
     prompt: str | None
     token_ids: list[int]
+    media: list[MediaInput] = field(default_factory=list)
 
 
 def _text_chars(value: Any) -> int:
@@ -72,6 +78,13 @@ class Frontend:
         self.specials_in_content = False  # the server's --parse-special-tokens-in-content
         self.engine_config: EngineConfig = plan.engine_config
         self.vocab_size = plan.model_config.vocab_size
+        self.model_name = Path(plan.model).name  # how messages name the model (the server sets its served name)
+        # Where media parts may come from (the server's --allowed-media-dir, --allow-remote-media, ...): data:
+        # URLs only unless the operator allows more.
+        self.media_policy = MediaPolicy()
+        # A thinker's preprocessing settings, read (and checked) once; a text model has none.
+        multimodal = plan.model_config.multimodal is not None
+        self.media_processing = MediaProcessing.from_dir(plan.model) if multimodal else MediaProcessing()
 
     @classmethod
     def create(cls, model: str | Path | None = None, skip_tokenizer_init: bool = False, **settings: Any) -> "Frontend":
@@ -113,12 +126,14 @@ class Frontend:
 
     def prepare(self, prompt: PromptInput) -> PreparedPrompt:
         if isinstance(prompt, dict):
+            media = list(prompt.get("media") or ())
             if "prompt_token_ids" in prompt:
-                return PreparedPrompt(prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]])
+                return PreparedPrompt(prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]], media)
             if "prompt" in prompt:
-                prompt = prompt["prompt"]
-            else:
-                raise InvalidRequestError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+                prepared = self.prepare(prompt["prompt"])
+                prepared.media = media
+                return prepared
+            raise InvalidRequestError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
         if isinstance(prompt, list):
             return PreparedPrompt(None, [int(t) for t in prompt])
         if not isinstance(prompt, str):
@@ -126,13 +141,37 @@ class Frontend:
         self.check_text_fits(len(prompt), "the prompt")
         return PreparedPrompt(prompt, self.require_tokenizer().encode(prompt))
 
-    def prepare_chat(self, messages: list[dict[str, Any]], **template_kwargs: Any) -> PreparedPrompt:
+    @property
+    def media_limits(self) -> MediaLimits | None:
+        """What one request may carry (images, pixels, clips, audio seconds, videos, frames): the limits the memory
+        plan sized the encoders and media buffers for (``plan.media_limits``), so that every frontend refuses what
+        the plan did not size; None for a text model, which takes no media."""
+        return self.plan.media_limits
+
+    def prepare_chat(self, messages: list[dict[str, Any]], mm_processor_kwargs: dict[str, Any] | None = None,
+                     **template_kwargs: Any) -> PreparedPrompt:
         """A conversation rendered by the chat template; special-token text in messages and tools stays text
-        unless ``specials_in_content`` is set on this frontend (models.tokenizer says why)."""
-        self.check_text_fits(_text_chars(messages) + _text_chars(template_kwargs.get("tools")), "the messages (with tools)")
-        text, ids = self.require_tokenizer().encode_chat(messages, specials_in_content=self.specials_in_content,
+        unless ``specials_in_content`` is set on this frontend (models.tokenizer says why).
+
+        Content parts with images, audio or video (engine/media_prompt.py) are read under ``media_policy``,
+        decoded within ``media_limits`` and placed at their expanded placeholders: this can take seconds, so
+        callers with an event loop run it on a thread. ``mm_processor_kwargs``: vLLM's, ``use_audio_in_video``."""
+        chat = media_prompt.split_messages(messages)
+        self.check_text_fits(_text_chars(chat.messages) + _text_chars(template_kwargs.get("tools")),
+                             "the messages (with tools)")
+        mm = self.plan.model_config.multimodal
+        limits = self.media_limits
+        media_prompt.check_parts(chat.parts, mm, self.model_name, limits)
+        audio_in_video = media_prompt.use_audio_in_video(mm_processor_kwargs)
+        text, ids = self.require_tokenizer().encode_chat(chat.messages, specials_in_content=self.specials_in_content,
                                                          **template_kwargs)
-        return PreparedPrompt(text, ids)
+        if not chat.parts:
+            return PreparedPrompt(text, ids)
+        media_prompt.check_placeholders(ids, chat.parts, mm)
+        loaded = [media_prompt.load_part(part, self.media_processing, self.media_policy, limits, audio_in_video)
+                  for part in chat.parts]
+        ids, media = media_prompt.expand(ids, loaded, mm)
+        return PreparedPrompt(text, ids, media)
 
     def check_text_fits(self, chars: int, what: str) -> None:
         """Refuse text that cannot fit max_model_len tokens whatever it says, before tokenizing it (a large
@@ -157,9 +196,14 @@ class Frontend:
         limit = self.max_model_len
         if params.max_tokens is None:
             params = params.clone(max_tokens=max(1, limit - len(prompt.token_ids)))
-        problem = request_problem(prompt.token_ids, params.max_tokens, limit, self.vocab_size, params.logit_bias or ())
+        cfg = self.plan.model_config
+        problem = (request_problem(prompt.token_ids, params.max_tokens, limit, self.vocab_size, params.logit_bias or ())
+                   or media_problem(prompt.token_ids, prompt.media, cfg.multimodal, cfg.architecture))
         if problem is not None:
             raise InvalidRequestError(problem)
         spec = params.structured_outputs
         grammar = None if spec is None else compile_grammar(spec)
-        return EngineRequest(request_id, prompt.token_ids, params, credits, grammar=grammar)
+        request = EngineRequest(request_id, prompt.token_ids, params, credits, grammar=grammar, media=prompt.media)
+        if prompt.media:  # positions computed here, beside the worker's loop
+            request.mrope_positions, request.mrope_delta = mrope_positions(prompt.token_ids, prompt.media, cfg.multimodal)
+        return request

@@ -4,6 +4,11 @@
     out = llm.generate(["Hello"], SamplingParams(max_tokens=32))
     print(out[0].outputs[0].text)
 
+A multimodal thinker (Qwen2.5-VL, Qwen2.5-Omni) takes OpenAI content parts in ``chat``:
+
+    llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}},
+                                           {"type": "text", "text": "What is in this picture?"}]}])
+
 The engine core runs in a worker process by default (``worker="thread"``
 keeps it in this process, for tests and debugging).
 """
@@ -16,9 +21,10 @@ from typing import Any, Callable, Sequence
 from edge_infer.engine.frontend import Frontend, PreparedPrompt, PromptInput
 from edge_infer.engine.request_fold import RequestFold
 from edge_infer.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from edge_infer.engine.protocol import AbortRequests, AddRequest, Deltas
+from edge_infer.engine.protocol import AbortRequests, AddRequest, Deltas, EngineRequest
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.engine.worker import CoreClient
+from edge_infer.media.sources import MediaPolicy
 
 
 class LLM:
@@ -39,11 +45,13 @@ class LLM:
         weight_backend: str = "auto",
         skip_tokenizer_init: bool = False,
         load_progress: Callable[[int, int], None] | None = None,
+        media_policy: MediaPolicy | None = None,
         **plan_options: Any,
     ):
         """``load_progress(done, total)`` is called as the worker loads tensors (done == total: weights loaded).
         ``quantization="auto"`` (or a ``priority`` alone) picks the weight path by ``priority``: speed, fidelity
-        or memory (memory/weight_path.py); ``self.plan.notes[0]`` says which and why."""
+        or memory (memory/weight_path.py); ``self.plan.notes[0]`` says which and why. ``media_policy``: where
+        chat media parts may be read from (default: data: URLs only; ``MediaPolicy(allowed_dir=...)`` for file://)."""
         self.frontend = Frontend.create(
             model,
             skip_tokenizer_init=skip_tokenizer_init,
@@ -60,6 +68,8 @@ class LLM:
             **plan_options,
         )
         self.plan = self.frontend.plan
+        if media_policy is not None:
+            self.frontend.media_policy = media_policy
         self._client = CoreClient(self.frontend.engine_config, mode=worker)
         self.ready = self._client.start(load_progress)
         self._counter = 0
@@ -90,10 +100,14 @@ class LLM:
         add_generation_prompt: bool = True,
         chat_template_kwargs: dict[str, Any] | None = None,
         use_tqdm: bool = False,
+        mm_processor_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
+        """Conversations rendered by the chat template; user messages may hold image_url, input_audio, audio_url
+        and video_url parts (a multimodal model). ``mm_processor_kwargs={"use_audio_in_video": False}`` leaves a
+        video's sound track out (Omni; it goes in by default)."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         kwargs = dict(chat_template_kwargs or {}, tools=tools, add_generation_prompt=add_generation_prompt)
-        prepared = [self.frontend.prepare_chat(conv, **kwargs) for conv in conversations]
+        prepared = [self.frontend.prepare_chat(conv, mm_processor_kwargs, **kwargs) for conv in conversations]
         return self._run(prepared, sampling_params, use_tqdm)
 
     def close(self) -> None:
@@ -152,8 +166,9 @@ class LLM:
                 ids.append(rid)
             layout.append(ids)
         arrival = time.time()
-        for req in requests:
-            self._client.send(AddRequest(req))
+        self._send_all(requests)
+        for prompt in prepared:  # the worker has the media now; the outputs need their token ids only
+            prompt.media = []
         pending = set(samples)
         bar = tqdm(total=len(pending), desc="generating", unit="sample", disable=not use_tqdm)
         while pending:
@@ -171,6 +186,12 @@ class LLM:
                         bar.update(1)
         bar.close()
         return [self._output(prepared[i], ids, samples, arrival) for i, ids in enumerate(layout)]
+
+    def _send_all(self, requests: list[EngineRequest]) -> None:
+        """Hand the requests to the worker and keep no reference to them (nor to their media's features)."""
+        for req in requests:
+            self._client.send(AddRequest(req))
+        requests.clear()
 
     def _output(self, prompt: PreparedPrompt, ids: list[str], samples: dict[str, RequestFold], arrival: float) -> RequestOutput:
         outs = [

@@ -5,6 +5,7 @@
     await engine.start()
     session = engine.open_session()
     rid, stream = await engine.submit(session, "Hello", max_tokens=64, max_chunks=8)
+    # or chat messages, with image_url / input_audio / audio_url / video_url parts for a multimodal model
     async for event in stream:
         ...
     await engine.close()
@@ -15,8 +16,10 @@ in ``engine.records`` for inspection.
 """
 from __future__ import annotations
 
+import asyncio
 import itertools
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -26,6 +29,8 @@ from edge_infer.engine.protocol import ReadyInfo
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.engine.streams import RequestStream
 from edge_infer.errors import InvalidRequestError, PlanRefusedError, StaleSessionError
+from edge_infer.media.limits import MEDIA_PREP_THREADS
+from edge_infer.media.sources import MediaPolicy
 from edge_infer.memory.plan import TextPlan, plan_text_session
 
 
@@ -36,13 +41,19 @@ class Session:
 
 
 class LocalTextEngine:
-    def __init__(self, plan: TextPlan | str, *, worker: str = "process", skip_tokenizer_init: bool = False, **plan_kwargs: Any):
+    def __init__(self, plan: TextPlan | str, *, worker: str = "process", skip_tokenizer_init: bool = False,
+                 media_policy: MediaPolicy | None = None, **plan_kwargs: Any):
+        """``media_policy``: where chat media parts may be read from (default: data: URLs only)."""
         if not isinstance(plan, TextPlan):
             plan = plan_text_session(plan, **plan_kwargs)
         if not plan.admitted:
             raise PlanRefusedError("memory plan refused: " + "; ".join(plan.reasons), plan)
         self.plan = plan
         self._engine = AsyncEngine(Frontend.from_plan(plan, skip_tokenizer_init), worker=worker)
+        if media_policy is not None:
+            self._engine.frontend.media_policy = media_policy
+        # Chat prompts are rendered (and their media decoded, which can take seconds) here, off the event loop.
+        self._prep = ThreadPoolExecutor(MEDIA_PREP_THREADS, thread_name_prefix="edge-infer-prep")
         self._engine_id = uuid.uuid4().hex
         self._sessions: dict[str, set[str]] = {}
         self._session_ids = itertools.count()
@@ -55,6 +66,7 @@ class LocalTextEngine:
     async def close(self) -> None:
         self._sessions.clear()
         await self._engine.close()
+        self._prep.shutdown(wait=False)
 
     async def restart(self) -> ReadyInfo:
         return await self._engine.restart()
@@ -116,18 +128,23 @@ class LocalTextEngine:
         ignore_eos: bool = False,
         max_chunks: int | None = None,
         request_id: str | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
         **sampling: Any,
     ) -> tuple[str, RequestStream]:
         """Start a request; returns its id and its event stream.
 
         ``prompt`` is text, token ids, or chat messages (rendered with the
-        model's chat template). At most ``max_chunks`` undelivered events are
-        buffered; generation of this request waits for its consumer beyond that.
+        model's chat template; a multimodal model's may hold media parts,
+        prepared on a thread so that other requests keep streaming). At most
+        ``max_chunks`` undelivered events are buffered; generation of this
+        request waits for its consumer beyond that.
         """
         self._check_session(session)
         frontend = self._engine.frontend
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-            prepared = frontend.prepare_chat(prompt)
+            prepared = await asyncio.get_running_loop().run_in_executor(
+                self._prep, lambda: frontend.prepare_chat(prompt, mm_processor_kwargs))
+            self._check_session(session)  # closed while the prompt was prepared
         elif isinstance(prompt, (str, list)):
             prepared = frontend.prepare(prompt)
         else:

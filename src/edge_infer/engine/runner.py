@@ -4,6 +4,11 @@ A request that asked for prompt logprobs also has its prompt tokens scored
 as its prefill computes them, a few rows of logits at a time so that scoring
 a long prompt needs no more memory than the plan gives a step's logits.
 
+For a multimodal thinker, the rows of placeholder tokens in the step's input
+embeddings are overwritten by their media's embeddings (encoded by the core
+beforehand: a chunk may hold part of an image) and every token gets its
+three M-RoPE positions.
+
 ``prepare_step`` is model-agnostic: positions, cache slots, per-sequence
 attention metadata and the rows that need an output. Any decoder that runs
 over the paged cache (the text models here, the Qwen3-TTS Talker) builds its
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from edge_infer.models.layers.attention import AttentionMetadata, build_seq_attention
@@ -71,6 +77,7 @@ class ModelRunner:
         self.group = cfg.num_attention_heads // cfg.num_key_value_heads
         self.sliding_window = cfg.sliding_window
         self.block_size = cache.layout.block_size
+        self.mrope = cfg.mrope_section is not None
         # Rows of prompt logits scored at once: their 16-bit and fp32 copies (6 bytes a logit) stay within the
         # fp32 logits of max_num_seqs + 4 rows that memory.sizing plans for a step.
         self.score_rows = max(1, 2 * (max_num_seqs + 4) // 3)
@@ -88,10 +95,13 @@ class ModelRunner:
             if targets:
                 scoring.append((item.seq, targets, len(ids) - start))
             ids.extend(item.seq.token_slice(start, end))
-        tokens = torch.tensor(ids, dtype=torch.long)
-        if not scoring:
-            return self.model(tokens, step.positions, step.meta, self.cache, step.output_rows), step.sampling
-        hidden = self.model.run_layers(self.model.embed_tokens(tokens), step.positions, step.meta, self.cache)
+        x = self.model.embed_tokens(torch.tensor(ids, dtype=torch.long))
+        positions = step.positions
+        if self.mrope:
+            positions = torch.from_numpy(np.concatenate([item.seq.rope_positions(start, end)
+                                                         for item, start, end in step.spans], axis=1))
+            place_media(x, step.spans)
+        hidden = self.model.run_layers(x, positions, step.meta, self.cache)
         for seq, targets, row0 in scoring:
             self._score_prompt(seq, hidden, targets, row0)
         return self.model.logits(hidden, step.output_rows), step.sampling
@@ -106,3 +116,20 @@ class ModelRunner:
 
     def forward_all_logits(self, item: ScheduledSeq) -> torch.Tensor:
         return self.forward([item], all_logits=True)[0]
+
+
+def place_media(x: torch.Tensor, spans: list[tuple[ScheduledSeq, int, int]]) -> None:
+    """Overwrite the rows of ``x`` (the step's input embeddings) that hold media placeholders with the media's
+    embeddings, for the part of each item this step computes."""
+    row0 = 0
+    for item, start, end in spans:
+        seq = item.seq
+        for m, embeds in zip(seq.media, seq.media_embeds):
+            lo, hi = np.searchsorted(m.positions, (start, end))
+            if lo == hi:
+                continue
+            if embeds is None:
+                raise RuntimeError(f"{seq.request_id}: the {m.kind} at prompt index {int(m.positions[lo])} was not encoded")
+            rows = torch.from_numpy(np.asarray(m.positions[lo:hi] - start + row0, dtype=np.int64))
+            x.index_copy_(0, rows, embeds[lo:hi])
+        row0 += end - start

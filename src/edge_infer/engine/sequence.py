@@ -8,9 +8,10 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
-from edge_infer.engine.protocol import TokenLogprobs
+from edge_infer.engine.protocol import MediaInput, TokenLogprobs
 from edge_infer.engine.sampling_params import SamplingParams
 
 
@@ -47,6 +48,13 @@ class Sequence:
     num_cached_tokens: int = 0
     # Structured output: the llguidance matcher the output must satisfy (a Future until it is built).
     grammar: Any = None
+    # Media: the items, their M-RoPE positions over the prompt (None: text only, positions are indices) and the
+    # delta of generated tokens, and each item's embeddings once encoded (its features are dropped then), kept
+    # until the sequence ends (a recompute after preemption does not encode again).
+    media: list[MediaInput] = field(default_factory=list)
+    mrope_positions: np.ndarray | None = None
+    mrope_delta: int = 0
+    media_embeds: list[torch.Tensor | None] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -66,13 +74,36 @@ class Sequence:
         return self.num_tokens - self.num_computed
 
     def full_block_hashes(self, count: int, block_size: int) -> list[bytes]:
-        """Hashes of the first ``count`` full blocks: each over its parent's hash and its own tokens."""
+        """Hashes of the first ``count`` full blocks: each over its parent's hash and its own tokens (and, with
+        media, what else its K/V depend on: ``_media_key``)."""
         while len(self.block_hashes) < count:
             i = len(self.block_hashes)
             parent = self.block_hashes[-1] if self.block_hashes else b""
-            tokens = array("q", self.token_slice(i * block_size, (i + 1) * block_size)).tobytes()
-            self.block_hashes.append(hashlib.blake2b(parent + tokens, digest_size=16).digest())
+            start, end = i * block_size, (i + 1) * block_size
+            tokens = array("q", self.token_slice(start, end)).tobytes()
+            self.block_hashes.append(hashlib.blake2b(parent + tokens + self._media_key(start, end), digest_size=16).digest())
         return self.block_hashes[:count]
+
+    def _media_key(self, start: int, end: int) -> bytes:
+        """The digest of each media item with an embedding in ``start..end`` (placeholder tokens are alike for any
+        image), and the M-RoPE positions of the span unless they are its token indices."""
+        if not self.media:
+            return b""
+        key = b"".join(m.kind.encode() + m.digest for m in self.media if _overlaps(m.positions, start, end))
+        positions = self.rope_positions(start, end)
+        if not np.array_equal(positions[0], np.arange(start, end)) or not (positions == positions[0]).all():
+            key += np.ascontiguousarray(positions).tobytes()
+        return key
+
+    def rope_positions(self, start: int, end: int) -> np.ndarray:
+        """M-RoPE positions ``int64 [3, end - start]`` of tokens ``start..end``: the prompt's as computed, then
+        each generated token's index plus the delta on all three axes."""
+        indices = np.arange(start, end, dtype=np.int64)
+        if self.mrope_positions is None:
+            return np.broadcast_to(indices, (3, end - start))
+        n = len(self.prompt_token_ids)
+        generated = np.broadcast_to(indices[max(0, n - start):] + self.mrope_delta, (3, max(0, end - max(start, n))))
+        return np.concatenate([self.mrope_positions[:, start:min(end, n)], generated], axis=1)
 
     def prompt_targets(self, start: int, end: int) -> range:
         """Positions in ``start..end`` whose output scores a prompt token not yet scored."""
@@ -83,3 +114,9 @@ class Sequence:
     @property
     def paused(self) -> bool:
         return self.credits is not None and self.credits <= 0
+
+
+def _overlaps(positions: np.ndarray, start: int, end: int) -> bool:
+    """Whether increasing ``positions`` hold an index in ``start..end``."""
+    lo, hi = np.searchsorted(positions, (start, end))
+    return bool(hi > lo)

@@ -122,9 +122,25 @@ def worker_main(command_fd: int, output_fd: int) -> None:
     outputs = Connection(output_fd, readable=False)
     try:
         config = commands.recv()
+        _pin_allocator_for_encoders(config)
         core_loop(config, commands, outputs)
     except (EOFError, BrokenPipeError):
         pass
+
+
+def _pin_allocator_for_encoders(config: EngineConfig) -> None:
+    """A thinker's worker has large blocks mapped directly from the start (memory.measure.pin_mmap_threshold),
+    so what a media encode adds to RssAnon is the live tensors the plan sizes, and it is given back when the
+    encode ends. Text engines keep glibc's default: their activation calibration was measured with it."""
+    from edge_infer.memory.measure import pin_mmap_threshold
+    from edge_infer.models.config import ModelConfig
+
+    try:
+        thinker = ModelConfig.from_dir(config.model).multimodal is not None
+    except (errors.EdgeInferError, OSError):
+        return  # EngineCore reports an unreadable checkpoint
+    if thinker:
+        pin_mmap_threshold()
 
 
 _INIT_ERRORS = {

@@ -190,25 +190,8 @@ def select_kernels(
     elif quantization is None:
         choices.append(KernelChoice("decoder linears", dense_kernel, dtype, dense_why))
     else:
-        kernel = KERNELS[QUANT_KERNELS[quantization]]
-        reason = kernel.missing(cpu)
-        if reason is not None:
-            refusals.append(f"--quantization {quantization}: {reason}; {_nearest_quant(cpu, quantization)}")
-        slow = kernel.slow_path(cpu)
-        if slow:
-            notes.append(f"--quantization {quantization}: {slow}")
-        if quantization == "cpu_int4" and dtype == "float32" and slow is None:
-            notes.append(f"cpu_int4 with float32 activations: {_SCALAR_INT4}; drop --dtype to let auto choose bfloat16")
-        variant = kernel.variant(cpu, built_variants)
-        best = kernel.variant(cpu)
-        if reason is None and kernel.variants and variant != best:
-            if variant is None:
-                refusals.append(f"--quantization {quantization}: the built kernel library lacks the {best.name} variant "
-                                f"(its compiler could not build it) and holds none other this CPU runs; use cpu_int4")
-            else:
-                notes.append(f"--quantization {quantization}: runs the {variant.name} variant; the built kernel library "
-                             f"lacks {best.name} (its compiler could not build it)")
-        choices.append(KernelChoice("decoder linears", kernel.name, dtype, kernel.computes, variant.name if variant else None))
+        choices.append(_quantized_choice("decoder linears", "--quantization", cpu, dtype, quantization, built_variants,
+                                         refusals, notes))
 
     if quantize_head and quantization is not None:
         head = replace(choices[0], kind="output head", why="quantized like the decoder linears")
@@ -231,6 +214,47 @@ def select_kernels(
         choices += [KernelChoice("output head", "dense" if tied else dense_kernel, dtype, head_why),
                     KernelChoice("embedding lookup", "table", dtype, "the embedding table")]
     return KernelSelection(dtype, choices, refusals, notes)
+
+
+def _quantized_choice(kind: str, option: str, cpu: CpuCapabilities, dtype: str, quantization: str,
+                      built_variants: tuple[str, ...] | None, refusals: list[str], notes: list[str]) -> KernelChoice:
+    """The kernel of ``quantization`` for one kind of linear (set by ``option``), with its refusals and notes."""
+    kernel = KERNELS[QUANT_KERNELS[quantization]]
+    reason = kernel.missing(cpu)
+    if reason is not None:
+        refusals.append(f"{option} {quantization}: {reason}; {_nearest_quant(cpu, quantization, option)}")
+    slow = kernel.slow_path(cpu)
+    if slow:
+        notes.append(f"{option} {quantization}: {slow}")
+    if quantization == "cpu_int4" and dtype == "float32" and slow is None:
+        notes.append(f"cpu_int4 with float32 activations: {_SCALAR_INT4}; drop --dtype to let auto choose bfloat16")
+    variant = kernel.variant(cpu, built_variants)
+    best = kernel.variant(cpu)
+    if reason is None and kernel.variants and variant != best:
+        if variant is None:
+            refusals.append(f"{option} {quantization}: the built kernel library lacks the {best.name} variant "
+                            f"(its compiler could not build it) and holds none other this CPU runs; use cpu_int4")
+        else:
+            notes.append(f"{option} {quantization}: runs the {variant.name} variant; the built kernel library "
+                         f"lacks {best.name} (its compiler could not build it)")
+    return KernelChoice(kind, kernel.name, dtype, kernel.computes, variant.name if variant else None)
+
+
+def encoder_kernels(cpu: CpuCapabilities, dtype: str, quantization: str | None, weight_backend: str = "auto",
+                    built_variants: tuple[str, ...] | None = None) -> KernelSelection:
+    """The kernel of a multimodal thinker's tower linears (``--encoder-quantization``, resolved to a method name or
+    None for dense weights in ``dtype``), with the refusals and notes the plan shows."""
+    refusals: list[str] = []
+    notes: list[str] = []
+    if quantization is None:
+        use_onednn = (dtype == "bfloat16" and weight_backend not in ("dense", "w16")
+                      and KERNELS["onednn-bf16"].missing(cpu) is None)
+        choice = (KernelChoice("encoder linears", "onednn-bf16", dtype, "bf16 in oneDNN's blocked layout") if use_onednn
+                  else KernelChoice("encoder linears", "dense", dtype, f"{dtype} F.linear"))
+    else:
+        choice = _quantized_choice("encoder linears", "--encoder-quantization", cpu, dtype, quantization,
+                                   built_variants, refusals, notes)
+    return KernelSelection(dtype, [choice], refusals, notes)
 
 
 def _widened_variant(cpu: CpuCapabilities, dtype: str, quantization: str | None, weight_backend: str,
@@ -257,11 +281,11 @@ def _widened_variant(cpu: CpuCapabilities, dtype: str, quantization: str | None,
     return None
 
 
-def _nearest_quant(cpu: CpuCapabilities, refused: str) -> str:
+def _nearest_quant(cpu: CpuCapabilities, refused: str, option: str = "--quantization") -> str:
     """The nearest quantization that runs on ``cpu``, as advice."""
     for name in ("cpu_w4a8", "cpu_int4"):
         kernel = KERNELS[QUANT_KERNELS[name]]
         if name != refused and kernel.missing(cpu) is None:
             slow = kernel.slow_path(cpu)
-            return f"use --quantization {name} (same checkpoint, runs here{', slowly: ' + slow if slow else ''})"
-    return "load without --quantization"
+            return f"use {option} {name} (same checkpoint, runs here{', slowly: ' + slow if slow else ''})"
+    return f"load without {option}"

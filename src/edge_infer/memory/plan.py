@@ -12,25 +12,41 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
 
-from edge_infer.config import KV_CACHE_DTYPES, QUANT_METHODS, EngineConfig, QuantConfig
+from edge_infer.config import (
+    ENCODER_QUANTIZATION_CHOICES, KV_CACHE_DTYPES, QUANT_METHODS, EngineConfig, QuantConfig, encoder_quant_config,
+)
 from edge_infer.errors import InvalidRequestError
 from edge_infer.hardware.cpu import CpuCapabilities, detect
-from edge_infer.hardware.kernels import KernelSelection, select_kernels
+from edge_infer.hardware.kernels import KernelSelection, encoder_kernels, select_kernels
 from edge_infer.hardware.memory import available_memory_bytes
+from edge_infer.media.limits import MediaLimits
 from edge_infer.memory.sizing import (
-    CHECKPOINT_DTYPE_BYTES, MiB, activation_bytes, load_transient_bytes, resolve_dtype, runtime_overhead, weight_bytes,
+    CHECKPOINT_DTYPE_BYTES, MiB, activation_bytes, load_transient_bytes, resolve_dtype,
+    runtime_overhead, weight_bytes,
 )
 from edge_infer.models.checkpoint import check_checkpoint
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.layers.kv_cache import DEFAULT_BLOCK_SIZE, KVLayout
 from edge_infer.models.weights import weight_specs
+
+if TYPE_CHECKING:
+    from edge_infer.memory.media_plan import MediaPlan
+
 DEFAULT_MAX_MODEL_LEN = 4096
 DEFAULT_MAX_NUM_SEQS = 8
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
 # Share of the memory left after everything else that a default KV budget may take.
 DEFAULT_KV_SHARE = 0.5
+# The weights: the text decoder's, and each tower's of a multimodal thinker.
+WEIGHT_ITEMS = frozenset({"weights", "vision encoder weights", "audio encoder weights"})
+# What the process that runs a thinker's towers holds: their weights, one encode and the frontend's preparing of
+# requests (an encoder stage, or the text engine when it loads the towers itself).
+TOWER_ITEMS = frozenset({"vision encoder weights", "audio encoder weights", "encoder activations",
+                         "media preprocessing"})
+# What is resident while the weights load: the load peak's items.
+LOAD_ITEMS = WEIGHT_ITEMS | {"runtime overhead", "load transient"}
 
 
 @dataclass
@@ -56,9 +72,20 @@ class TextPlan:
     cpu: CpuCapabilities | None = None
     kernels: KernelSelection | None = None
     model_config: ModelConfig | None = None  # config.json as parsed once, for the frontend
+    media_limits: MediaLimits | None = None  # a multimodal model's per-request limits, as sized (None: text only)
 
     def item(self, name: str) -> int:
         return next(i.bytes for i in self.items if i.name == name)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Every resident weight: the decoder's ("weights") and a thinker's towers' ("vision encoder weights",
+        "audio encoder weights"); what the engine reports as ``ReadyInfo.weight_bytes``."""
+        return sum(i.bytes for i in self.items if i.name in WEIGHT_ITEMS)
+
+    def items_bytes(self, names: frozenset[str]) -> int:
+        """The steady bytes of the items named ``names``."""
+        return sum(i.bytes for i in self.items if i.name in names and i.phase == "steady")
 
     @property
     def steady_bytes(self) -> int:
@@ -67,9 +94,8 @@ class TextPlan:
 
     @property
     def load_peak_bytes(self) -> int:
-        """While loading: overhead + weights + transient (KV is allocated after loading)."""
-        names = {"runtime overhead", "weights", "load transient"}
-        return sum(i.bytes for i in self.items if i.name in names)
+        """While loading: overhead + weights (the decoder's and the encoders') + transient (KV is allocated after)."""
+        return sum(i.bytes for i in self.items if i.name in LOAD_ITEMS)
 
     @property
     def peak_bytes(self) -> int:
@@ -142,8 +168,21 @@ def plan_text_session(
     priority: str | None = None,
     prefix_caching: bool = True,
     kv_cache_dtype: str = "auto",
+    encoder_threads: int | None = None,
+    encoder_quantization: str | None = None,
+    media_limits: MediaLimits | Mapping[str, float] | None = None,
 ) -> TextPlan:
-    """Plan a text session; see the module docstring. Raises only for unreadable checkpoints.
+    """Plan a text session; see the module docstring. Raises only for unreadable checkpoints and unknown settings.
+
+    ``encoder_quantization`` (a multimodal thinker; ``config.ENCODER_QUANTIZATION_CHOICES``): the towers'
+    weight path — none (dense in ``dtype``), same (the decoder's), or a method. Their items are sized as that
+    kernel holds them, the kernel is listed beside the decoder's, and one this CPU cannot run is refused with
+    the nearest that runs. A text model notes that it does nothing.
+
+    ``media_limits`` (a multimodal thinker): what one request may carry, which the plan sizes the encoders
+    for. A ``MediaLimits`` is taken as given; a mapping (e.g. ``{"max_image_pixels": 448 * 448}``) sets
+    those limits and leaves the others at the checkpoint's defaults, lowered where a request at all the
+    limits would not fit ``max_model_len`` (memory/media_plan.py). A text model ignores it.
 
     ``cpu`` plans for another CPU (``hardware.cpu.PROFILES``); by default, this one. ``quantization="auto"``
     (or a ``priority`` without a quantization) picks the weight path by ``priority`` (speed, fidelity or
@@ -158,7 +197,8 @@ def plan_text_session(
                         kv_cache_memory_bytes=kv_cache_memory_bytes, dtype=dtype, available_bytes=available_bytes,
                         weight_backend=weight_backend, num_threads=num_threads, seed=seed, eos_token_ids=eos_token_ids,
                         frontend=frontend, packed_head=packed_head, prefix_caching=prefix_caching,
-                        kv_cache_dtype=kv_cache_dtype)
+                        kv_cache_dtype=kv_cache_dtype, encoder_threads=encoder_threads,
+                        encoder_quantization=encoder_quantization, media_limits=media_limits)
         stored_format = (cfg.quantization_config or {}).get("quant_method")
         return plan_auto(plan_text_session, model_dir, priority, cpu or detect(), stored_format, **settings)
     if frontend not in ("library", "server"):
@@ -166,21 +206,28 @@ def plan_text_session(
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise InvalidRequestError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
     r = _resolve(cfg, model_dir, quantization, dtype, cpu or detect(), weight_backend, packed_head, priority,
-                 max_model_len, max_num_seqs, max_num_batched_tokens)
+                 max_model_len, max_num_seqs, max_num_batched_tokens, encoder_quantization)
     items, layout = _size_items(r, model_dir, frontend, kv_cache_dtype == "int8")
+    media = _media(r, model_dir, media_limits, items)
     available = available_bytes if available_bytes is not None else available_memory_bytes()
     kv_blocks = _kv_blocks(r, layout, items, available, kv_cache_memory_bytes)
-    items.insert(2, _kv_item(layout, kv_blocks))
+    items.insert(next(n for n, i in enumerate(items) if i.name == "rope tables"), _kv_item(layout, kv_blocks))
     plan = _admit(r, model_dir, items, layout, available)
     plan.settings["prefix_caching"] = prefix_caching
     plan.settings["kv_cache_dtype"] = "int8" if layout.int8 else r.dtype
+    if media is not None:
+        plan.settings["encoder_quantization"] = r.encoder_quantization
+        plan.media_limits = media.limits
+        plan.settings["media_limits"] = media.settings()
+        plan.settings["media_sized_for"] = media.sized_for()
     if plan.admitted:
         plan.engine_config = EngineConfig(
             model=model_dir, dtype=r.dtype, max_model_len=r.max_model_len, max_num_seqs=r.max_num_seqs,
             max_num_batched_tokens=r.max_num_batched_tokens, kv_cache_memory_bytes=kv_blocks * layout.bytes_per_block,
             block_size=layout.block_size, quant=r.quant, weight_backend="w16" if r.widened else weight_backend,
             num_threads=num_threads, seed=seed, eos_token_ids=tuple(eos_token_ids), packed_head=r.packed_head,
-            prefix_caching=prefix_caching, kv_cache_dtype=kv_cache_dtype,
+            prefix_caching=prefix_caching, kv_cache_dtype=kv_cache_dtype, encoder_threads=encoder_threads,
+            encoder_quantization=r.encoder_quantization,
         )
     return plan
 
@@ -204,6 +251,8 @@ class _Resolved:
     notes: list[str]
     reasons: list[str]
     levers: list[str]
+    encoder_quantization: str = "none"  # the towers' weight path as asked (a thinker)
+    encoder_quant: QuantConfig | None = None  # ... as their kernel holds it; None: dense in dtype
 
     @property
     def dtype_bytes(self) -> int:
@@ -212,8 +261,10 @@ class _Resolved:
 
 def _resolve(cfg: ModelConfig, model_dir: str, quantization: str | QuantConfig | None, dtype: str | None,
              cpu: CpuCapabilities, weight_backend: str, packed_head: bool, priority: str | None,
-             max_model_len: int | None, max_num_seqs: int | None, max_num_batched_tokens: int | None) -> _Resolved:
-    """The dtype, quantization and kernels (refused where this CPU cannot run them) and the batch shape."""
+             max_model_len: int | None, max_num_seqs: int | None, max_num_batched_tokens: int | None,
+             encoder_quantization: str | None) -> _Resolved:
+    """The dtype, quantization and kernels (the decoder's and a thinker's towers'; refused where this CPU cannot
+    run them) and the batch shape."""
     tensors = check_checkpoint(cfg, model_dir, weight_specs(cfg))
     notes: list[str] = []
     reasons: list[str] = []
@@ -241,6 +292,9 @@ def _resolve(cfg: ModelConfig, model_dir: str, quantization: str | QuantConfig |
             kernels = select_kernels(cpu, dtype, None, tied=cfg.tie_word_embeddings, packed_head=packed_head,
                                      weight_backend="dense", dtype_explicit=dtype_explicit)
             notes.append(f"the checkpoint's {stored_16bit} weights are held in float32, twice their bytes: {why}")
+    encoder_choice = encoder_quantization or "none"
+    encoder_quant = _resolve_towers(cfg, encoder_choice, quant, cpu, dtype, weight_backend, built, kernels, notes,
+                                    reasons)
 
     model_max = cfg.max_position_embeddings
     if max_model_len is None:
@@ -266,7 +320,34 @@ def _resolve(cfg: ModelConfig, model_dir: str, quantization: str | QuantConfig |
         levers.append(f"--max-num-seqs {max_num_batched_tokens} or --max-num-batched-tokens {max_num_seqs}")
     packed_head = packed_head and cfg.tie_word_embeddings and not (quant is not None and quant.quantize_head)
     return _Resolved(cfg, tensors, cpu, quant, dtype, kernels, kernels.kernel_for("decoder linears") == "cpu-w16a32",
-                     stored_16bit, packed_head, max_model_len, max_num_seqs, max_num_batched_tokens, notes, reasons, levers)
+                     stored_16bit, packed_head, max_model_len, max_num_seqs, max_num_batched_tokens, notes, reasons, levers,
+                     encoder_choice, encoder_quant)
+
+
+def _resolve_towers(cfg: ModelConfig, choice: str, quant: QuantConfig | None, cpu: CpuCapabilities, dtype: str,
+                    weight_backend: str, built: tuple[str, ...] | None, kernels: KernelSelection, notes: list[str],
+                    reasons: list[str]) -> QuantConfig | None:
+    """A thinker's towers' weight path (``--encoder-quantization choice``): their kernel listed with the
+    decoder's, refused (with the nearest that runs) where this CPU cannot run it; None for dense weights."""
+    if choice not in ENCODER_QUANTIZATION_CHOICES:
+        raise InvalidRequestError(f"encoder_quantization {choice!r} is not supported; use one of "
+                                  f"{', '.join(ENCODER_QUANTIZATION_CHOICES)}")
+    if cfg.multimodal is None:
+        if choice != "none":
+            notes.append(f"--encoder-quantization {choice} does nothing: {cfg.architecture} has no media encoders")
+        return None
+    towers = encoder_quant_config(choice, quant)
+    selection = encoder_kernels(cpu, dtype, towers.name if towers else None, weight_backend, built)
+    if towers is not None and towers.int8_activations and not selection.refusals:
+        from edge_infer.quant import native_build
+
+        if (why := native_build.missing_toolchain()) is not None:
+            selection.refusals.append(f"--encoder-quantization {towers.name}: {why}")
+    kernels.choices += selection.choices
+    kernels.refusals += selection.refusals
+    notes += selection.notes
+    reasons += selection.refusals
+    return towers
 
 
 def _size_items(r: _Resolved, model_dir: str, frontend: str, int8_kv: bool) -> tuple[list[PlanItem], KVLayout]:
@@ -283,7 +364,8 @@ def _size_items(r: _Resolved, model_dir: str, frontend: str, int8_kv: bool) -> t
     weights, largest_linear = weight_bytes(cfg, r.dtype_bytes, r.quant, r.widened)
     if r.packed_head:
         weights += cfg.vocab_size * cfg.hidden_size * r.dtype_bytes  # the head's own copy beside the embedding
-    rope = 2 * r.max_model_len * cfg.head_dim * 4
+    # M-RoPE positions are not bounded by the context (a video's advance by seconds): no table, cos/sin per step
+    rope = 0 if cfg.mrope_section else 2 * r.max_model_len * cfg.head_dim * 4
     acts = activation_bytes(cfg, r.dtype_bytes, r.max_num_batched_tokens, r.max_num_seqs, r.max_model_len,
                             r.quant.name if r.quant is not None else None)
     acts_note = f"one step of {r.max_num_batched_tokens} tokens, {r.max_num_seqs} logit rows"
@@ -298,14 +380,38 @@ def _size_items(r: _Resolved, model_dir: str, frontend: str, int8_kv: bool) -> t
     file_bytes = sum(t.file.stat().st_size for t in {t.file: t for t in r.tensors.values()}.values())
     layout = KVLayout.for_model(cfg, r.dtype_bytes, DEFAULT_BLOCK_SIZE, int8=int8_kv)
     weights_note = _weights_note(cfg, r.dtype, r.quant, r.packed_head, r.widened and r.stored_16bit)
+    if cfg.multimodal is not None:
+        weights_note += "; the text decoder (the media encoders are items of their own)"
     return [
         PlanItem("runtime overhead", overhead_bytes, "anon", "steady", f"{frontend} frontend + worker + tokenizer + its structured-output view (measured once)"),
         PlanItem("weights", weights, "anon", "steady", weights_note),
-        PlanItem("rope tables", rope, "anon", "steady", f"cos+sin fp32 for {r.max_model_len} positions"),
+        PlanItem("rope tables", rope, "anon", "steady", "none: M-RoPE cos/sin are computed per step" if cfg.mrope_section
+                 else f"cos+sin fp32 for {r.max_model_len} positions"),
         PlanItem("activations", acts, "anon", "steady", acts_note),
         PlanItem("load transient", transient, "anon", "load", "one block being converted + the largest linear being repacked"),
         PlanItem("checkpoint pages", file_bytes, "file", "load", "memory-mapped while loading; page cache, released after"),
     ], layout
+
+
+def _media(r: _Resolved, model_dir: str, limits: MediaLimits | Mapping[str, float] | None,
+           items: list[PlanItem]) -> MediaPlan | None:
+    """A thinker's media items, placed after the decoder's weights and activations; None for a text model."""
+    if r.cfg.multimodal is None:
+        return None
+    from edge_infer.memory.media_plan import plan_media
+
+    media = plan_media(model_dir, r.cfg, r.tensors, r.dtype, r.max_model_len, r.max_num_seqs, limits, r.encoder_quant)
+    weights = [i for i in media.items if i.name in WEIGHT_ITEMS]
+    at = next(n for n, i in enumerate(items) if i.name == "weights") + 1
+    items[at:at] = weights
+    at = next(n for n, i in enumerate(items) if i.name == "activations") + 1
+    items[at:at] = [i for i in media.items if i not in weights]
+    transient = next(i for i in items if i.name == "load transient")
+    transient.bytes = max(transient.bytes, media.load_transient)  # one load: the towers' linears among the rest
+    r.notes += media.notes
+    r.reasons += media.reasons
+    r.levers += media.levers
+    return media
 
 
 def _kv_blocks(r: _Resolved, layout: KVLayout, items: list[PlanItem], available: int, budget: int | None) -> int:

@@ -17,6 +17,7 @@ from edge_infer.errors import InvalidRequestError
 from edge_infer.hardware.cpu import CpuCapabilities, detect
 from edge_infer.hardware.kernels import auto_dtype
 from edge_infer.models.config import ModelConfig
+from edge_infer.models.encoder_weights import is_tower_spec
 from edge_infer.models.weights import weight_specs
 
 MiB = 1 << 20
@@ -46,11 +47,14 @@ def resolve_dtype(requested: str | None, notes: list[str], quantization: str | N
 
 
 def weight_bytes(cfg: ModelConfig, dtype_bytes: int, quant: QuantConfig | None, widened: bool = False) -> tuple[int, int]:
-    """(resident weight bytes, largest linear repacked from its row-major form while loading); ``widened``: a
-    16-bit checkpoint on the W16A32 kernel (packed a block of rows at a time: no linear is held whole)."""
+    """(resident weight bytes, largest linear repacked from its row-major form while loading) of the text decoder
+    (a thinker's towers are items of their own: memory/media_plan.py); ``widened``: a 16-bit checkpoint on the
+    W16A32 kernel (packed a block of rows at a time: no linear is held whole)."""
     total = 0
     largest_linear = 0
     for spec in weight_specs(cfg):
+        if is_tower_spec(spec):
+            continue
         plain = spec.numel * dtype_bytes
         if widened:
             from edge_infer.quant.sizes import widened_spec_nbytes

@@ -93,7 +93,7 @@ class DecoderLM(nn.Module):
         self.embed: torch.Tensor | None = None
         self.final_norm: torch.Tensor | None = None
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.rope = RotaryTable(cfg.head_dim, cfg.rope_theta, max_positions, cfg.rope_scaling)
+        self.rope = RotaryTable(cfg.head_dim, cfg.rope_theta, max_positions, cfg.rope_scaling, cfg.mrope_section)
         # Decode steps in fused layer calls: whoever installs the weight kernels may set ``fused_factory``
         # (quant.fused_decode.build), asked at the first decode whether it can fuse this model; None keeps
         # the PyTorch layers. ``fused_decode`` False measures the PyTorch path anyway.
@@ -130,7 +130,7 @@ class DecoderLM(nn.Module):
 
     def kernels_by_kind(self) -> dict[str, str]:
         """The kernel each kind of linear runs on (names as hardware.kernels lists them, ISA variant in brackets)."""
-        decoder = sorted({lin.kernel.label for name, lin in self.linears() if name != "lm_head" and lin.kernel is not None})
+        decoder = sorted({lin.kernel.label for name, lin in self.linears() if name.startswith("layers.") and lin.kernel is not None})
         return {
             "decoder linears": "+".join(decoder),
             "output head": self.lm_head.kernel.label if self.lm_head.kernel is not None else "unloaded",
@@ -169,7 +169,8 @@ class DecoderLM(nn.Module):
         return F.embedding(input_ids, self.embed).to(self.dtype)  # a 16-bit table for fp32 activations: widened here
 
     def run_layers(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: "KVCache") -> torch.Tensor:
-        """Run the decoder layers over input embeddings ``[T, hidden]``; returns hidden states."""
+        """Run the decoder layers over input embeddings ``[T, hidden]`` at ``positions`` (``[T]``, or ``[3, T]`` for
+        M-RoPE); returns hidden states."""
         cos, sin = self.rope.lookup(positions, x.dtype)
         if self.fused_decode is None:
             self._fused = self.fused_factory(self) if self.fused_factory is not None else None

@@ -8,6 +8,7 @@ copy of the model. Sharded checkpoints are read through their index.
 from __future__ import annotations
 
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
@@ -58,20 +59,20 @@ class CheckpointReader:
         except KeyError:
             raise CheckpointError(f"checkpoint {self.model_dir} lacks tensor {name!r}") from None
 
-    def _slice(self, name: str, info: TensorInfo):
+    def _slice(self, info: TensorInfo):
         handle = self._handles.get(info.file)
         if handle is None:
             handle = self._handles[info.file] = self._open(info.file)
-        return handle.get_slice(name)
+        return handle.get_slice(info.key)
 
     def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         """Rows ``[start, stop)`` of ``name`` in the file's dtype: a copy of just those rows."""
-        return self._slice(name, self.info(name))[start:stop]
+        return self._slice(self.info(name))[start:stop]
 
     def row_blocks(self, name: str) -> Iterator[tuple[int, torch.Tensor]]:
         """(first row, tensor) blocks of ``name`` along dim 0, in the file's dtype."""
         info = self.info(name)
-        sl = self._slice(name, info)
+        sl = self._slice(info)
         if len(info.shape) == 0:
             yield 0, sl[:]
             return
@@ -163,8 +164,12 @@ def load_weights(
     head_from_embedding: bool = False,
     release: Callable[[], object] | None = None,
     table_dtype_as_stored: bool = False,
+    prefix: str = "",
 ) -> None:
     """Fill every tensor of ``model.weight_specs()`` from the checkpoint.
+
+    ``prefix`` is put before every source name: a tower loaded on its own
+    names tensors relative to itself (``models.encoders``).
 
     ``head_from_embedding`` (a tied model whose head is quantized or
     widened): the embedding table is installed as the output head's linear,
@@ -178,6 +183,8 @@ def load_weights(
     transient (one block plus one linear being repacked) does not hold.
     """
     specs = model.weight_specs()
+    if prefix:
+        specs = [replace(spec, sources=tuple(prefix + name for name in spec.sources)) for spec in specs]
     with CheckpointReader(model_dir) as reader:
         for n, spec in enumerate(specs):
             owner, attr = model.resolve(spec.target)
@@ -194,5 +201,28 @@ def load_weights(
                 release()
             if progress is not None:
                 progress(n + 1, len(specs))
-    if model.cfg.tie_word_embeddings:
+    if getattr(model.cfg, "tie_word_embeddings", False):  # decoders; the encoders have no head
         model.tie_head()
+
+
+def resident_bytes(model: "torch.nn.Module") -> int:
+    """Bytes of the tensors ``model.weight_specs()`` installed, as held: a linear by its kernel (its bias is a
+    spec of its own), any other tensor by its storage."""
+    total = 0
+    for spec in model.weight_specs():
+        owner, attr = model.resolve(spec.target)
+        value = getattr(owner, attr)
+        if isinstance(value, Linear):
+            total += value.kernel.nbytes if value.kernel is not None else 0
+        elif value is not None:
+            total += value.numel() * value.element_size()
+    return total
+
+
+def resolve_target(root: object, target: str) -> tuple[object, str]:
+    """The object owning the dotted attribute path ``target`` under ``root``, and the attribute name to set on it."""
+    obj = root
+    parts = target.split(".")
+    for part in parts[:-1]:
+        obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
+    return obj, parts[-1]

@@ -1,20 +1,27 @@
 """``edge-infer synth``: random checkpoints of the supported families.
 
-Real-shape presets (Qwen2.5-0.5B, Qwen3-0.6B, Llama-3.2-1B) are for speed and
-memory benchmarks: speed and memory do not depend on the weights' values.
-``tiny`` is for tests. Each checkpoint is a complete Hugging Face directory:
-config, safetensors (sharded with an index above ``--shard-bytes``), a
-working tokenizer (the demo model's byte-level BPE plus the family's special
-tokens) and the family's chat template.
+Real-shape presets (Qwen2.5-0.5B, Qwen3-0.6B, Llama-3.2-1B; the multimodal
+thinkers Qwen2.5-VL-3B and Qwen2.5-Omni-3B: ``models/synth_thinker.py``) are
+for speed and memory benchmarks: speed and memory do not depend on the
+weights' values. ``tiny`` is for tests. Each checkpoint is a complete Hugging
+Face directory: config, safetensors (sharded with an index above
+``--shard-bytes``), a working tokenizer (the demo model's byte-level BPE plus
+the family's special tokens) and the family's chat template.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from edge_infer.models.config import FAMILIES
+if TYPE_CHECKING:
+    from edge_infer.models.config import ModelConfig
+
+from edge_infer.models.config import FAMILIES, MEDIA_KINDS
+
+# The multimodal thinkers synth writes (models/synth_thinker.py), besides the text FAMILIES.
+THINKER_FAMILIES = tuple(sorted(MEDIA_KINDS))
 
 # vocab_size None: the tokenizer's size rounded up to a multiple of 128.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -147,70 +154,96 @@ def write_checkpoint(
     shard_bytes: int = 2 << 30,
 ) -> Path:
     """Write a random checkpoint of ``family`` with ``preset``'s shape into ``out``."""
-    import torch
-    from safetensors.torch import save_file
-
     from edge_infer.models.config import ModelConfig
-    from edge_infer.models.weights import source_shapes, weight_specs
 
+    if family in THINKER_FAMILIES:
+        from edge_infer.models.synth_thinker import write_thinker
+
+        return write_thinker(out, family, preset, seed, dtype, shard_bytes)
     if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}; choose one of {', '.join(FAMILIES)}")
+        raise ValueError(f"unknown family {family!r}; choose one of {', '.join(FAMILIES + THINKER_FAMILIES)}")
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    chatml = json.loads((_base_tokenizer_dir() / "tokenizer_config.json").read_text())["chat_template"]
-    style = _styles(chatml)[family]
+    style = _styles(chatml_template())[family]
     cfg_dict = model_config(family, preset, dtype)
     special_ids = write_tokenizer(out, style, cfg_dict["max_position_embeddings"])
     if cfg_dict["vocab_size"] is None:  # tiny: every id the model can emit decodes to text
-        tokens = len(json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]) + len(style.specials)
-        cfg_dict["vocab_size"] = -(-tokens // 128) * 128
+        cfg_dict["vocab_size"] = tokenizer_vocab(out)
     eos = special_ids[style.eos]
     cfg_dict.update(eos_token_id=eos, bos_token_id=special_ids.get(style.bos) if style.bos else eos)
     (out / "config.json").write_text(json.dumps(cfg_dict, indent=2))
+    write_generation_config(out, eos, cfg_dict["bos_token_id"])
+    write_weights(out, ModelConfig.from_dict(cfg_dict), dtype, seed, shard_bytes)
+    return out
+
+
+def chatml_template() -> str:
+    """The demo model's ChatML template (the Qwen families')."""
+    return json.loads((_base_tokenizer_dir() / "tokenizer_config.json").read_text())["chat_template"]
+
+
+def tokenizer_vocab(out: Path) -> int:
+    """A vocabulary for the tokenizer written to ``out``: its size rounded up to a multiple of 128."""
+    from tokenizers import Tokenizer
+
+    return -(-Tokenizer.from_file(str(out / "tokenizer.json")).get_vocab_size() // 128) * 128
+
+
+def write_generation_config(out: Path, eos: int, bos: int) -> None:
     (out / "generation_config.json").write_text(
-        json.dumps({"eos_token_id": [eos], "bos_token_id": cfg_dict["bos_token_id"], "do_sample": True, "temperature": 0.7, "top_p": 0.9}, indent=2)
+        json.dumps({"eos_token_id": [eos], "bos_token_id": bos, "do_sample": True, "temperature": 0.7, "top_p": 0.9},
+                   indent=2)
     )
-    cfg = ModelConfig.from_dict(cfg_dict)
+
+
+def write_weights(out: Path, cfg: "ModelConfig", dtype: str, seed: int, shard_bytes: int,
+                  extra: dict[str, tuple[int, ...]] | None = None) -> None:
+    """Random tensors for every weight ``cfg`` implies (and the ``extra`` ones, by name and shape), as safetensors,
+    sharded with an index above ``shard_bytes``."""
+    import torch
+    from safetensors.torch import save_file
+
+    from edge_infer.models.weights import source_shapes, weight_specs
+
     torch_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}[dtype]
     gen = torch.Generator().manual_seed(seed)
 
-    def random(shape: tuple[int, ...], fan_in: int | None) -> torch.Tensor:
-        # Twice the variance-preserving scale: with a tied head, a narrower init makes a
-        # random model echo its input token, and tests need greedy text that varies.
+    def random(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        if len(shape) == 1 and ("norm" in name or "ln_" in name) and name.endswith(".weight"):
+            return torch.ones(shape, dtype=torch_dtype)
         t = torch.randn(shape, generator=gen)
-        return (t * 2 / fan_in**0.5 if fan_in else t * 0.5).to(torch_dtype)
+        if name.endswith(".bias"):
+            return (t * 0.5).to(torch_dtype) * 0.1
+        if len(shape) >= 2 and "embed_tokens" not in name:
+            # Twice the variance-preserving scale: with a tied head, a narrower init makes a
+            # random model echo its input token, and tests need greedy text that varies.
+            return (t * 2 / (t[0].numel() ** 0.5)).to(torch_dtype)
+        return (t * 0.5).to(torch_dtype)
 
+    tensors = [(name, shape) for spec in weight_specs(cfg) for name, shape in zip(spec.sources, source_shapes(spec, cfg))]
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
-    for spec in weight_specs(cfg):
-        hf_shapes = source_shapes(spec, cfg)
-        for name, shape in zip(spec.sources, hf_shapes):
-            if name.endswith("norm.weight") or "layernorm" in name:
-                t = torch.ones(shape, dtype=torch_dtype)
-            elif name.endswith(".bias"):
-                t = random(shape, None) * 0.1
-            else:
-                t = random(shape, shape[1] if len(shape) == 2 and "embed" not in name else None)
-            nbytes = t.numel() * t.element_size()
-            if size + nbytes > shard_bytes and shards[-1]:
-                shards.append({})
-                size = 0
-            shards[-1][name] = t
-            size += nbytes
+    for name, shape in tensors + list((extra or {}).items()):
+        t = random(name, shape)
+        nbytes = t.numel() * t.element_size()
+        if size + nbytes > shard_bytes and shards[-1]:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
     if len(shards) == 1:
         save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
-    else:
-        weight_map = {}
-        total = 0
-        for i, shard in enumerate(shards, start=1):
-            fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, str(out / fname), metadata={"format": "pt"})
-            for name, t in shard.items():
-                weight_map[name] = fname
-                total += t.numel() * t.element_size()
-        (out / "model.safetensors.index.json").write_text(
-            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
-        )
-    return out
+        return
+    weight_map = {}
+    total = 0
+    for i, shard in enumerate(shards, start=1):
+        fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / fname), metadata={"format": "pt"})
+        for name, t in shard.items():
+            weight_map[name] = fname
+            total += t.numel() * t.element_size()
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+    )

@@ -1,7 +1,9 @@
-"""The tensors a decoder checkpoint must provide, derived from its config alone.
+"""The tensors a checkpoint must provide, derived from its config alone.
 
-Torch-free on purpose: the memory planner sizes weights from this list
-without importing torch or reading any weight.
+A text decoder's; a multimodal thinker's add its vision and audio towers'
+(``models.encoder_weights``), under their canonical prefixes. Torch-free on
+purpose: the memory planner sizes weights from this list without importing
+torch or reading any weight.
 """
 from __future__ import annotations
 
@@ -52,18 +54,23 @@ def weight_specs(cfg: ModelConfig) -> list[WeightSpec]:
     specs.append(WeightSpec("final_norm", (h,), ("model.norm.weight",), False))
     if not cfg.tie_word_embeddings:
         specs.append(WeightSpec("lm_head", (cfg.vocab_size, h), ("lm_head.weight",), True))
+    if cfg.multimodal is not None:
+        # imported here: encoder_weights builds its specs from WeightSpec above
+        from edge_infer.models.encoder_weights import tower_weight_specs
+
+        specs += tower_weight_specs(cfg.multimodal.vision, cfg.multimodal.audio)
     return specs
 
 
 def source_shapes(spec: WeightSpec, cfg: ModelConfig) -> list[tuple[int, ...]]:
     """Shapes of the checkpoint tensors that make up one of our (possibly fused) tensors.
 
-    q/k/v split by head counts; any other fused tensor (gate/up, stacked
-    tables) into equal parts.
+    The decoder's q/k/v split by head counts; any other fused tensor
+    (gate/up, the towers' q/k/v, stacked tables) into equal parts.
     """
     if len(spec.sources) == 1:
         return [spec.shape]
-    if spec.target.endswith("qkv") or spec.target.endswith("qkv.bias"):
+    if spec.target.startswith("layers.") and spec.target.endswith(("qkv", "qkv.bias")):  # the decoder's (GQA)
         rows = [cfg.q_size, cfg.kv_size, cfg.kv_size]
     else:
         rows = [spec.shape[0] // len(spec.sources)] * len(spec.sources)

@@ -22,6 +22,7 @@ from typing import Any
 
 from edge_infer.config import QuantConfig
 from edge_infer.errors import CheckpointError, InvalidRequestError
+from edge_infer.models.encoder_weights import is_tower_spec
 from edge_infer.models.weights import WeightSpec
 
 # The weight formats by bits, as config.json's quantization_config names them.
@@ -89,8 +90,10 @@ def quantized_nbytes(rows: int, cols: int, quant: QuantConfig, dtype_bytes: int)
 
 def widened_spec_nbytes(spec: WeightSpec, dtype_bytes: int, tied: bool) -> int:
     """Resident bytes of one tensor when a 16-bit checkpoint runs on the W16A32 kernel (quant/widened.py): every
-    linear at 2 bytes in 64-row tiles (a tied table once, held by the head), a separate embedding table at
-    2 bytes, the rest (norms) in the activation dtype."""
+    decoder linear at 2 bytes in 64-row tiles (a tied table once, held by the head), a separate embedding table
+    at 2 bytes, the rest (norms; a thinker's towers, dense unless --encoder-quantization) in the activation dtype."""
+    if is_tower_spec(spec):
+        return spec.numel * dtype_bytes
     if spec.is_linear or (spec.target == "embed" and tied):
         return padded(spec.shape[0], INT8_KERNEL_ROW_MULTIPLE) * spec.shape[1] * 2
     return spec.numel * (2 if spec.target == "embed" else dtype_bytes)
@@ -98,7 +101,10 @@ def widened_spec_nbytes(spec: WeightSpec, dtype_bytes: int, tied: bool) -> int:
 
 def is_quantized(spec: WeightSpec, quant: QuantConfig, tied: bool) -> bool:
     """Whether ``spec`` is held in int4: every linear of the decoder layers; the output
-    head (its own tensor, or the embedding table of a tied model) only with quantize_head."""
+    head (its own tensor, or the embedding table of a tied model) only with quantize_head. A thinker's
+    towers follow --encoder-quantization, not the decoder's setting: not by ``quant``."""
+    if is_tower_spec(spec):
+        return False
     if spec.target == "lm_head" or (spec.target == "embed" and tied):
         return quant.quantize_head
     return spec.is_linear
@@ -139,7 +145,8 @@ def repack_transient_bytes(specs: list[WeightSpec], quant: QuantConfig, tied: bo
 
 def widened_transient_bytes(specs: list[WeightSpec]) -> int:
     """Load-time working memory of the W16A32 path: one block of 16-bit rows as read, concatenated and padded."""
-    return max(min(s.shape[0], repack_block_rows(s.shape[1], 1)) * s.shape[1] * 2 * 3 for s in specs if s.is_linear)
+    return max(min(s.shape[0], repack_block_rows(s.shape[1], 1)) * s.shape[1] * 2 * 3 for s in specs
+               if s.is_linear and not is_tower_spec(s))
 
 
 def checkpoint_quantization_config(quant: QuantConfig) -> dict[str, Any]:

@@ -49,10 +49,30 @@ def _parse_bytes(value: Any) -> int:
             return int(TypeAdapter(ByteSize).validate_python(value.strip()))
         except ValidationError:
             pass
-    raise PydanticCustomError("bytes", "cannot read {value!r} as a byte count", {"value": value})
+    raise PydanticCustomError("bytes", "cannot read '{value}' as a byte count", {"value": value})
 
 
 Bytes = Annotated[int, BeforeValidator(_parse_bytes)]
+
+
+def _media_limits(value: Any) -> Any:
+    """Names of ``media.limits.LIMITS`` with numbers >= 0 (the flags' --max-images ... as keys: max_images)."""
+    from edge_infer.media.limits import LIMITS
+
+    if not isinstance(value, Mapping):
+        raise PydanticCustomError("media_limits", "media_limits is a mapping such as {{max_images: 1}}, got {value}",
+                                  {"value": value})
+    for name, limit in value.items():
+        if name not in LIMITS:
+            raise PydanticCustomError("media_limits", "unknown media limit '{name}'; known: {known}",
+                                      {"name": name, "known": ", ".join(LIMITS)})
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit < 0:
+            raise PydanticCustomError("media_limits", "media limit {name} must be a number >= 0, got {limit}",
+                                      {"name": name, "limit": limit})
+    return dict(value)
+
+
+MediaLimitSettings = Annotated[dict[str, float], BeforeValidator(_media_limits)]
 
 
 class _Strict(BaseModel):
@@ -74,7 +94,7 @@ class ReservationConfig(_Strict):
         if value == "auto":
             return {}
         if isinstance(value, str):
-            raise PydanticCustomError("reservation", "reservation must be 'auto' or a mapping of byte counts, got {value!r}", {"value": value})
+            raise PydanticCustomError("reservation", "reservation must be 'auto' or a mapping of byte counts, got {value}", {"value": value})
         return value
 
 
@@ -87,6 +107,10 @@ class EngineSettings(_Strict):
     quantization: str | None = None
     # With quantization "auto" (implied when only a priority is given): what the weight path optimizes.
     priority: Literal["speed", "fidelity", "memory"] | None = None
+    # A multimodal thinker's (the text executor's): its towers' weight path (edge-infer's --encoder-quantization)
+    # and what one request may carry, which its plan sizes (--max-images, ...; unset: the plan's defaults).
+    encoder_quantization: Literal["none", "same", "cpu_int4", "cpu_w4a8", "cpu_w8a8"] = "none"
+    media_limits: MediaLimitSettings | None = None
 
 
 class SamplingDefaults(_Strict):
@@ -467,4 +491,18 @@ def load_deploy_config(source: str | os.PathLike[str], stage_overrides: str | Ma
     problems = check_deploy_config(config, origins, doc)
     if problems:
         raise DeployConfigError(problems)
+    _apply_pipeline_options(config)
     return config
+
+
+def _apply_pipeline_options(config: DeployConfig) -> None:
+    """Options each executor takes from the contracts routed into its stage (``pipeline_options``), where the
+    stage does not set them: e.g. a text stage fed media embeddings loads no towers."""
+    from edge_infer.runtime.executors import executor_target, load_executor
+
+    for i, stage in enumerate(config.stages):
+        inputs = frozenset(r.contract for r in config.routes if r.to_stage == stage.stage_id)
+        implied = load_executor(executor_target(stage.executor)).pipeline_options(stage, inputs)
+        unset = {k: v for k, v in implied.items() if k not in stage.executor_options}
+        if unset:
+            config.stages[i] = stage.model_copy(update={"executor_options": {**stage.executor_options, **unset}})

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -100,8 +101,8 @@ class ContractSpec:
     ndim: int = 0
     dims: tuple[str, ...] = ()  # names of the axes, for messages and docs
     metadata: tuple[MetaRule, ...] = ()
-    # Rules linking data and metadata (shape vs metadata, value ranges).
-    check: Callable[[np.ndarray, dict[str, Any]], list[Violation]] | None = None
+    # Rules linking data and metadata (shape vs metadata, value ranges; a text contract's form).
+    check: Callable[[Any, dict[str, Any]], list[Violation]] | None = None
 
     @property
     def id(self) -> str:
@@ -144,6 +145,14 @@ def _check_hidden(data: np.ndarray, meta: dict[str, Any]) -> list[Violation]:
     return out
 
 
+def _check_mrope(data: np.ndarray, meta: dict[str, Any]) -> list[Violation]:
+    if data.shape[0] != 3:
+        return [Violation(SHAPE, f"M-RoPE positions have 3 axes (time, height, width), shape[0] is {data.shape[0]}")]
+    if data.size and int(data.min()) < 0:
+        return [Violation(VALUE_RANGE, f"positions must be >= 0, found {int(data.min())}")]
+    return []
+
+
 def _check_codec(data: np.ndarray, meta: dict[str, Any]) -> list[Violation]:
     out = []
     books = meta.get("num_codebooks")
@@ -179,6 +188,17 @@ def _check_image(data: np.ndarray, meta: dict[str, Any]) -> list[Violation]:
     return out
 
 
+def _check_chat(data: str, meta: dict[str, Any]) -> list[Violation]:
+    try:
+        messages = json.loads(data)
+    except json.JSONDecodeError as exc:
+        return [Violation(ENCODING, f"chat/1 carries messages as JSON; this is not JSON ({exc})")]
+    if not (isinstance(messages, list) and messages
+            and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)):
+        return [Violation(SHAPE, "chat/1 is a non-empty JSON list of message objects, each with a string 'role'")]
+    return []
+
+
 CONTRACTS: dict[str, ContractSpec] = {
     spec.id: spec
     for spec in (
@@ -189,11 +209,19 @@ CONTRACTS: dict[str, ContractSpec] = {
             check=_check_token_ids,
         ),
         ContractSpec("text", 1, "UTF-8 text"),
+        ContractSpec("chat", 1, "chat messages as JSON text: [{role, content}], content a string or OpenAI content "
+                                "parts (text, image_url, input_audio, audio_url, video_url)", check=_check_chat),
         ContractSpec(
             "hidden_states", 1, "per-token hidden states",
             dtypes=("float32", "float16"), ndim=2, dims=("tokens", "hidden"),
             metadata=(MetaRule("hidden_size", "int", check=_positive),),
             check=_check_hidden,
+        ),
+        ContractSpec(
+            "mrope_positions", 1, "a prompt's multimodal RoPE positions: time, height, width per token",
+            dtypes=("int32", "int64"), ndim=2, dims=("axes", "tokens"),
+            metadata=(MetaRule("delta", "int"),),  # a generated token i sits at i + delta on every axis
+            check=_check_mrope,
         ),
         ContractSpec(
             "codec_codes", 1, "audio codec codes, one chunk of frames",
@@ -256,7 +284,10 @@ def validate(payload: Payload) -> Verdict:
     if spec.is_text:
         if not isinstance(payload.data, str):
             return Verdict(spec.id, (Violation(DATA_KIND, f"{spec.id} carries text, got {type(payload.data).__name__}"),))
-        return Verdict(spec.id, tuple(_check_metadata(spec, payload.metadata)))
+        out = _check_metadata(spec, payload.metadata)
+        if spec.check is not None:
+            out.extend(spec.check(payload.data, payload.metadata))
+        return Verdict(spec.id, tuple(out))
     data = payload.data
     if not isinstance(data, np.ndarray):
         return Verdict(spec.id, (Violation(DATA_KIND, f"{spec.id} carries a tensor, got {type(data).__name__}"),))

@@ -104,6 +104,12 @@ class StageExecutor(ABC):
         return cls.Options.model_validate(stage.executor_options)
 
     @classmethod
+    def pipeline_options(cls, stage: StageConfig, inputs: frozenset[str]) -> dict[str, Any]:
+        """``executor_options`` implied by the stage's place in the pipeline: ``inputs`` are the contracts routed
+        into it. Applied when the deploy config is loaded, to the options the stage does not set."""
+        return {}
+
+    @classmethod
     @abstractmethod
     def plan(cls, stage: StageConfig) -> ReservationPlan:
         """Memory the stage will hold, computed without loading anything."""
@@ -135,6 +141,7 @@ class StageExecutor(ABC):
 
 _BUILTIN = {
     "text": "edge_infer.runtime.text_executor:TextEngineExecutor",
+    "media_encoder": "edge_infer.runtime.encoder_executor:MediaEncoderExecutor",
     "onnx_vocoder": "edge_infer.runtime.onnx_executor:OnnxVocoderExecutor",
     "qwen3_tts_talker": "edge_infer.tts.executors:TalkerExecutor",
     "qwen3_tts_code2wav": "edge_infer.tts.executors:Code2WavExecutor",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import json
 import os
 import secrets
 import threading
@@ -33,7 +34,9 @@ from edge_infer.runtime.executors import executor_target, load_executor
 from edge_infer.runtime.orchestrator import AbortReport, Orchestrator, PipelineHealth, RetirementReport
 from edge_infer.runtime.outputs import OmniOutput, OmniRequestOutput
 
-Prompt = Any  # str | token ids | np.ndarray | Payload | {"prompt": ...} | {"prompt_token_ids": [...]}
+# str | token ids | np.ndarray | Payload | {"prompt": ...} | {"prompt_token_ids": [...]} | chat messages, as a list
+# or {"messages": [...], "mm_processor_kwargs": {...}} (content parts may carry images, audio and video)
+Prompt = Any
 
 
 class DeployRefused(RuntimeError):
@@ -44,10 +47,20 @@ class DeployRefused(RuntimeError):
         super().__init__("deploy refused:\n" + "\n".join(f"  - {r}" for r in plan.reasons))
 
 
+def is_messages(prompt: Any) -> bool:
+    """Whether ``prompt`` is one conversation: a list of {role, content} messages."""
+    return isinstance(prompt, list) and bool(prompt) and all(isinstance(m, dict) and "role" in m for m in prompt)
+
+
 def prompt_payload(prompt: Prompt) -> Payload:
-    """A prompt as a payload: text -> text/1, token ids -> token_ids/1, a Payload as is."""
+    """A prompt as a payload: text -> text/1, token ids -> token_ids/1, chat messages -> chat/1, a Payload as is."""
     if isinstance(prompt, Payload):
         payload = prompt
+    elif isinstance(prompt, dict) and "messages" in prompt:
+        options = {"mm_processor_kwargs": prompt["mm_processor_kwargs"]} if prompt.get("mm_processor_kwargs") else {}
+        payload = Payload("chat/1", json.dumps(prompt["messages"]), options)
+    elif is_messages(prompt):
+        payload = Payload("chat/1", json.dumps(prompt))
     elif isinstance(prompt, str):
         payload = Payload("text/1", prompt)
     elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
@@ -57,7 +70,8 @@ def prompt_payload(prompt: Prompt) -> Payload:
     elif isinstance(prompt, (list, tuple, np.ndarray)) and np.asarray(prompt).dtype.kind in "iu":
         payload = Payload("token_ids/1", np.asarray(prompt, dtype=np.int64).reshape(-1))
     else:
-        raise TypeError(f"cannot use a {type(prompt).__name__} as a prompt; pass text, token ids, {{'prompt_token_ids': [...]}} or a Payload")
+        raise TypeError(f"cannot use a {type(prompt).__name__} as a prompt; pass text, token ids, {{'prompt_token_ids': [...]}}, "
+                        "chat messages or a Payload")
     verdict = validate(payload)
     if not verdict.valid:
         raise ValueError(f"the prompt is not a valid {payload.contract} payload: {'; '.join(verdict.reasons)}")
@@ -212,7 +226,8 @@ class Omni:
 
     def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params_list: Sequence[Any] | None = None) -> list[OmniRequestOutput]:
         """Run prompts concurrently through the pipeline and collect each one's outputs."""
-        many = isinstance(prompts, (list, tuple)) and not all(isinstance(p, (int, np.integer)) for p in prompts)
+        many = (isinstance(prompts, (list, tuple)) and not all(isinstance(p, (int, np.integer)) for p in prompts)
+                and not is_messages(prompts))
         batch = list(prompts) if many else [prompts]
 
         async def collect(prompt: Prompt) -> OmniRequestOutput:

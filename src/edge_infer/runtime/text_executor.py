@@ -3,21 +3,31 @@
 The stage process runs an ``EngineCore`` in-process (one process per stage,
 no engine worker beside it) and steps it from ``step()``. Input is
 ``text/1`` (tokenized, or rendered as a user message with the chat template
-when ``chat: true``) or ``token_ids/1``; output is one ``token_ids/1`` chunk
+when ``chat: true``), ``token_ids/1``, or ``chat/1``: a whole conversation,
+prepared as every frontend prepares one (``Frontend.prepare_chat``: a
+multimodal thinker's image, audio and video parts read under the stage's
+media options, decoded and placed). A thinker fed by an encoder stage
+(runtime/encoder_executor.py) gets the prepared prompt as ``token_ids/1``,
+its M-RoPE positions as ``mrope_positions/1`` and each media item's
+embeddings as ``hidden_states/1`` (runtime/media_io.py); it then loads no
+towers (``load_encoders``, false by default when a ``hidden_states/1`` route
+comes in) and its reservation holds none. Output is one ``token_ids/1`` chunk
 per generated token and, with ``emit_text``, the matching ``text/1`` chunk
 (stop strings held back as in the text API). The reservation comes from the
 same memory plan as ``edge-infer plan``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edge_infer.errors import EdgeInferError
 from edge_infer.runtime.contracts import Payload
-from edge_infer.runtime.executors import ExecutorOptions, ReservationPlan, StageExecutor, StageRequestError, StepOutput
+from edge_infer.runtime.executors import ReservationPlan, StageExecutor, StageRequestError, StepOutput
+from edge_infer.runtime.media_io import MediaSourceOptions, media_from_payload
 
 if TYPE_CHECKING:  # pragma: no cover
     from edge_infer.engine.request_fold import RequestFold
@@ -28,15 +38,20 @@ if TYPE_CHECKING:  # pragma: no cover
 MAX_TEXT_CHUNK_CHARS = 256
 
 
-class TextEngineOptions(ExecutorOptions):
+class TextEngineOptions(MediaSourceOptions):
     emit_text: bool = True
     chat: bool = False  # render text input as a user message with the checkpoint's chat template
+    # A thinker's media towers: None (unset) loads them, unless a hidden_states/1 route comes in (an encoder
+    # stage sends the embeddings), which sets it false when the deploy config is loaded.
+    load_encoders: bool | None = None
 
 
 @dataclass
 class _Request:
     params: dict[str, Any]
     prompt_ids: list[int] = field(default_factory=list)
+    media: list[Any] = field(default_factory=list)  # MediaInputs of a chat/1 prompt, or from an encoder stage
+    mrope: tuple[np.ndarray, int] | None = None  # M-RoPE positions and delta an encoder stage sent
     fold: "RequestFold | None" = None
 
 
@@ -44,7 +59,7 @@ def _plan(stage: StageConfig) -> TextPlan:
     from edge_infer.memory.plan import plan_text_session
 
     e = stage.engine
-    return plan_text_session(
+    plan = plan_text_session(
         stage.model,
         max_model_len=e.max_model_len,
         max_num_seqs=e.max_num_seqs,
@@ -53,24 +68,43 @@ def _plan(stage: StageConfig) -> TextPlan:
         quantization=e.quantization,
         priority=e.priority,
         dtype=e.dtype,
+        encoder_quantization=e.encoder_quantization,
+        media_limits=e.media_limits,
     )
+    if TextEngineExecutor.options(stage).load_encoders is False and plan.engine_config is not None:
+        plan.engine_config = replace(plan.engine_config, load_encoders=False)
+    return plan
 
 
 class TextEngineExecutor(StageExecutor):
     kinds = frozenset({"ar"})
-    input_contracts = frozenset({"text/1", "token_ids/1"})
+    input_contracts = frozenset({"text/1", "token_ids/1", "chat/1", "hidden_states/1", "mrope_positions/1"})
     output_contracts = frozenset({"token_ids/1", "text/1"})
     Options = TextEngineOptions
     requires_model = True
 
     @classmethod
+    def pipeline_options(cls, stage: StageConfig, inputs: frozenset[str]) -> dict[str, Any]:
+        # Media embeddings routed in: an encoder stage runs the towers, so this stage loads none.
+        return {"load_encoders": False} if "hidden_states/1" in inputs else {}
+
+    @classmethod
     def plan(cls, stage: StageConfig) -> ReservationPlan:
+        from edge_infer.memory.plan import TOWER_ITEMS, WEIGHT_ITEMS
+
         plan = _plan(stage)
+        weights, kv, runtime = plan.weight_bytes, plan.item("kv cache"), plan.item("runtime overhead")
+        # the rest of the steady state: activations, RoPE tables, a thinker's media and encodes
+        buffers = plan.steady_bytes - weights - kv - runtime
+        engine = plan.engine_config
+        if engine is not None and not engine.load_encoders:  # an encoder stage runs the towers: none of theirs here
+            weights -= plan.items_bytes(TOWER_ITEMS & WEIGHT_ITEMS)
+            buffers -= plan.items_bytes(TOWER_ITEMS - WEIGHT_ITEMS)
         return ReservationPlan(
-            weights_bytes=plan.item("weights"),
-            kv_bytes=plan.item("kv cache"),
-            buffers_bytes=plan.item("activations") + plan.item("rope tables"),
-            runtime_bytes=plan.item("runtime overhead"),
+            weights_bytes=weights,
+            kv_bytes=kv,
+            buffers_bytes=buffers,
+            runtime_bytes=runtime,
             max_payload_bytes=4 * MAX_TEXT_CHUNK_CHARS,
         )
 
@@ -80,6 +114,7 @@ class TextEngineExecutor(StageExecutor):
 
         self.opts: TextEngineOptions = self.options(stage)
         self.frontend = Frontend.from_plan(_plan(stage))  # raises PlanRefusedError when it does not fit
+        self.frontend.media_policy = self.opts.media_policy()
         self.core = EngineCore(self.frontend.engine_config)
         self.requests: dict[str, _Request] = {}
 
@@ -89,7 +124,13 @@ class TextEngineExecutor(StageExecutor):
     def feed(self, request_id: str, payload: Payload) -> None:
         req = self.requests[request_id]
         try:
-            if payload.contract == "text/1":
+            if payload.contract == "chat/1":
+                if req.prompt_ids:
+                    raise StageRequestError(request_id, "a chat/1 prompt is a whole conversation; send it alone")
+                prepared = self.frontend.prepare_chat(json.loads(str(payload.data)),
+                                                      payload.metadata.get("mm_processor_kwargs"))
+                req.prompt_ids, req.media = prepared.token_ids, prepared.media
+            elif payload.contract == "text/1":
                 text = str(payload.data)
                 prepared = (
                     self.frontend.prepare_chat([{"role": "user", "content": text}])
@@ -97,6 +138,10 @@ class TextEngineExecutor(StageExecutor):
                     else self.frontend.prepare(text)
                 )
                 req.prompt_ids += prepared.token_ids
+            elif payload.contract == "hidden_states/1":
+                req.media.append(media_from_payload(payload))
+            elif payload.contract == "mrope_positions/1":
+                req.mrope = (np.asarray(payload.data, dtype=np.int64), int(payload.metadata["delta"]))
             else:
                 req.prompt_ids += [int(t) for t in np.asarray(payload.data)]
         except EdgeInferError as exc:
@@ -111,10 +156,14 @@ class TextEngineExecutor(StageExecutor):
         known = SamplingParams.field_names()
         try:
             params = self.frontend.default_params(**{k: v for k, v in req.params.items() if k in known})
-            engine_request = self.frontend.request(request_id, PreparedPrompt(None, req.prompt_ids), params)
+            engine_request = self.frontend.request(request_id, PreparedPrompt(None, req.prompt_ids, req.media), params)
         except EdgeInferError as exc:
             raise StageRequestError(request_id, str(exc)) from exc
+        if req.mrope is not None and not _same_positions(req.mrope, engine_request):
+            raise StageRequestError(request_id, "the M-RoPE positions sent with the prompt differ from those its media "
+                                                "give here: do the encoder stage and this one hold the same checkpoint?")
         req.fold = RequestFold.start(self.frontend.tokenizer, engine_request.params)
+        req.media = []  # the core holds them until it encodes them (then their embeddings only)
         problem = self.core.add_request(engine_request)
         if problem is not None:
             raise StageRequestError(request_id, problem.error)
@@ -152,3 +201,10 @@ class TextEngineExecutor(StageExecutor):
     def abort(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
         self.core.abort([request_id])
+
+
+def _same_positions(sent: tuple[np.ndarray, int], request: Any) -> bool:
+    """Whether the positions an encoder stage sent are those this stage derives from the items' placement."""
+    positions, delta = sent
+    return (request.mrope_positions is not None and delta == request.mrope_delta
+            and np.array_equal(positions, request.mrope_positions))

@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from edge_infer.errors import EngineDeadError, InvalidRequestError
+from edge_infer.errors import EngineDeadError, InvalidRequestError, MediaError
 from edge_infer.server.protocol import ErrorInfo, ErrorResponse
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,8 @@ def from_exception(exc: Exception) -> APIError:
     """The API error for an engine exception met while serving a request."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, MediaError):  # an image, audio or video part that cannot be read, or over a limit
+        return APIError(400, str(exc), code="invalid_media")
     if isinstance(exc, InvalidRequestError):
         return APIError(400, str(exc))
     if isinstance(exc, EngineDeadError):
@@ -71,8 +73,18 @@ def from_exception(exc: Exception) -> APIError:
 
 
 def _loc(loc: Sequence[Any]) -> str:
-    parts = [str(p) for p in loc if p != "body"]
+    # pydantic names the member of a union it tried ("list[tagged-union[TextPart,ImagePart,...]]"): not a field
+    parts = [str(p) for p in loc if p != "body" and "[" not in str(p)]
     return ".".join(parts)
+
+
+def _union_noise(err: dict[str, Any], errors: Sequence[dict[str, Any]]) -> bool:
+    """A union member refused on its type alone while another member got further into the value: content that is
+    a list of parts with one bad part is not also "not a string"."""
+    loc = tuple(err.get("loc", ()))
+    return (str(err.get("type", "")).endswith("_type") and len(loc) > 1
+            and any(len(other.get("loc", ())) > len(loc) and tuple(other["loc"][:len(loc) - 1]) == loc[:-1]
+                    for other in errors if other is not err))
 
 
 def validation_error(errors: Sequence[dict[str, Any]]) -> APIError:
@@ -82,6 +94,7 @@ def validation_error(errors: Sequence[dict[str, Any]]) -> APIError:
         offset = errors[0].get("loc", ("body", "?"))[-1]
         return APIError(400, f"the request body is not valid JSON ({ctx.get('error', 'decode error')} at character {offset})",
                         code="invalid_json")
+    errors = [err for err in errors if not _union_noise(err, errors)] or errors
     lines = []
     for err in errors[:MAX_LISTED_ERRORS]:
         msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")

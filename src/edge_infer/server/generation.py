@@ -102,6 +102,8 @@ class Generation:
         except Exception:
             self.cancel(None)
             raise
+        for prompt in prompts:  # the engine has the media now; the response needs their token ids only
+            prompt.media = []
         service.metrics.prompt_tokens.inc(self.prompt_tokens)
         service.live.add(self)
 

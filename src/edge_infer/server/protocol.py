@@ -14,6 +14,8 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
+from edge_infer.engine.media_prompt import MEDIA_PARTS
+
 # n samples of one prompt; more is never admitted on an edge box anyway.
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
@@ -148,6 +150,11 @@ class SamplingFields(_TopRequest):
         return self
 
     @property
+    def prompt_count(self) -> int:
+        """Prompts in the request (each sampled n times)."""
+        return 1
+
+    @property
     def guided(self) -> dict[str, Any]:
         """The guided_* fields given, by their structured-output name (json, regex, choice, grammar)."""
         return {name: value for name in ("json", "regex", "choice", "grammar")
@@ -161,8 +168,57 @@ class TextPart(_Request):
     type: Literal["text"]
     text: str
 
+    @model_validator(mode="before")
+    @classmethod
+    def _media_only_from_users(cls, data: Any) -> Any:
+        # Read where a message may hold text parts only (system, assistant, tool): say so, not "Input should be 'text'".
+        if isinstance(data, dict) and data.get("type") in MEDIA_PARTS:
+            raise ValueError(f"only user messages carry {data['type']} parts; move it into a user message")
+        return data
+
 
 Content = Union[str, list[TextPart]]
+
+
+class MediaURL(_Request):
+    url: str = Field(description="data:<type>;base64,...; file:// under --allowed-media-dir; http(s):// with "
+                                 "--allow-remote-media")
+    detail: Literal["auto", "low", "high"] | None = Field(None, description="accepted; images are always read at the "
+                                                                             "model's own resolution")
+
+
+class ImagePart(_Request):
+    type: Literal["image_url"]
+    image_url: MediaURL
+
+
+class InputAudio(_Request):
+    data: str = Field(description="the file, base64")
+    format: Literal["wav", "mp3", "flac", "ogg"]
+
+
+class InputAudioPart(_Request):
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+class AudioURLPart(_Request):
+    """vLLM's audio part: a URL, like image_url."""
+
+    type: Literal["audio_url"]
+    audio_url: MediaURL
+
+
+class VideoPart(_Request):
+    """vLLM's video part; with Qwen2.5-Omni its sound track goes into the prompt too (use_audio_in_video)."""
+
+    type: Literal["video_url"]
+    video_url: MediaURL
+
+
+ContentPart = Annotated[Union[TextPart, ImagePart, InputAudioPart, AudioURLPart, VideoPart], Field(discriminator="type")]
+# User messages may carry media (a multimodal model reads them; a text model answers 400).
+UserContent = Union[str, list[ContentPart]]
 
 
 class FunctionCall(_Request):
@@ -190,7 +246,7 @@ class DeveloperMessage(_Request):
 
 class UserMessage(_Request):
     role: Literal["user"]
-    content: Content
+    content: UserContent
     name: str | None = None
 
 
@@ -268,6 +324,15 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    mm_processor_kwargs: dict[str, Any] | None = Field(
+        None, description='vLLM\'s preprocessing options: {"use_audio_in_video": false} leaves a video\'s sound out '
+                          "(Qwen2.5-Omni; in by default)")
+
+    @property
+    def has_media(self) -> bool:
+        """Whether a message carries an image, audio or video part (its preparation decodes media)."""
+        return any(isinstance(m.content, list) and any(not isinstance(p, TextPart) for p in m.content)
+                   for m in self.messages)
 
     @model_validator(mode="after")
     def _check_chat(self) -> "ChatCompletionRequest":
@@ -315,6 +380,10 @@ class CompletionRequest(SamplingFields):
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of is not supported by edge-infer; use n")
         return self
+
+    @property
+    def prompt_count(self) -> int:
+        return len(self.prompts)
 
     @property
     def prompts(self) -> list[str | list[int]]:

@@ -1,6 +1,9 @@
 """``POST /v1/chat/completions``: messages in, an assistant message (or its chunks) out.
 
-The chat template renders the messages (and the tools, when offered); the
+The chat template renders the messages (and the tools, when offered); user
+messages may carry image, audio and video parts, which the frontend reads,
+decodes and places (engine/media_prompt.py; the route runs this on the media
+threads, so other requests keep streaming meanwhile). The
 output goes through the tool-call extractor when tools are in play, and
 through the JSON check when ``response_format`` asks for JSON (enforced while decoding: ``output_constraint``).
 Streaming and non-streaming responses use the same extractor, so they give
@@ -29,7 +32,6 @@ from edge_infer.server.protocol import (
     ChatDelta,
     ChatLogprobs,
     ChoiceReport,
-    Content,
     FormatCheck,
     FunctionCall,
     FunctionDelta,
@@ -42,6 +44,7 @@ from edge_infer.server.protocol import (
     ToolMessage,
     TopLogprob,
     Usage,
+    UserContent,
 )
 from edge_infer.server.protocol import TokenLogprob as TokenLogprobOut
 from edge_infer.server.text_service import TextService
@@ -76,12 +79,13 @@ class ChatJob:
         return "required" if choice == "required" else None
 
 
-def _text(content: Content | None) -> str:
+def _content(content: UserContent | None) -> str | list[dict[str, Any]]:
+    """A message's content as the frontend reads it: text, or content parts (text parts are joined there)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    return "".join(part.text for part in content)
+    return [part.model_dump(exclude_none=True) for part in content]
 
 
 def _arguments(arguments: str) -> Any:
@@ -97,7 +101,7 @@ def template_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
     out = []
     for m in req.messages:
         # Chat templates know system/user/assistant/tool; OpenAI's "developer" is the system role of newer models.
-        d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": _text(m.content)}
+        d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": _content(m.content)}
         if isinstance(m, AssistantMessage) and m.tool_calls:
             d["tool_calls"] = [
                 {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
@@ -124,7 +128,8 @@ def prepare(service: TextService, req: ChatCompletionRequest) -> ChatJob:
             )
         named = req.tool_choice.function.name if isinstance(req.tool_choice, NamedToolChoice) else None
         tools = [t.model_dump(exclude_none=True) for t in req.tools if named is None or t.function.name == named]
-    prompt = frontend.prepare_chat(template_messages(req), tools=tools or None, add_generation_prompt=True)
+    prompt = frontend.prepare_chat(template_messages(req), req.mm_processor_kwargs, tools=tools or None,
+                                   add_generation_prompt=True)
     top = (req.top_logprobs or 0) if req.logprobs else None
     params = build_params(frontend, req, req.output_limit, top, output_constraint(service, req, tools))
     return ChatJob(req, prompt, params, tools)

@@ -2,9 +2,11 @@
 
 Serving a request: readiness (503), model name (404) and parameters (400),
 admission (429), then the prompt is rendered and tokenized off the event
-loop, the engine requests start (a prompt that does not fit is a 400 here)
-and the response is streamed or collected. A client that disconnects,
-streaming or not, cancels its engine requests.
+loop (with its media read and decoded, on the media threads), the engine
+requests start (a prompt that does not fit is a 400 here) and the response
+is streamed or collected. A client that disconnects, streaming or not,
+cancels its engine requests; one that leaves while its prompt is prepared
+is not served.
 """
 from __future__ import annotations
 
@@ -30,14 +32,21 @@ def text_router(service: TextService, auth: list[Any]) -> APIRouter:
     router = APIRouter()
     unknown_fields: set[str] = set()
 
-    def admit_and_start(body: SamplingFields, job: Any) -> tuple[Generation, Any]:
+    def note_unknown_fields(body: SamplingFields) -> None:
         extra = set(body.model_extra or ()) - unknown_fields
         if extra:
             unknown_fields.update(extra)
             log.warning("ignoring request fields edge-infer does not know: %s", ", ".join(sorted(extra)))
-        ticket = service.admit(body.n * len(job.prompts))
+
+    async def prepare_and_start(request: Request, body: SamplingFields, prepare: Any) -> tuple[Any, Generation, Any]:
+        """The prepared job, its started generation and its admission ticket. Admitted first, so that a full
+        server refuses (429) before it spends seconds decoding a request's media; ClientGone when the client
+        leaves during the preparation (its result is dropped)."""
+        ticket = service.admit(body.n * body.prompt_count)
         try:
-            return Generation(service, job.prompts, job.params, stream=body.stream), ticket
+            media = isinstance(body, ChatCompletionRequest) and body.has_media
+            job = await unless_disconnected(request, service.off_loop(prepare, service, body, media=media))
+            return job, Generation(service, job.prompts, job.params, stream=body.stream), ticket
         except BaseException:
             ticket.release()
             raise
@@ -45,8 +54,11 @@ def text_router(service: TextService, auth: list[Any]) -> APIRouter:
     async def respond(request: Request, body: SamplingFields, prepare: Any, module: Any) -> Response:
         service.check_ready()
         service.check_model(body.model)
-        job = await service.off_loop(prepare, service, body)
-        gen, ticket = admit_and_start(body, job)
+        note_unknown_fields(body)
+        try:
+            job, gen, ticket = await prepare_and_start(request, body, prepare)
+        except ClientGone:
+            return Response(status_code=CLIENT_CLOSED)
         if body.stream:
 
             def close() -> None:

@@ -19,6 +19,7 @@ from typing import Any, Callable, TypeVar
 
 from edge_infer.engine.async_engine import AsyncEngine
 from edge_infer.engine.frontend import Frontend
+from edge_infer.media.limits import MEDIA_PREP_THREADS
 from edge_infer.server.exit_codes import EXIT_ENGINE_DEAD
 from edge_infer.server.metrics import SharedMetrics, TextMetrics
 from edge_infer.server.protocol import ModelCard
@@ -50,10 +51,14 @@ class TextService(Service):
         extra = {} if heartbeat_timeout_s is None else {"heartbeat_timeout_s": heartbeat_timeout_s}
         self.engine = AsyncEngine(frontend, worker=worker, **extra)
         frontend.specials_in_content = settings.special_tokens_in_content
+        frontend.model_name = settings.served_model_name
         if frontend.tokenizer is not None:
             frontend.tokenizer.max_token_chars  # noqa: B018 - computed now, not in the first request
         # Tokenizing and rendering run here, off the event loop: one large prompt must not stall the others.
         self._prep = ThreadPoolExecutor(1, thread_name_prefix="edge-infer-prep")
+        # Requests with media are prepared on their own threads: decoding a large image or video takes seconds,
+        # and text requests must not queue behind it.
+        self._media_prep = ThreadPoolExecutor(MEDIA_PREP_THREADS, thread_name_prefix="edge-infer-media")
         self.restart_policy = restart
         self.restarting = False
         self._restarts: deque[float] = deque()  # monotonic times of restarts in the current window
@@ -86,15 +91,18 @@ class TextService(Service):
         stats = await self.engine.refresh_stats() if self.engine.healthy else None
         self.metrics.refresh(stats, self.in_flight)
 
-    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the preparation thread (tokenizing, template rendering)."""
-        return await asyncio.get_running_loop().run_in_executor(self._prep, fn, *args)
+    async def off_loop(self, fn: Callable[..., T], *args: Any, media: bool = False) -> T:
+        """``fn(*args)`` on the preparation thread (tokenizing, template rendering), or with ``media`` on one of
+        the media threads (reading and decoding images, audio, video besides)."""
+        pool = self._media_prep if media else self._prep
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
     async def close(self) -> None:
         if self._supervisor is not None:
             self._supervisor.cancel()
         await self.engine.close()
         self._prep.shutdown(wait=False)
+        self._media_prep.shutdown(wait=False, cancel_futures=True)
 
     async def _supervise(self) -> None:
         while True:

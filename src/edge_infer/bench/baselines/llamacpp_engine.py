@@ -21,6 +21,11 @@ BASELINE_HINT = (
 
 
 def llama_cpp_module() -> Any:
+    import faulthandler
+
+    # A llama.cpp compiled for another CPU (GGML_NATIVE, then a wheel cached or copied) dies of SIGILL in its
+    # kernels: the fault handler names the signal and the Python frame it came from on stderr.
+    faulthandler.enable()
     try:
         import llama_cpp
     except ImportError as exc:

@@ -88,7 +88,7 @@ def plan_vs_measured(plan: Any, ready: Any, figures: dict[str, float]) -> list[d
             "measured_over_plan": round(measured / mib(predicted), 4) if predicted else None,
         })
     for what, predicted, loaded in (("kv cache", plan.item("kv cache"), ready.kv_cache_bytes),
-                                     ("weights", plan.item("weights"), ready.weight_bytes),
+                                     ("weights", plan.weight_bytes, ready.weight_bytes),
                                      ("rope tables", plan.item("rope tables"), ready.rope_bytes)):
         out.append({"figure": what, "plan_mb": mib(predicted), "measured": "engine report", "measured_mb": mib(loaded),
                     "measured_over_plan": round(loaded / predicted, 4) if predicted else None})

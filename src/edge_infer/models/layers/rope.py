@@ -3,6 +3,15 @@
 The tables are computed once in fp32 for exactly the positions the engine can
 reach; a model that advertises 128K positions served at 4K context pays for
 4K rows, not 128K.
+
+Multimodal RoPE (Qwen2.5-VL, Qwen2.5-Omni) gives each token three positions
+(time, height, width) and each frequency pair of a head reads one of them:
+the first ``mrope_section[0]`` pairs the temporal position, the next
+``mrope_section[1]`` the height, the rest the width. Those positions are not
+bounded by the context length (a video's temporal positions advance by
+seconds, not tokens), so such a table holds no rows: cos and sin are computed
+for each step's positions, with the same fp32 products a table would hold.
+A token whose three positions are equal gets exactly the 1-D rotation.
 """
 from __future__ import annotations
 
@@ -39,24 +48,42 @@ def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torc
 
 
 class RotaryTable:
-    def __init__(self, head_dim: int, theta: float, max_positions: int, scaling: RopeScaling | None = None):
+    def __init__(self, head_dim: int, theta: float, max_positions: int, scaling: RopeScaling | None = None,
+                 mrope_section: tuple[int, ...] | None = None):
         inv_freq = inverse_frequencies(head_dim, theta, scaling)
-        self.cos, self.signed_sin = rotary_tables(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         self.max_positions = max_positions
+        self.inv_freq = inv_freq
+        # M-RoPE: the position axis (0 time, 1 height, 2 width) each frequency pair reads
+        self.axes = None if mrope_section is None else torch.repeat_interleave(
+            torch.arange(len(mrope_section)) % 3, torch.tensor(mrope_section))
+        if self.axes is None:
+            self.cos, self.signed_sin = rotary_tables(torch.arange(max_positions, dtype=torch.float32), inv_freq)
 
     @staticmethod
-    def nbytes_for(head_dim: int, max_positions: int) -> int:
-        return 2 * max_positions * head_dim * 4
+    def nbytes_for(head_dim: int, max_positions: int, mrope: bool = False) -> int:
+        return 0 if mrope else 2 * max_positions * head_dim * 4
 
     @property
     def nbytes(self) -> int:
-        return self.nbytes_for(self.cos.shape[1], self.max_positions)
+        return self.nbytes_for(2 * self.inv_freq.numel(), self.max_positions, self.axes is not None)
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, signed sin ``[T, 1, head_dim]`` for the given positions, in the activation dtype."""
-        cos = self.cos.index_select(0, positions).to(dtype).unsqueeze(1)
-        sin = self.signed_sin.index_select(0, positions).to(dtype).unsqueeze(1)
-        return cos, sin
+        """cos, signed sin ``[T, 1, head_dim]`` for positions ``[T]`` (or, with M-RoPE, ``[3, T]``: time, height
+        and width), in the activation dtype."""
+        if self.axes is None:
+            cos = self.cos.index_select(0, positions)
+            sin = self.signed_sin.index_select(0, positions)
+        else:
+            cos, sin = self._mrope(positions)
+        return cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
+
+    def _mrope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pos = positions.to(torch.float32)
+        if pos.dim() == 1:  # one position per token: every axis reads it
+            freqs = pos.unsqueeze(1) * self.inv_freq
+        else:  # [T, pairs]: pair j's position from its axis, times its frequency
+            freqs = pos.t().index_select(1, self.axes) * self.inv_freq
+        return torch.cat((freqs.cos(), freqs.cos()), dim=-1), torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,140 @@
+"""Audio into log-mel features, as transformers' WhisperFeatureExtractor computes them for Qwen2.5-Omni.
+
+decode (soundfile: WAV, MP3, FLAC, OGG) -> mono (the channels' mean) -> the model's rate (soxr, high
+quality: what librosa's default resampler is) -> log-mel. The Omni processor pads every clip to
+chunk_length seconds and passes an attention mask; the audio tower reads only the masked frames, so
+log_mel returns exactly those, computed as if the padding were there (it shapes the last frames and the
+clip's maximum).
+"""
+from __future__ import annotations
+
+import io
+import math
+from functools import lru_cache
+
+import numpy as np
+
+from edge_infer.errors import MediaError
+from edge_infer.media.config import AudioProcessing
+from edge_infer.media.features import AudioFeatures
+from edge_infer.media.limits import MediaLimits
+
+AUDIO_FORMATS = "WAV, MP3, FLAC or OGG"
+_BLOCK_FRAMES = 1 << 16  # frames decoded (and mixed to mono) at a time
+_STFT_BLOCK = 1024  # spectrogram frames transformed at a time
+_MEL_MAX_HZ = 8000.0  # Whisper's filter bank stops here whatever the rate
+_LOG_FLOOR = 1e-10
+_MIN_RATE, _MAX_RATE = 1000, 768_000
+
+
+def decode_audio(data: bytes, limits: MediaLimits, *, rate: int = 16000, part: str = "audio") -> np.ndarray:
+    """Mono float32 samples at `rate` from an encoded file; longer than max_audio_seconds is refused."""
+    import soundfile
+
+    if not data:
+        raise MediaError(f"{part}: is empty (0 bytes); send {AUDIO_FORMATS} audio")
+    try:
+        with soundfile.SoundFile(io.BytesIO(data)) as f:
+            source_rate = f.samplerate
+            _check_rate(source_rate, part)
+            if f.frames > 0:  # the header's length, refused before decoding anything
+                limits.check("max_audio_seconds", f.frames / source_rate, part=part,
+                             shown=f"{f.frames / source_rate:.1f} s")
+            mono = mono_samples(f.blocks(_BLOCK_FRAMES, dtype="float32", always_2d=True), source_rate, limits, part)
+    except MediaError:
+        raise
+    except (RuntimeError, ValueError, TypeError, EOFError) as exc:  # LibsndfileError is a RuntimeError
+        raise MediaError(f"{part}: cannot be decoded as {AUDIO_FORMATS} ({exc})") from None
+    return to_rate(mono, source_rate, rate, part=part)
+
+
+def _check_rate(rate: int, part: str) -> None:
+    if not _MIN_RATE <= rate <= _MAX_RATE:
+        raise MediaError(f"{part}: a sample rate of {rate} Hz is outside {_MIN_RATE}..{_MAX_RATE} Hz")
+
+
+def mono_samples(blocks, rate: int, limits: MediaLimits, part: str) -> np.ndarray:
+    """float32 [frames, channels] blocks mixed to mono and joined, refused past max_audio_seconds as they come."""
+    mono, total = [], 0
+    for block in blocks:
+        total += len(block)
+        limits.check("max_audio_seconds", total / rate, part=part, shown=f"more than {limits.max_audio_seconds:g} s")
+        mono.append(block.mean(axis=1, dtype=np.float32) if block.shape[1] > 1 else block[:, 0])
+    if total == 0:
+        raise MediaError(f"{part}: has no audio samples; send a clip with sound (silence is fine)")
+    return np.concatenate(mono).astype(np.float32, copy=False)
+
+
+def to_rate(samples: np.ndarray, source_rate: int, rate: int, *, part: str = "audio") -> np.ndarray:
+    """Mono float32 resampled from `source_rate` to `rate` (soxr, high quality)."""
+    import soxr
+
+    _check_rate(source_rate, part)
+    if source_rate == rate:
+        return np.ascontiguousarray(samples, dtype=np.float32)
+    return soxr.resample(np.ascontiguousarray(samples, dtype=np.float32), source_rate, rate, quality="HQ")
+
+
+def audio_features(samples: np.ndarray, cfg: AudioProcessing, *, part: str = "audio") -> AudioFeatures:
+    """A clip's features; a clip too short to give the audio tower one token is refused."""
+    features = AudioFeatures(log_mel(samples, cfg))
+    if features.num_tokens == 0:
+        shortest = (2 * cfg.hop_length + 1) / cfg.sampling_rate
+        raise MediaError(f"{part}: {len(samples) / cfg.sampling_rate * 1000:.0f} ms is too short for the audio "
+                         f"encoder; send at least {shortest * 1000:.0f} ms")
+    return features
+
+
+def log_mel(samples: np.ndarray, cfg: AudioProcessing) -> np.ndarray:
+    """float32 [feature_size, frames]: WhisperFeatureExtractor's features at the frames its attention mask keeps.
+
+    The reference cuts the clip to n_samples, pads it with zeros to n_samples, takes a centered STFT
+    (reflect padding at both ends of the padded clip), drops the last frame, then clamps every value to
+    the clip's maximum minus 8 (log10 units). Frames past the clip read only zeros and sit at the floor,
+    so the maximum is taken over the frames that read a real sample.
+    """
+    x = np.asarray(samples, dtype=np.float32).reshape(-1)[:cfg.n_samples]
+    n, hop, half = len(x), cfg.hop_length, cfg.n_fft // 2
+    if n == 0:
+        raise MediaError("audio: has no samples")
+    kept = min(-(-n // hop), cfg.n_samples // hop)  # the mask's ones: frames that start on a real sample
+    touched = min(-(-(n + half) // hop), cfg.n_samples // hop)  # frames whose window reads a real sample
+    # The padded clip as far as the touched frames read it; reflected past n_samples as the reference does.
+    length = max(min(cfg.n_samples, (touched - 1) * hop + half), min(cfg.n_samples, half + 1))
+    clip = np.zeros(length, dtype=np.float64)
+    clip[:n] = x
+    padded = np.pad(clip, half, mode="reflect")
+    window = np.hanning(cfg.n_fft + 1)[:-1]  # periodic Hann, as torch.hann_window
+    filters = _mel_filters(cfg.sampling_rate, cfg.n_fft, cfg.feature_size)
+    frames = np.lib.stride_tricks.sliding_window_view(padded, cfg.n_fft)[::hop]
+    log_spec = np.empty((touched, cfg.feature_size), dtype=np.float64)
+    for start in range(0, touched, _STFT_BLOCK):
+        block = frames[start:min(start + _STFT_BLOCK, touched)] * window
+        power = np.abs(np.fft.rfft(block, axis=1)) ** 2
+        log_spec[start:start + len(block)] = np.log10(np.maximum(power @ filters, _LOG_FLOOR))
+    log_spec = np.maximum(log_spec[:kept], log_spec.max() - 8.0)
+    return ((log_spec + 4.0) / 4.0).T.astype(np.float32)
+
+
+@lru_cache(maxsize=4)
+def _mel_filters(rate: int, n_fft: int, n_mels: int) -> np.ndarray:
+    """[n_fft // 2 + 1, n_mels]: triangular filters on the Slaney mel scale, Slaney area-normalized, 0..8 kHz."""
+    fft_hz = np.linspace(0, rate // 2, n_fft // 2 + 1)
+    edges_hz = _mel_to_hz(np.linspace(_hz_to_mel(0.0), _hz_to_mel(_MEL_MAX_HZ), n_mels + 2))
+    rising = (fft_hz[:, None] - edges_hz[None, :-2]) / np.diff(edges_hz)[:-1]
+    falling = (edges_hz[None, 2:] - fft_hz[:, None]) / np.diff(edges_hz)[1:]
+    triangles = np.maximum(0.0, np.minimum(rising, falling))
+    return triangles * (2.0 / (edges_hz[2:] - edges_hz[:-2]))
+
+
+# The Slaney mel scale: linear below 1 kHz (3 mels per 200 Hz), logarithmic above (27 mels per factor 6.4).
+_LINEAR_HZ, _LINEAR_MELS, _LOG_STEP = 1000.0, 15.0, math.log(6.4) / 27.0
+
+
+def _hz_to_mel(hz: float) -> float:
+    return 3.0 * hz / 200.0 if hz < _LINEAR_HZ else _LINEAR_MELS + math.log(hz / _LINEAR_HZ) / _LOG_STEP
+
+
+def _mel_to_hz(mels: np.ndarray) -> np.ndarray:
+    linear = 200.0 * mels / 3.0
+    return np.where(mels >= _LINEAR_MELS, _LINEAR_HZ * np.exp(_LOG_STEP * (mels - _LINEAR_MELS)), linear)

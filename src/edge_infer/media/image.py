@@ -1,0 +1,142 @@
+"""Images into vision patches, as transformers' Qwen2VLImageProcessorPil computes them.
+
+decode -> RGB (transparency over white) -> resize to the smart_resize grid (Pillow) ->
+rescale and normalize -> patches. The pixel math is exact: each uint8 value maps through a
+per-channel table computed with the reference's operations (x * rescale in float64, then
+float32 (x - mean) / std), so no float64 image is ever built and the values are the reference's bits.
+"""
+from __future__ import annotations
+
+import io
+import math
+import warnings
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from edge_infer.errors import MediaError
+from edge_infer.media.config import VisionProcessing
+from edge_infer.media.features import VisionFeatures
+from edge_infer.media.limits import MediaLimits
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+# Decoders we accept; Pillow's rarer formats stay out of reach of untrusted bytes.
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")  # JPEG also opens MPO (multi-picture JPEG)
+MAX_ASPECT_RATIO = 200
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int,
+                 *, part: str = "image") -> tuple[int, int]:
+    """The (height, width) Qwen's processors resize to: multiples of `factor`, area within [min, max] pixels."""
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise MediaError(f"{part}: {width}x{height} pixels has an aspect ratio above {MAX_ASPECT_RATIO}:1, which the "
+                         "vision encoder does not take; crop or pad it")
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def decode_image(data: bytes, limits: MediaLimits, *, part: str = "image") -> "Image.Image":
+    """An RGB image from encoded bytes; sizes over the limit are refused from the header, before decoding."""
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    if not data:
+        raise MediaError(f"{part}: is empty (0 bytes); send a PNG, JPEG, WebP, GIF or BMP image")
+    try:
+        image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)  # reads the header only
+    except Image.DecompressionBombError:  # Pillow's own guard, far above our default limit, checks first
+        bomb = 2 * Image.MAX_IMAGE_PIXELS
+        limits.check("max_image_pixels", bomb + 1, part=part, shown=f"more than {bomb} pixels")
+        raise MediaError(f"{part}: more than {bomb} pixels is more than Pillow decodes safely; resize it") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        # Pillow's "cannot identify image file <_io.BytesIO object at 0x...>" says less than this
+        reason = "no known image format" if isinstance(exc, UnidentifiedImageError) else _reason(exc)
+        raise MediaError(f"{part}: is not an image edge-infer decodes ({reason}); "
+                         "send a PNG, JPEG, WebP, GIF or BMP image") from None
+    width, height, kind = *image.size, image.format
+    limits.check("max_image_pixels", width * height, part=part, shown=f"{width}x{height} pixels")
+    try:
+        with warnings.catch_warnings():
+            # Pillow's own bomb guard: a warning over its threshold; here any such image is an error.
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image.load()
+            image = ImageOps.exif_transpose(image)  # phone photos: the pixels the viewer shows
+            return to_rgb(image)
+    except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError,
+            Image.DecompressionBombWarning) as exc:
+        raise MediaError(f"{part}: the {kind} data is damaged or truncated ({_reason(exc)})") from None
+
+
+def to_rgb(image: "Image.Image") -> "Image.Image":
+    """RGB as the reference converts: transparent pixels over white (RGBA, LA, P with transparency); others convert."""
+    from PIL import Image
+
+    if image.mode == "RGB":
+        return image
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def image_features(image: "Image.Image", cfg: VisionProcessing, *, part: str = "image") -> VisionFeatures:
+    """One image's patches, equal to Qwen2VLImageProcessorPil's pixel_values and image_grid_thw."""
+    height, width = smart_resize(image.height, image.width, cfg.factor, cfg.min_pixels, cfg.max_pixels, part=part)
+    frame = resized_frame(to_rgb(image), height, width, cfg)
+    return VisionFeatures(patchify(frame[None], cfg), grid_thw(1, height, width, cfg), cfg.merge_size)
+
+
+def resized_frame(rgb: "Image.Image", height: int, width: int, cfg: VisionProcessing) -> np.ndarray:
+    """uint8 [height, width, 3]: `rgb` resized with the processor's filter."""
+    return np.asarray(rgb.resize((width, height), resample=cfg.resample), dtype=np.uint8)
+
+
+def grid_thw(frames: int, height: int, width: int, cfg: VisionProcessing) -> tuple[int, int, int]:
+    return -(-frames // cfg.temporal_patch_size), height // cfg.patch_size, width // cfg.patch_size
+
+
+def patchify(frames: np.ndarray, cfg: VisionProcessing) -> np.ndarray:
+    """uint8 frames [T, H, W, 3] -> normalized float32 patches in the processor's order.
+
+    Rows run over (t, merge-window row, merge-window column, row in window, column in window); each row is
+    (channel, frame in temporal patch, y, x). T is padded to a multiple of temporal_patch_size by repeating
+    the last frame (an image is its own temporal pair).
+    """
+    t, height, width, channels = frames.shape
+    tp, p, m = cfg.temporal_patch_size, cfg.patch_size, cfg.merge_size
+    if pad := -t % tp:
+        frames = np.concatenate([frames, np.broadcast_to(frames[-1:], (pad, height, width, channels))])
+    gt, gh, gw = grid_thw(t, height, width, cfg)
+    blocks = frames.reshape(gt, tp, gh // m, m, p, gw // m, m, p, channels)
+    # -> (gt, window row, window column, row in window, column in window, channel, frame, y, x)
+    blocks = blocks.transpose(0, 2, 5, 3, 6, 8, 1, 4, 7).reshape(gt * gh * gw, channels, tp * p * p)
+    table = _normalize_table(cfg.rescale_factor, cfg.image_mean, cfg.image_std)
+    out = np.empty(blocks.shape, dtype=np.float32)
+    for c in range(channels):
+        np.take(table[c], blocks[:, c], out=out[:, c])
+    return out.reshape(gt * gh * gw, channels * tp * p * p)
+
+
+@lru_cache(maxsize=8)
+def _normalize_table(rescale: float, mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
+    """float32 [3, 256]: each uint8 value rescaled (float64, then float32) and normalized in float32."""
+    scaled = (np.arange(256, dtype=np.float64) * rescale).astype(np.float32)
+    mean32 = np.asarray(mean, dtype=np.float32)[:, None]
+    std32 = np.asarray(std, dtype=np.float32)[:, None]
+    return (scaled[None, :] - mean32) / std32
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__

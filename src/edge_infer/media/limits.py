@@ -1,0 +1,86 @@
+"""Per-request media limits, and the one check that refuses a part over one of them.
+
+The memory plan sizes the encoders for these limits, so a request over a limit
+is refused (a 400), never served with memory nobody planned. Each refusal names
+the part, the amount, the limit and the flag that raises it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Any
+
+from edge_infer.errors import MediaError
+
+if TYPE_CHECKING:
+    from edge_infer.media.config import MediaProcessing
+
+
+# Requests a frontend with an event loop (the server, LocalTextEngine) prepares at once, each on a thread of its
+# own. Decoding is CPU work: more threads would share the same cores, and each running one holds a decoded item in
+# memory, which the plan sizes for this many requests at the limits.
+MEDIA_PREP_THREADS = 2
+
+
+@dataclass(frozen=True)
+class _Limit:
+    unit: str  # what the amount counts, per what
+    flag: str  # the operator's lever
+    fix: str  # what the client can do instead
+
+
+LIMITS = {
+    "max_images": _Limit("images per request", "--max-images", "send fewer images"),
+    "max_image_pixels": _Limit("pixels per image", "--max-image-pixels", "resize it"),
+    "max_audio_seconds": _Limit("seconds of audio per clip", "--max-audio-seconds", "cut it"),
+    "max_audios": _Limit("audio clips per request", "--max-audios", "send fewer clips"),
+    "max_videos": _Limit("videos per request", "--max-videos", "send fewer videos"),
+    "max_video_frames": _Limit("sampled frames per video", "--max-video-frames", "send a shorter video"),
+    "max_video_seconds": _Limit("seconds per video", "--max-video-seconds", "cut it"),
+}
+
+
+@dataclass(frozen=True)
+class MediaLimits:
+    """What one request may carry; the plan sizes memory for it.
+
+    max_image_pixels bounds the decoded image (width x height, read from the header before decoding).
+    A video is sampled at up to max_video_frames frames (fewer frames per second for longer videos,
+    as Qwen's max_frames does); max_video_seconds bounds the decoding work, and its audio track is an
+    audio clip under max_audio_seconds.
+    """
+
+    max_images: int = 4
+    max_image_pixels: int = 16384 * 28 * 28  # Qwen2.5-VL/Omni checkpoints' max_pixels
+    max_audio_seconds: float = 30.0
+    max_audios: int = 1
+    max_videos: int = 1
+    max_video_frames: int = 32
+    max_video_seconds: float = 120.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{f.name} ({LIMITS[f.name].flag}) must be a number >= 0, got {value!r}")
+            if f.type in (int, "int"):  # counts and pixels are whole (a YAML or JSON 1.0 is 1)
+                if value != int(value):
+                    raise ValueError(f"{f.name} ({LIMITS[f.name].flag}) must be a whole number, got {value!r}")
+                object.__setattr__(self, f.name, int(value))
+
+    @classmethod
+    def for_processing(cls, media: "MediaProcessing", **overrides: Any) -> "MediaLimits":
+        """The defaults for a checkpoint: images up to its processor's max_pixels."""
+        limits = cls(max_image_pixels=media.vision.max_pixels) if media.vision is not None else cls()
+        return replace(limits, **overrides)
+
+    def check(self, name: str, amount: float, *, part: str, shown: str | None = None) -> None:
+        """Refuse `part` when `amount` is above the limit `name`; `shown` is how the message states the amount."""
+        limit = getattr(self, name)
+        if amount > limit:
+            spec = LIMITS[name]
+            raise MediaError(f"{part}: {shown or _number(amount)} is above the limit of {_number(limit)} {spec.unit} "
+                             f"({spec.flag}); {spec.fix} or raise {spec.flag}")
+
+
+def _number(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)

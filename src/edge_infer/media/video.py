@@ -1,0 +1,156 @@
+"""Videos into one VisionFeatures (sampled frames) and, when the file has sound, its AudioFeatures.
+
+Frames are sampled as Qwen's video processor samples them: `fps` frames per second (at least
+min_frames, at most max_frames and the request limit), an even count (a multiple of the temporal
+patch), spread evenly from the first frame. Every frame is resized to one smart_resize grid (the
+video pixel range) and goes through the image pipeline (image.py); consecutive pairs form the
+temporal patches. The audio track is mixed to mono and resampled like any audio clip (audio.py).
+"""
+from __future__ import annotations
+
+import io
+import logging
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from edge_infer.errors import MediaError
+from edge_infer.media.audio import audio_features, mono_samples, to_rate
+from edge_infer.media.config import MediaProcessing, VisionProcessing
+from edge_infer.media.features import AudioFeatures, VisionFeatures
+from edge_infer.media.image import grid_thw, patchify, resized_frame, smart_resize
+from edge_infer.media.limits import MediaLimits
+
+if TYPE_CHECKING:
+    import av
+
+log = logging.getLogger(__name__)
+
+VIDEO_FORMATS = "MP4, MOV, WebM, MKV or AVI"
+
+
+def sample_indices(total: int, video_fps: float, cfg: VisionProcessing, max_frames: int) -> list[int]:
+    """The frame indices Qwen2VLVideoProcessor.sample_frames picks, at most `max_frames` of them."""
+    tp = cfg.temporal_patch_size
+    ceiling = math.floor(min(cfg.video_max_frames, max_frames, total) / tp) * tp
+    wanted = min(max(total / video_fps * cfg.video_fps, cfg.video_min_frames), ceiling, total)
+    count = math.floor(wanted / tp) * tp
+    return [i * total // count for i in range(count)] if count else []
+
+
+def video_features(data: bytes, cfg: MediaProcessing, limits: MediaLimits,
+                   *, part: str = "video") -> tuple[VisionFeatures, AudioFeatures | None]:
+    """A video file's sampled frames as vision patches, and its audio track's features (None without one)."""
+    import av
+
+    vision = cfg.vision
+    if vision is None:
+        raise MediaError(f"{part}: this model does not take images or video")
+    if not data:
+        raise MediaError(f"{part}: is empty (0 bytes); send {VIDEO_FORMATS} video")
+    fmt = _container_format(data)
+    if fmt is None:
+        raise MediaError(f"{part}: is not a video container edge-infer reads; send {VIDEO_FORMATS} video")
+    try:
+        with av.open(io.BytesIO(data), format=fmt) as container:
+            return _decode(container, cfg, vision, limits, part)
+    except av.FFmpegError as exc:
+        raise MediaError(f"{part}: cannot be decoded as {fmt} video ({exc})") from None
+
+
+def _container_format(data: bytes) -> str | None:
+    """The demuxer named from the file's magic bytes. Naming it keeps FFmpeg from probing into formats
+    that open other files or URLs (playlists, concat lists)."""
+    if data[4:8] in (b"ftyp", b"moov", b"mdat", b"free", b"wide"):
+        return "mp4"
+    if data[:4] == b"\x1a\x45\xdf\xa3":
+        return "matroska"
+    if data[:4] == b"RIFF" and data[8:12] == b"AVI ":
+        return "avi"
+    return None
+
+
+def _decode(container: "av.container.InputContainer", cfg: MediaProcessing, vision: VisionProcessing,
+            limits: MediaLimits, part: str) -> tuple[VisionFeatures, AudioFeatures | None]:
+    import av
+
+    if not container.streams.video:
+        raise MediaError(f"{part}: has no video stream; send audio as input_audio")
+    stream = container.streams.video[0]
+    fps = float(stream.average_rate or stream.guessed_rate or 0)
+    if fps <= 0:
+        raise MediaError(f"{part}: its frame rate is unknown; re-encode it with a constant frame rate")
+    width, height = stream.codec_context.width, stream.codec_context.height
+    if not width or not height:
+        raise MediaError(f"{part}: its frame size is unknown; re-encode it")
+    limits.check("max_image_pixels", width * height, part=part, shown=f"frames of {width}x{height} pixels")
+    total = _frame_count(container, stream, fps)
+    limits.check("max_video_seconds", total / fps, part=part, shown=f"{total / fps:.1f} s")
+    if limits.max_video_frames < vision.temporal_patch_size:
+        raise MediaError(f"{part}: videos are off (the limit is {limits.max_video_frames} sampled frames per video, "
+                         f"and a video needs {vision.temporal_patch_size}); raise --max-video-frames")
+    wanted = sample_indices(total, fps, vision, limits.max_video_frames)
+    if not wanted:
+        raise MediaError(f"{part}: has {total} frame(s); a video needs at least {vision.temporal_patch_size} "
+                         "(send a single frame as an image)")
+    out_h, out_w = smart_resize(height, width, vision.factor, vision.video_min_pixels, vision.video_max_pixels,
+                                part=part)
+
+    audio_stream = container.streams.audio[0] if cfg.audio is not None and container.streams.audio else None
+    to_float = av.AudioResampler(format="fltp")  # sample format only; channels and rate as they are
+    frames: list[np.ndarray] = []
+    sound: list[np.ndarray] = []
+    sound_rate, sound_samples, origin, last = 0, 0, None, None
+    for packet in container.demux(*[s for s in (stream, audio_stream) if s is not None]):
+        for frame in packet.decode():
+            if isinstance(frame, av.AudioFrame):
+                sound_rate = frame.sample_rate
+                for block in to_float.resample(frame):
+                    sound.append(block.to_ndarray().T)  # [samples, channels]
+                    sound_samples += len(sound[-1])
+                limits.check("max_audio_seconds", sound_samples / sound_rate, part=f"{part} (its audio track)",
+                             shown=f"more than {limits.max_audio_seconds:g} s")
+                continue
+            # A frame's index from its timestamp: robust to hidden frames and metadata that miscounts.
+            origin = frame.time if origin is None else origin
+            index = round((frame.time - origin) * fps) if frame.time is not None else len(frames)
+            last = frame
+            while len(frames) < len(wanted) and index >= wanted[len(frames)]:
+                frames.append(resized_frame(frame.to_image(), out_h, out_w, vision))
+        if len(frames) == len(wanted) and audio_stream is None:
+            break
+    if last is None:
+        raise MediaError(f"{part}: no frame decodes; re-encode it")
+    if len(frames) < len(wanted):
+        log.warning("%s: %d of %d sampled frames are past its last frame (its length is overstated); "
+                    "repeating the last frame", part, len(wanted) - len(frames), len(wanted))
+        frames.extend([resized_frame(last.to_image(), out_h, out_w, vision)] * (len(wanted) - len(frames)))
+
+    pixels = patchify(np.stack(frames), vision)
+    sampled_fps = len(wanted) / total * fps
+    features = VisionFeatures(pixels, grid_thw(len(wanted), out_h, out_w, vision), vision.merge_size,
+                              second_per_grid=vision.temporal_patch_size / sampled_fps)
+    return features, _track(sound, sound_rate, cfg, limits, part)
+
+
+def _frame_count(container: "av.container.InputContainer", stream: "av.video.stream.VideoStream", fps: float) -> int:
+    """Frames in the stream: the header's count, else its duration times the rate, else counted packets."""
+    if stream.frames > 0:
+        return stream.frames
+    if stream.duration is not None and stream.time_base is not None:
+        return max(1, round(float(stream.duration * stream.time_base) * fps))
+    if container.duration is not None:
+        return max(1, round(container.duration / 1_000_000 * fps))
+    count = sum(1 for packet in container.demux(stream) if packet.size)
+    container.seek(0)
+    return count
+
+
+def _track(sound: list[np.ndarray], rate: int, cfg: MediaProcessing, limits: MediaLimits,
+           part: str) -> AudioFeatures | None:
+    if not sound or cfg.audio is None:
+        return None
+    where = f"{part} (its audio track)"
+    mono = mono_samples(sound, rate, limits, where)
+    return audio_features(to_rate(mono, rate, cfg.audio.sampling_rate, part=where), cfg.audio, part=where)

@@ -1,0 +1,211 @@
+"""Bytes of a multimodal thinker's media side, from the towers' configs and the largest media (torch-free).
+
+- tower weights as resident for the encoders' weight kernel (``quant``: None
+  for dense weights in the engine dtype), from ``models.encoder_weights``, and
+  what loading them needs beyond that;
+- one encode's activation peak: the tensors ``models/vision.py`` and
+  ``models/audio_encoder.py`` hold at once in their largest phase (a block's
+  rotary or MLP step, the audio front end's convolutions), by shape, times a
+  factor and plus a fixed part measured per dtype
+  (``scripts/measure_overhead.py`` with ``memory.encoder_probe``);
+- what a running sequence holds of its media: an item's encoder input (the
+  worker's copy of its features) until the item is encoded, then its
+  embeddings until the sequence finishes;
+- the frontend's preprocessing buffers for the requests it prepares at once.
+"""
+from __future__ import annotations
+
+from edge_infer.config import QuantConfig
+from edge_infer.media.config import MediaProcessing
+from edge_infer.memory.media_shapes import MediaShapes
+from edge_infer.memory.sizing import LOAD_BLOCK_BYTES, runtime_overhead
+from edge_infer.models.encoder_config import AudioConfig, VisionConfig, conv_output_length
+from edge_infer.models.encoder_weights import audio_weight_specs, vision_weight_specs
+
+FP32 = 4
+INT64 = 8
+CONV_KERNEL = 3  # the audio tower's two Conv1d
+
+
+def tower_weight_bytes(cfg: VisionConfig | AudioConfig, dtype_bytes: int, quant: QuantConfig | None) -> int:
+    """Resident bytes of one tower: every tensor in the engine dtype, or its linears packed for ``quant``."""
+    specs = vision_weight_specs(cfg) if isinstance(cfg, VisionConfig) else audio_weight_specs(cfg)
+    if quant is None:
+        return sum(s.numel for s in specs) * dtype_bytes
+    from edge_infer.quant.sizes import spec_nbytes
+
+    return sum(spec_nbytes(s, quant, dtype_bytes, tied=False) for s in specs)
+
+
+def tower_load_transient_bytes(cfg: VisionConfig | AudioConfig, dtype_bytes: int, quant: QuantConfig | None,
+                               src_bytes: int) -> int:
+    """The loader's peak beyond the tower's weights: dense, one block being converted plus the largest linear held
+    twice while it is repacked (``memory.sizing.load_transient_bytes``); quantized, one block of rows."""
+    specs = vision_weight_specs(cfg) if isinstance(cfg, VisionConfig) else audio_weight_specs(cfg)
+    if quant is None:
+        largest = largest_linear_bytes(cfg, dtype_bytes)
+        return min(LOAD_BLOCK_BYTES, largest * src_bytes // dtype_bytes) + largest
+    from edge_infer.quant.sizes import repack_transient_bytes
+
+    return repack_transient_bytes(specs, quant, False, src_bytes)
+
+
+def vision_tensor_bytes(cfg: VisionConfig, patches: int, d: int) -> int:
+    """The bytes of the tensors one ViT call over ``patches`` patches holds at once, by shape.
+
+    Per patch, in the largest of its phases (``x`` the residual a block starts from, held by the caller):
+    the patch embedding (a ``d``-byte copy of the fp32 pixels, then ``x`` in window order); a block's
+    rotary step (``x``, the fused qkv, and q/k rotated in fp32: the float copy, ``x * cos``, the roll and
+    the sum); its attention (q/k/v gathered where windows differ in size, the output); its MLP (``x``,
+    qkv, the rotated q/k and the attention output are still referenced, the residual after attention,
+    gate/up, the activation and the product); the merger. Throughout: the fp32 cos/sin and the int64
+    2-D positions of every patch.
+    """
+    h, i, o = cfg.hidden_size, cfg.intermediate_size, cfg.out_hidden_size
+    m2 = cfg.merge_unit
+    pixels_copy = cfg.patch_dim * d if d != FP32 else 0
+    embed = max(pixels_copy + h * d, 2 * h * d)
+    norm = 2 * h * d + 2 * h * FP32
+    rotary = 4 * h * d + 4 * 2 * h * FP32
+    attention = 11 * h * d
+    mlp = 8 * h * d + 4 * i * d
+    merger = max(2 * h * d + 2 * h * FP32, 3 * h * d, 2 * h * d + o * d // m2)
+    per_patch = 2 * cfg.head_dim * FP32 + 2 * INT64 + max(embed, norm, rotary, attention, mlp, merger)
+    return patches * per_patch
+
+
+def audio_tensor_bytes(cfg: AudioConfig, frames: int, d: int) -> int:
+    """The bytes of the tensors one audio-tower call over ``frames`` mel frames holds at once, by shape.
+
+    The front end works on whole chunks of ``2 n_window`` frames (the last zero-padded): the padded mel
+    in the tower's dtype, conv1's output and its GELU, then conv2's (half the frames) and its GELU; the
+    convolutions reorder their weights into oneDNN's layout for each call (one transient copy). A layer
+    holds, per token: its input, the fused qkv, q and v with their biases, the attention output, the
+    residual, the MLP's norm, and fc1's output and its GELU.
+    """
+    dm, ffn, bins = cfg.d_model, cfg.encoder_ffn_dim, cfg.num_mel_bins
+    chunks = -(-frames // cfg.chunk_frames)
+    padded = chunks * cfg.chunk_frames
+    tokens_padded = chunks * cfg.chunk_tokens
+    tokens = conv_output_length(frames)
+    mel = bins * frames * d if d != FP32 else 0
+    conv_weights = (dm * bins + dm * dm) * CONV_KERNEL * d
+    front = max(mel + bins * padded * d + 2 * dm * padded * d,
+                bins * padded * d + dm * padded * d + 2 * dm * tokens_padded * d) + conv_weights
+    layers = tokens * (9 * dm + 2 * ffn) * d
+    return max(front, layers)
+
+
+def encoder_activation_bytes(cfg: VisionConfig | AudioConfig, size: int, dtype_bytes: int) -> int:
+    """One encode's RssAnon peak over the tower's weights and input: ``size`` patches (vision) or mel frames
+    (audio). The tensors by shape, times the measured factor, plus the measured fixed part: a base (oneDNN's
+    primitives, thread scratch) and the BLAS's packing buffers, which grow with the largest weight matrix
+    (fp32 products go through MKL's sgemm, which keeps a packed copy of a panel of the weight per call)."""
+    if not size:
+        return 0
+    factor, fixed, per_weight_byte = encoder_calibration(dtype_bytes)
+    if isinstance(cfg, VisionConfig):
+        tensors = vision_tensor_bytes(cfg, size, dtype_bytes)
+    else:
+        tensors = audio_tensor_bytes(cfg, size, dtype_bytes)
+    return int(factor * tensors + fixed + per_weight_byte * largest_linear_bytes(cfg, dtype_bytes))
+
+
+def largest_linear_bytes(cfg: VisionConfig | AudioConfig, dtype_bytes: int) -> int:
+    specs = vision_weight_specs(cfg) if isinstance(cfg, VisionConfig) else audio_weight_specs(cfg)
+    return max(s.numel for s in specs if s.is_linear) * dtype_bytes
+
+
+def encoder_calibration(dtype_bytes: int) -> tuple[float, int, float]:
+    """(factor, fixed bytes, bytes per byte of the largest linear) measured for the encoders in this dtype
+    (memory/overhead.json, scripts/measure_overhead.py)."""
+    calib = runtime_overhead()
+    prefix = "encoder_bf16_" if dtype_bytes == 2 else "encoder_fp32_"
+    return (calib[prefix + "activation_factor"], int(calib[prefix + "activation_fixed_bytes"]),
+            calib[prefix + "scratch_per_weight_byte"])
+
+
+def vision_input_bytes(grid: tuple[int, int, int] | None, cfg: VisionConfig) -> int:
+    """``pixel_values`` of one image or video: fp32 [patches, patch_dim]."""
+    return grid[0] * grid[1] * grid[2] * cfg.patch_dim * FP32 if grid else 0
+
+
+def audio_input_bytes(frames: int | None, cfg: AudioConfig) -> int:
+    """The log-mel of one clip: fp32 [num_mel_bins, frames]."""
+    return cfg.num_mel_bins * frames * FP32 if frames else 0
+
+
+def request_input_bytes(shapes: MediaShapes, vision: VisionConfig | None, audio: AudioConfig | None) -> int:
+    """The encoder inputs of one request at the limits (every image, video, clip and track)."""
+    total = 0
+    if vision is not None:
+        total += shapes.images * vision_input_bytes(shapes.image_grid, vision)
+        total += shapes.videos * vision_input_bytes(shapes.video_grid, vision)
+    if audio is not None:
+        track = audio_input_bytes(shapes.audio_frames, audio) if shapes.video_grid else 0
+        total += shapes.audios * audio_input_bytes(shapes.audio_frames, audio) + shapes.videos * track
+    return total
+
+
+# The log-mel's working set beyond its float64 rows: one block of 1024 windowed frames and their spectra.
+MEL_BLOCK_BYTES = 1024 * (400 * 8 * 2 + 201 * 16)
+# Audio is sized as decoded at this rate (48 kHz, the usual highest); a file at a higher rate decodes into
+# proportionally more samples before it is resampled.
+SIZED_SOURCE_RATE = 48000
+
+
+def held_media_bytes(shapes: MediaShapes, vision: VisionConfig | None, audio: AudioConfig | None, hidden: int,
+                     dtype_bytes: int) -> int:
+    """What one sequence at the limits holds of its media in the worker: each item's encoder input until it is
+    encoded (the engine core drops it then), and its embeddings from then until the sequence finishes (so that a
+    recompute after preemption does not encode again); the larger of the two per item, as a sequence whose
+    prefill has reached some of its items and not the others holds both kinds."""
+    def held(inputs: int, tokens: int) -> int:
+        return max(inputs, embedding_bytes(tokens, hidden, dtype_bytes))
+
+    total = 0
+    if vision is not None and shapes.image_grid:
+        total += shapes.images * held(vision_input_bytes(shapes.image_grid, vision), shapes.image_tokens)
+    if vision is not None and shapes.video_grid:
+        total += shapes.videos * held(vision_input_bytes(shapes.video_grid, vision), shapes.video_tokens)
+    if audio is not None and shapes.audio_frames:
+        clips = shapes.audios + (shapes.videos if shapes.video_grid else 0)  # a video's sound track is a clip too
+        total += clips * held(audio_input_bytes(shapes.audio_frames, audio), shapes.audio_tokens)
+    return total
+
+
+def preprocessing_bytes(shapes: MediaShapes, vision: VisionConfig | None, audio: AudioConfig | None,
+                        media: MediaProcessing, max_image_pixels: int, at_once: int = 1) -> int:
+    """The frontend's peak while it prepares ``at_once`` requests at the limits and sends one (``media/``).
+
+    Every item's features exist before the request is sent, and pickling them for the worker (protocol 4)
+    holds two more copies of their bytes (numpy's ``tobytes`` and the pickle stream). Before that, the
+    largest item's working buffers sit beside the features made so far: an image's decoded RGB (at most
+    ``max_image_pixels``) and its converted copy, the resized frame and its array, the uint8 patches
+    copied twice (frame pair, patch order) and the float32 patches; a video's decoded source frame, its
+    resized frames, stacked, and the same patch copies; a clip's mono float32 samples at the source rate
+    (the blocks and their concatenation, sized at SIZED_SOURCE_RATE) and resampled, then the float64 clip
+    and its reflected padding beside three float64 copies of the spectrogram rows (log, clamped, scaled).
+    The other requests being prepared hold their features and buffers; a request's are released once it is
+    sent (the frontends keep its token ids only).
+    """
+    features = request_input_bytes(shapes, vision, audio)
+    buffers = 0
+    if vision is not None and shapes.image_grid:
+        patches = vision_input_bytes(shapes.image_grid, vision)
+        buffers = max(buffers, 6 * max_image_pixels + 2 * patches // 8 + 2 * patches // FP32 + patches)
+    if vision is not None and shapes.video_grid:
+        patches = vision_input_bytes(shapes.video_grid, vision)
+        buffers = max(buffers, 9 * max_image_pixels + 3 * patches // FP32 + patches)
+    if audio is not None and shapes.audio_frames and media.audio is not None:
+        samples = shapes.audio_frames * media.audio.hop_length
+        source = samples * max(1, SIZED_SOURCE_RATE // media.audio.sampling_rate)
+        rows = shapes.audio_frames * audio.num_mel_bins * 8
+        decode = 2 * FP32 * source + FP32 * samples
+        mel = FP32 * samples + 2 * 8 * samples + 3 * rows + MEL_BLOCK_BYTES
+        buffers = max(buffers, decode, mel)
+    return max(features + buffers, 3 * features) + (at_once - 1) * (features + buffers)
+
+
+def embedding_bytes(rows: int, hidden: int, dtype_bytes: int) -> int:
+    return rows * hidden * dtype_bytes

@@ -1,0 +1,97 @@
+"""A thinker's towers in the engine: built and loaded with the model, on the kernel --encoder-quantization names
+(dense in the engine's dtype by default), refused where this CPU cannot run it, each tower an item of the plan equal to
+what the core reports."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mm_fakes import vision_features
+from testutil import runnable_variants
+from edge_infer.cli import main
+from edge_infer.config import EngineConfig
+from edge_infer.engine.core import EngineCore
+from edge_infer.errors import InvalidRequestError
+from edge_infer.hardware.cpu import profile
+from edge_infer.memory.plan import plan_text_session
+
+SETTINGS = dict(dtype="float32", max_model_len=128, max_num_seqs=2, max_num_batched_tokens=32,
+                kv_cache_memory_bytes=1 << 20, available_bytes=8 << 30)
+
+
+@pytest.fixture(scope="module")
+def omni(thinker_checkpoints):
+    return thinker_checkpoints["qwen2_5_omni_thinker"]
+
+
+def planned_core(path, encoder_quantization: str, **settings) -> tuple:
+    if {encoder_quantization, settings.get("quantization")} & {"cpu_w4a8", "cpu_w8a8"} and runnable_variants() == ["scalar"]:
+        pytest.skip("no variant of edge-infer's int8 kernels runs on this CPU")
+    plan = plan_text_session(path, encoder_quantization=encoder_quantization, **{**SETTINGS, **settings})
+    assert plan.admitted, plan.reasons
+    return plan, EngineCore(plan.engine_config)
+
+
+@pytest.mark.parametrize("encoder_quantization, quantization, towers, decoder", [
+    ("none", None, "dense", "dense"),
+    ("cpu_w8a8", None, "cpu-w8a8", "dense"),
+    ("same", "cpu_w4a8", "cpu-w4a8", "cpu-w4a8"),
+    ("cpu_int4", "cpu_w8a8", "cpu-int4", "cpu-w8a8"),
+])
+def test_the_towers_run_the_kernel_asked_for_and_the_plan_counts_them(omni, encoder_quantization, quantization, towers,
+                                                                       decoder):
+    plan, core = planned_core(omni, encoder_quantization, quantization=quantization)
+    info = core.ready_info
+    assert info.linear_kernels["encoder linears"].split(" ")[0] == towers
+    assert info.linear_kernels["decoder linears"].split(" ")[0] == decoder
+    assert {c.kind: c.kernel for c in plan.kernels.choices}["encoder linears"] == towers
+    assert set(info.encoder_weight_bytes) == {"vision", "audio"}
+    for kind, loaded in info.encoder_weight_bytes.items():
+        assert plan.item(f"{kind} encoder weights") == loaded, kind
+    assert plan.item("weights") == info.weight_bytes - sum(info.encoder_weight_bytes.values())  # the decoder's
+    assert plan.weight_bytes == info.weight_bytes == core.model.resident_bytes()
+    assert plan.settings["encoder_quantization"] == encoder_quantization
+
+
+@pytest.mark.parametrize("method", ["cpu_w8a8", "cpu_w4a8"])
+def test_quantized_towers_see_what_the_dense_ones_see(omni, method):
+    """The same image through dense and int8-activation towers: the embeddings stay close."""
+    _, dense = planned_core(omni, "none")
+    _, quantized = planned_core(omni, method)
+    image = vision_features(np.random.default_rng(0), (1, 6, 8))
+    ref, out = dense.model.encode("image", image), quantized.model.encode("image", image)
+    assert ref.shape == out.shape == (12, dense.model.cfg.hidden_size)
+    assert ((out - ref).norm() / ref.norm()).item() < (0.05 if method == "cpu_w8a8" else 0.25)
+
+
+def test_a_kernel_this_cpu_cannot_run_is_refused_with_the_nearest(omni, capsys):
+    plan = plan_text_session(omni, cpu=profile("arm-nodotprod"), encoder_quantization="cpu_w4a8", **SETTINGS)
+    assert not plan.admitted and plan.engine_config is None
+    assert any(r.startswith("--encoder-quantization cpu_w4a8: cpu-w4a8 needs dotprod") and
+               "use --encoder-quantization cpu_int4" in r for r in plan.reasons), plan.reasons
+    code = main(["plan", str(omni), "--cpu", "arm-nodotprod", "--encoder-quantization", "cpu_w8a8", "--dtype",
+                 "float32", "--max-model-len", "128", "--available-bytes", str(8 << 30)])
+    out = capsys.readouterr().out
+    assert code == 1 and "REFUSED" in out and "--encoder-quantization cpu_w8a8: cpu-w8a8 needs dotprod" in out
+    assert "encoder linears" in out
+
+
+def test_settings_that_do_not_apply_say_so(omni, hf_checkpoints):
+    with pytest.raises(InvalidRequestError, match="encoder_quantization 'int3' is not supported; use one of none, same"):
+        plan_text_session(omni, encoder_quantization="int3", **SETTINGS)
+    text = plan_text_session(hf_checkpoints["qwen2"], encoder_quantization="cpu_w8a8", **SETTINGS)
+    assert text.admitted and any("--encoder-quantization cpu_w8a8 does nothing" in n for n in text.notes)
+    # same, with an unquantized decoder: dense towers
+    plan, core = planned_core(omni, "same")
+    assert plan.engine_config.encoder_quant() is None and core.ready_info.linear_kernels["encoder linears"] == "dense"
+
+
+def test_the_towers_load_in_the_engine_dtype(omni):
+    core = EngineCore(EngineConfig(model=str(omni), dtype="bfloat16", max_model_len=64, max_num_seqs=1,
+                                   max_num_batched_tokens=16, kv_cache_memory_bytes=1 << 20))
+    for tower in core.model.towers().values():
+        plain = [getattr(*tower.resolve(s.target)) for s in tower.weight_specs() if not s.is_linear]
+        assert {t.dtype for t in plain} == {torch.bfloat16}
+    out = core.model.encode("image", vision_features(np.random.default_rng(1), (1, 4, 4)))
+    assert out.dtype == torch.bfloat16 and out.shape == (4, core.model.cfg.hidden_size)

@@ -1,0 +1,168 @@
+"""Images: equal to transformers' Qwen2VLImageProcessorPil, and every refusal names the image and the fix."""
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as reference_smart_resize
+
+from edge_infer.errors import MediaError
+from edge_infer.media.config import MediaProcessing, VisionProcessing
+from edge_infer.media.image import decode_image, image_features, smart_resize
+from edge_infer.media.limits import MediaLimits
+
+
+def _reference(image: Image.Image, processor: Qwen2VLImageProcessorPil | None = None) -> tuple[np.ndarray, tuple]:
+    out = (processor or Qwen2VLImageProcessorPil())(images=image, return_tensors="np")
+    return out["pixel_values"], tuple(int(v) for v in out["image_grid_thw"][0])
+
+
+def _noise(width: int, height: int, mode: str, seed: int = 0) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    bands = {"RGB": 3, "RGBA": 4, "CMYK": 4, "LA": 2}.get(mode, 1)
+    pixels = rng.integers(0, 256, size=(height, width, bands), dtype=np.uint8)
+    if mode in ("L", "P"):
+        return Image.fromarray(pixels[..., 0], mode="L").convert(mode)
+    if mode == "LA":
+        return Image.fromarray(np.concatenate([pixels, pixels[..., :1]], axis=-1)[..., :2].copy(), mode="LA")
+    return Image.fromarray(pixels, mode=mode)
+
+
+def _encoded(image: Image.Image, fmt: str, **save) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format=fmt, **save)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("width,height,mode", [
+    (101, 77, "RGB"),  # odd sides
+    (3, 5, "RGB"),  # tiny: scaled up to min_pixels
+    (1500, 1100, "RGB"),  # above max_pixels: scaled down
+    (300, 40, "RGB"),  # far from square
+    (224, 224, "RGB"),  # already on the grid
+    (90, 61, "RGBA"),  # transparency over white
+    (64, 50, "LA"),
+    (80, 45, "L"),  # greyscale
+    (57, 91, "P"),  # palette
+    (40, 33, "CMYK"),
+])
+def test_image_features_equal_the_pil_processor(width, height, mode):
+    image = _noise(width, height, mode)
+    expected, grid = _reference(image)
+    got = image_features(image, VisionProcessing())
+    assert got.grid_thw == grid
+    assert got.pixel_values.dtype == np.float32
+    np.testing.assert_array_equal(got.pixel_values, expected)  # bit for bit
+    assert got.num_tokens == grid[0] * grid[1] * grid[2] // 4
+
+
+def test_palette_transparency_is_composited_like_the_processor():
+    image = _noise(30, 20, "P")
+    image.info["transparency"] = 7
+    expected, _ = _reference(image)
+    np.testing.assert_array_equal(image_features(image, VisionProcessing()).pixel_values, expected)
+
+
+def test_checkpoint_settings_reach_the_pixels(tmp_path):
+    """Non-default settings, read from the processor's own saved file, give the processor's output."""
+    processor = Qwen2VLImageProcessorPil(min_pixels=20 * 20, max_pixels=21 * 21 * 9, patch_size=7, merge_size=3,
+                                         temporal_patch_size=3, image_mean=[0.1, 0.2, 0.3], image_std=[0.5, 0.25, 0.2])
+    processor.to_json_file(tmp_path / "preprocessor_config.json")
+    cfg = MediaProcessing.from_dir(tmp_path).vision
+    for size in ((131, 95), (9, 12), (40, 400)):
+        image = _noise(*size, "RGB", seed=size[0])
+        expected, grid = _reference(image, processor)
+        got = image_features(image, cfg)
+        assert got.grid_thw == grid and got.merge_size == 3
+        np.testing.assert_array_equal(got.pixel_values, expected)
+
+
+def test_smart_resize_equals_the_reference_everywhere():
+    rng = np.random.default_rng(1)
+    sizes = [(1, 1), (1, 200), (27, 29), (28, 28), (56, 56), (4000, 3000), (10000, 51)]
+    sizes += [tuple(int(v) for v in rng.integers(1, 5000, size=2)) for _ in range(500)]
+    for h, w in sizes:
+        if max(h, w) / min(h, w) > 200:
+            continue
+        for factor, lo, hi in ((28, 56 * 56, 28 * 28 * 1280), (28, 3136, 12845056), (14, 100, 5000)):
+            assert smart_resize(h, w, factor, lo, hi) == reference_smart_resize(h, w, factor, lo, hi), (h, w, factor)
+
+
+def test_extreme_aspect_ratio_is_refused_naming_the_image():
+    with pytest.raises(ValueError):
+        reference_smart_resize(1, 300, 28, 3136, 1003520)
+    with pytest.raises(MediaError, match=r"image 3: 300x1 pixels has an aspect ratio above 200:1.*crop or pad it"):
+        smart_resize(1, 300, 28, 3136, 1003520, part="image 3")
+    with pytest.raises(MediaError, match=r"image: 1x250 pixels has an aspect ratio above 200:1"):
+        image_features(Image.new("RGB", (1, 250)), VisionProcessing())
+
+
+@pytest.mark.parametrize("fmt,save", [("PNG", {}), ("JPEG", {"quality": 90}), ("WEBP", {"lossless": True}),
+                                      ("GIF", {}), ("BMP", {}), ("TIFF", {})])
+def test_decoded_files_give_the_processors_features(fmt, save):
+    image = _noise(75, 52, "RGB" if fmt != "GIF" else "P")
+    data = _encoded(image, fmt, **save)
+    decoded = decode_image(data, MediaLimits())
+    assert decoded.mode == "RGB" and decoded.size == (75, 52)
+    expected, _ = _reference(Image.open(io.BytesIO(data)))
+    np.testing.assert_array_equal(image_features(decoded, VisionProcessing()).pixel_values, expected)
+
+
+def test_transparent_png_is_decoded_over_white():
+    image = _noise(40, 30, "RGBA")
+    decoded = decode_image(_encoded(image, "PNG"), MediaLimits())
+    np.testing.assert_array_equal(image_features(decoded, VisionProcessing()).pixel_values, _reference(image)[0])
+    clear = Image.new("RGBA", (4, 4), (0, 0, 0, 0))
+    assert decode_image(_encoded(clear, "PNG"), MediaLimits()).getpixel((0, 0)) == (255, 255, 255)
+
+
+def test_exif_orientation_is_applied():
+    image = _noise(60, 20, "RGB")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotated: the viewer turns it 90 degrees clockwise
+    decoded = decode_image(_encoded(image, "JPEG", exif=exif, quality=95), MediaLimits())
+    assert decoded.size == (20, 60)
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    """A PNG whose header claims width x height; its pixel data is a few bytes (a decompression bomb's shape)."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
+def test_oversized_image_is_refused_from_its_header():
+    with pytest.raises(MediaError) as err:
+        decode_image(_png_header_only(5000, 4000), MediaLimits(), part="image 2")
+    assert str(err.value) == ("image 2: 5000x4000 pixels is above the limit of 12845056 pixels per image "
+                              "(--max-image-pixels); resize it or raise --max-image-pixels")
+    # Past Pillow's own decompression-bomb guard, which checks before we can: still our limit and lever.
+    with pytest.raises(MediaError, match=r"image 2: more than \d+ pixels is above the limit of 12845056 pixels "
+                                         r"per image \(--max-image-pixels\)"):
+        decode_image(_png_header_only(40000, 30000), MediaLimits(), part="image 2")
+    with pytest.raises(MediaError, match=r"image: 20x20 pixels is above the limit of 100 pixels per image"):
+        decode_image(_encoded(_noise(20, 20, "RGB"), "PNG"), MediaLimits(max_image_pixels=100))
+
+
+@pytest.mark.parametrize("data,message", [
+    (b"", r"image 1: is empty \(0 bytes\); send a PNG, JPEG, WebP, GIF or BMP image"),
+    (b"this is not an image at all", r"image 1: is not an image edge-infer decodes \(.*\); send a PNG, JPEG"),
+    (b"P6\n4 4\n255\n" + bytes(48), r"image 1: is not an image edge-infer decodes"),  # PPM: a format left out
+])
+def test_undecodable_images_are_refused(data, message):
+    with pytest.raises(MediaError, match=message):
+        decode_image(data, MediaLimits(), part="image 1")
+
+
+def test_truncated_and_damaged_images_are_refused():
+    png = _encoded(_noise(64, 64, "RGB"), "PNG")
+    with pytest.raises(MediaError, match=r"image 1: the PNG data is damaged or truncated"):
+        decode_image(png[: len(png) // 2], MediaLimits(), part="image 1")
+    with pytest.raises(MediaError, match=r"image 1: the PNG data is damaged or truncated"):
+        decode_image(_png_header_only(64, 64), MediaLimits(), part="image 1")  # too little pixel data

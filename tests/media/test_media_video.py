@@ -1,0 +1,192 @@
+"""Videos: frames sampled as Qwen's video processor samples them, one grid, temporal pairs; the audio track.
+
+transformers' Qwen2VLVideoProcessor needs torchvision, which does not import beside this CPU torch, so the
+references are (a) the Pil image processor on a 2-frame static video, whose one temporal pair is an image,
+and (b) an independent numpy formulation of the video processor's channel-first view/permute.
+"""
+from __future__ import annotations
+
+import io
+import math
+
+import av
+import numpy as np
+import pytest
+import torch
+from media_files import audio_file, frames_of, sine, video_file
+from PIL import Image
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as reference_smart_resize
+
+from edge_infer.errors import MediaError
+from edge_infer.media.audio import log_mel, to_rate
+from edge_infer.media.config import AudioProcessing, MediaProcessing, VisionProcessing
+from edge_infer.media.limits import MediaLimits
+from edge_infer.media.video import sample_indices, video_features
+
+OMNI = MediaProcessing(VisionProcessing(), AudioProcessing())
+VL = MediaProcessing(VisionProcessing(), None)
+
+
+def _decoded_frames(data: bytes) -> list[Image.Image]:
+    with av.open(io.BytesIO(data)) as container:
+        return [frame.to_image() for frame in container.decode(video=0)]
+
+
+def _transformers_sample(total: int, fps: float, cfg: VisionProcessing, limit: int) -> list[int]:
+    """Qwen2VLVideoProcessor.sample_frames' arithmetic (its float32 torch.arange), max_frames lowered to `limit`."""
+    tp = cfg.temporal_patch_size
+    max_frames = math.floor(min(cfg.video_max_frames, limit, total) / tp) * tp
+    count = min(max(total / fps * cfg.video_fps, cfg.video_min_frames), max_frames, total)
+    count = math.floor(count / tp) * tp
+    # float32 accumulation sometimes yields count + 1 indices there (an odd number of frames); the first
+    # `count` are the intended ones, which we take exactly with integers.
+    return torch.arange(0, total, total / count).int().tolist()[:count]
+
+
+def _reference_patches(frames: list[Image.Image], cfg: VisionProcessing) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """The video processor's pipeline in plain numpy, channel-first as it holds frames."""
+    height, width = reference_smart_resize(frames[0].height, frames[0].width, cfg.factor, cfg.video_min_pixels,
+                                           cfg.video_max_pixels)
+    video = np.stack([np.asarray(f.resize((width, height), Image.BICUBIC)) for f in frames])
+    video = (video.astype(np.float64) * (1 / 255)).astype(np.float32)
+    video = (video - np.float32(cfg.image_mean)) / np.float32(cfg.image_std)
+    video = video.transpose(0, 3, 1, 2)  # [T, C, H, W]
+    tp, p, m = cfg.temporal_patch_size, cfg.patch_size, cfg.merge_size
+    if pad := -len(video) % tp:
+        video = np.concatenate([video, np.repeat(video[-1:], pad, axis=0)])
+    gt, gh, gw = len(video) // tp, height // p, width // p
+    patches = video.reshape(gt, tp, 3, gh // m, m, p, gw // m, m, p).transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return patches.reshape(gt * gh * gw, 3 * tp * p * p), (gt, gh, gw)
+
+
+def test_sampling_follows_the_video_processor():
+    cfg = VisionProcessing()
+    for total in range(2, 300, 7):
+        for fps in (1.0, 2.0, 7.5, 10.0, 25.0, 30.0, 60.0):
+            for limit in (2, 8, 32, 768):
+                assert sample_indices(total, fps, cfg, limit) == _transformers_sample(total, fps, cfg, limit)
+
+
+@pytest.mark.parametrize("fmt,codec", [("mp4", "libx264"), ("webm", "libvpx-vp9")])
+def test_sampled_frames_give_the_reference_patches(fmt, codec):
+    data = video_file(frames_of(25, height=50, width=66), fps=10, fmt=fmt, codec=codec)
+    got, audio = video_features(data, OMNI, MediaLimits())
+    assert audio is None
+    decoded = _decoded_frames(data)
+    picked = _transformers_sample(len(decoded), 10.0, VisionProcessing(), 32)
+    assert picked == [0, 6, 12, 18]  # 2.5 s at 2 fps: 5 frames, floored to an even 4
+    expected, grid = _reference_patches([decoded[i] for i in picked], VisionProcessing())
+    assert got.grid_thw == grid == (2, 20, 26)
+    np.testing.assert_array_equal(got.pixel_values, expected)
+    assert got.second_per_grid == pytest.approx(2 / (4 / 25 * 10))  # temporal patch / the sampled rate
+    assert got.num_tokens == 2 * 20 * 26 // 4
+
+
+def test_a_static_two_frame_video_is_its_image():
+    """Two equal frames form one temporal pair: the Pil image processor's output for that frame."""
+    frame = frames_of(1, height=70, width=90)[0]
+    data = video_file([frame, frame], fps=2, fmt="matroska", codec="ffv1")  # lossless: frames come back exact
+    got, _ = video_features(data, VL, MediaLimits())
+    cfg = VisionProcessing()
+    image = Image.fromarray(frame)
+    processor = Qwen2VLImageProcessorPil(min_pixels=cfg.video_min_pixels, max_pixels=cfg.video_max_pixels)
+    out = processor(images=image, return_tensors="np")
+    assert got.grid_thw == tuple(int(v) for v in out["image_grid_thw"][0])
+    np.testing.assert_array_equal(got.pixel_values, out["pixel_values"])
+    assert got.second_per_grid == pytest.approx(1.0)
+
+
+def test_the_frame_limit_lowers_the_sampling_rate():
+    data = video_file(frames_of(100, height=28, width=28), fps=10, codec="libx264")  # 10 s: 20 frames at 2 fps
+    got, _ = video_features(data, VL, MediaLimits(max_video_frames=8))
+    assert got.grid_thw[0] == 4
+    assert got.second_per_grid == pytest.approx(2 * 10 / 8)  # 8 frames over 10 s
+
+
+@pytest.mark.parametrize("fmt", ["mp4", "webm"])
+def test_the_audio_track_becomes_audio_features(fmt):
+    seconds = 2.0
+    track = sine(seconds, 48000, hz=1000)[:, 0]
+    data = video_file(frames_of(20), fps=10, fmt=fmt, codec="libx264" if fmt == "mp4" else "libvpx-vp9",
+                      audio=track)
+    vision, audio = video_features(data, OMNI, MediaLimits())
+    assert vision.grid_thw[0] == 2
+    frames = audio.mel.shape[1]
+    assert abs(frames - seconds * 100) <= 10  # codec priming and padding add a few 10 ms frames
+    # The track decoded independently (PyAV to float, channel mean, soxr, log-mel) gives the same features.
+    with av.open(io.BytesIO(data)) as container:
+        resampler = av.AudioResampler(format="fltp")
+        blocks = [f.to_ndarray() for frame in container.decode(audio=0) for f in resampler.resample(frame)]
+    samples = to_rate(np.concatenate(blocks, axis=1).mean(axis=0), 48000, 16000)
+    np.testing.assert_array_equal(audio.mel, log_mel(samples, AudioProcessing()))
+    # and it is the tone: the loudest mel band is the one around 1 kHz
+    assert abs(int(np.argmax(audio.mel[:, 20:-20].mean(axis=1))) - _mel_band(1000.0)) <= 1
+
+
+def _mel_band(hz: float) -> int:
+    """The Slaney-mel band (of 128 up to 8 kHz) whose centre is nearest `hz`."""
+    to_mel = lambda f: 3 * f / 200 if f < 1000 else 15 + math.log(f / 1000) * 27 / math.log(6.4)  # noqa: E731
+    edges = np.linspace(0, to_mel(8000), 130)
+    return int(np.argmin(np.abs(edges[1:-1] - to_mel(hz))))
+
+
+def test_a_model_without_audio_ignores_the_track():
+    data = video_file(frames_of(20), fps=10, audio=sine(2.0, 48000)[:, 0])
+    _, audio = video_features(data, VL, MediaLimits())
+    assert audio is None
+
+
+def test_a_long_audio_track_is_refused_naming_the_limit():
+    data = video_file(frames_of(30), fps=10, audio=sine(3.0, 48000)[:, 0])
+    with pytest.raises(MediaError, match=r"^video 1 \(its audio track\): more than 2 s is above the limit of 2 "
+                                         r"seconds of audio per clip \(--max-audio-seconds\); cut it or raise"):
+        video_features(data, OMNI, MediaLimits(max_audio_seconds=2.0), part="video 1")
+
+
+def test_a_long_video_is_refused_naming_the_limit():
+    data = video_file(frames_of(40, height=16, width=16), fps=10)
+    with pytest.raises(MediaError) as err:
+        video_features(data, VL, MediaLimits(max_video_seconds=3.0), part="video 1")
+    assert str(err.value) == ("video 1: 4.0 s is above the limit of 3 seconds per video (--max-video-seconds); "
+                              "cut it or raise --max-video-seconds")
+
+
+def test_video_refusals_name_the_video_and_the_fix():
+    limits = MediaLimits()
+    with pytest.raises(MediaError, match=r"^video 2: is empty \(0 bytes\); send MP4, MOV, WebM, MKV or AVI video$"):
+        video_features(b"", OMNI, limits, part="video 2")
+    with pytest.raises(MediaError, match=r"^video 2: is not a video container edge-infer reads; send MP4"):
+        video_features(audio_file(sine(0.5, 16000), 16000, "WAV", "PCM_16"), OMNI, limits, part="video 2")
+    with pytest.raises(MediaError, match=r"^video 2: is not a video container"):
+        video_features(b"#EXTM3U\n#EXT-X-VERSION:3\nhttp://example.invalid/a.ts\n", OMNI, limits, part="video 2")
+    mp4 = video_file(frames_of(20), fps=10)
+    with pytest.raises(MediaError, match=r"^video 2: cannot be decoded as mp4 video \(.+\)$"):
+        video_features(mp4[:200], OMNI, limits, part="video 2")
+    one = video_file(frames_of(1), fps=10)
+    with pytest.raises(MediaError, match=r"^video 2: has 1 frame\(s\); a video needs at least 2 \(send a single frame "
+                                         r"as an image\)$"):
+        video_features(one, OMNI, limits, part="video 2")
+    with pytest.raises(MediaError, match=r"^video 2: frames of 64x48 pixels is above the limit of 1000 pixels per "
+                                         r"image \(--max-image-pixels\)"):
+        video_features(mp4, OMNI, MediaLimits(max_image_pixels=1000), part="video 2")
+    with pytest.raises(MediaError, match=r"^video 2: videos are off .*; raise --max-video-frames$"):
+        video_features(mp4, OMNI, MediaLimits(max_video_frames=0), part="video 2")
+    with pytest.raises(MediaError, match=r"^video 2: this model does not take images or video$"):
+        video_features(mp4, MediaProcessing(None, AudioProcessing()), limits, part="video 2")
+
+
+def test_a_file_with_only_sound_has_no_video_stream():
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as out:
+        stream = out.add_stream("aac", rate=48000)
+        track = sine(0.5, 48000)[:, 0]
+        for start in range(0, len(track), 1024):
+            chunk = av.AudioFrame.from_ndarray(track[None, start:start + 1024], format="fltp", layout="mono")
+            chunk.sample_rate, chunk.pts = 48000, start
+            for packet in stream.encode(chunk):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    with pytest.raises(MediaError, match=r"^video: has no video stream; send audio as input_audio$"):
+        video_features(buf.getvalue(), OMNI, MediaLimits())

@@ -1,0 +1,73 @@
+"""Media files built on the spot: images with Pillow, audio with soundfile, videos with PyAV."""
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+
+
+def sine(seconds: float, rate: int, hz: float = 440.0, channels: int = 1, amplitude: float = 0.3) -> np.ndarray:
+    """float32 [samples, channels]; channel c at hz * (c + 1), so a mix-down is not any one channel."""
+    t = np.arange(round(seconds * rate)) / rate
+    return np.stack([amplitude * np.sin(2 * np.pi * hz * (c + 1) * t) for c in range(channels)], axis=1).astype(np.float32)
+
+
+def audio_file(samples: np.ndarray, rate: int, fmt: str, subtype: str | None = None) -> bytes:
+    import soundfile
+
+    buf = io.BytesIO()
+    soundfile.write(buf, samples, rate, format=fmt, subtype=subtype)
+    return buf.getvalue()
+
+
+def video_file(frames: list[np.ndarray], fps: int, fmt: str = "mp4", codec: str = "libx264",
+               audio: np.ndarray | None = None, audio_rate: int = 48000, options: dict | None = None) -> bytes:
+    """A video of uint8 RGB frames [H, W, 3], with a mono float32 audio track when `audio` is given."""
+    import av
+
+    buf = io.BytesIO()
+    height, width = frames[0].shape[:2]
+    with av.open(buf, "w", format=fmt) as out:
+        video = out.add_stream(codec, rate=fps, options=options or {})
+        video.width, video.height = width, height
+        video.pix_fmt = "yuv420p" if codec != "ffv1" else "bgr0"
+        sound = None
+        if audio is not None:
+            sound = out.add_stream("aac" if fmt == "mp4" else "libopus", rate=audio_rate)
+        for frame in frames:
+            for packet in video.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                out.mux(packet)
+        for packet in video.encode():
+            out.mux(packet)
+        if sound is not None:
+            step = 960
+            for start in range(0, len(audio), step):
+                chunk = av.AudioFrame.from_ndarray(audio[None, start:start + step], format="fltp", layout="mono")
+                chunk.sample_rate, chunk.pts = audio_rate, start
+                for packet in sound.encode(chunk):
+                    out.mux(packet)
+            for packet in sound.encode():
+                out.mux(packet)
+    return buf.getvalue()
+
+
+def frames_of(count: int, height: int = 48, width: int = 64) -> list[np.ndarray]:
+    """Frames that differ from each other everywhere: a gradient shifted by the frame's index."""
+    y, x = np.mgrid[0:height, 0:width]
+    return [np.stack([(x * 4 + i * 9) % 256, (y * 5 + i * 13) % 256, ((x + y) * 3 + i * 7) % 256], axis=-1)
+            .astype(np.uint8) for i in range(count)]
+
+
+def png(seed: int = 0, width: int = 64, height: int = 48) -> bytes:
+    """A PNG of random pixels (two seeds, two different images)."""
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def data_url(data: bytes, mime: str) -> str:
+    return f"data:{mime};base64," + base64.b64encode(data).decode()

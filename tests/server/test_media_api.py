@@ -1,0 +1,380 @@
+"""Images, audio and video through the real server with the official `openai` client (and langchain-openai): answers
+equal `LLM.chat`'s for the same messages (greedy), streamed or not, alone or batched; bad media, sources the operator
+did not allow and requests over a limit are 400s naming the problem, and the server keeps serving; preparing media
+does not hold up other requests; a client that leaves while its image is encoded frees everything. The limits a request
+is held to are the ones the server's memory plan sized (its --max-images ... flags, the rest fitted to the context)."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import math
+import threading
+
+import httpx
+import openai
+import pytest
+
+from media_files import audio_file, data_url, frames_of, png, sine, video_file
+from edge_infer import LLM, SamplingParams
+from edge_infer.media.sources import MediaPolicy
+
+from .serverutil import ServerProcess, free_port, scrape, wait_until
+
+pytestmark = pytest.mark.slow
+
+MODEL = "qwen2_5_omni"  # the served name: the checkpoint directory's
+MAX_TOKENS = 8
+QUESTION = {"type": "text", "text": "What is in this?"}
+# The media limits the server is started with (a request at all of them fits its 2048-token context; unset, the plan
+# would fit them itself and turn videos off at this context): one image of up to 448x448 pixels, a video of 8 frames
+# with its sound, clips of up to 3 s (its --max-audios: one per request).
+LIMITS = {"max_images": 1, "max_image_pixels": 448 * 448, "max_video_frames": 8, "max_audio_seconds": 3}
+LIMIT_FLAGS = [arg for name, value in LIMITS.items() for arg in ("--" + name.replace("_", "-"), str(value))]
+
+
+def image(seed: int = 0, **size) -> dict:
+    return {"type": "image_url", "image_url": {"url": data_url(png(seed, **size), "image/png")}}
+
+
+def wav(seconds: float = 1.0, hz: float = 440.0) -> dict:
+    data = base64.b64encode(audio_file(sine(seconds, 16000, hz), 16000, "WAV")).decode()
+    return {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
+
+
+# 8 frames at 4 fps with 2 s of sound (PyAV): with Qwen2.5-Omni its sound goes into the prompt, interleaved
+VIDEO = {"type": "video_url", "video_url": {"url": data_url(video_file(frames_of(8), 4, audio=sine(2.0, 48000)[:, 0]),
+                                                            "video/mp4")}}
+
+
+def user(*parts) -> list[dict]:
+    return [{"role": "user", "content": list(parts)}]
+
+
+@pytest.fixture(scope="module")
+def media_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("media")
+    (root / "allowed").mkdir()
+    (root / "allowed" / "picture.png").write_bytes(png(5))
+    (root / "outside.png").write_bytes(png(5))
+    return root
+
+
+@pytest.fixture(scope="module")
+def omni(synth_thinkers):
+    return synth_thinkers["qwen2_5_omni"]
+
+
+@pytest.fixture(scope="module")
+def omni_server(omni, media_dir):
+    with ServerProcess(omni, "--max-model-len", "2048", "--max-num-seqs", "4", *LIMIT_FLAGS,
+                       "--allowed-media-dir", str(media_dir / "allowed")) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def reference(omni, media_dir):
+    """The same checkpoint and settings in this process: what LLM.chat answers."""
+    with LLM(omni, dtype="float32", max_model_len=2048, max_num_seqs=4, num_threads=1, worker="thread",
+             media_limits=LIMITS, media_policy=MediaPolicy(allowed_dir=media_dir / "allowed")) as llm:
+        yield llm
+
+
+def expected(llm: LLM, messages: list[dict], **kw) -> str:
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    out = llm.chat(messages, params, **kw)[0]
+    assert out.error is None, out.error
+    return out.outputs[0].text
+
+
+def ask(client: openai.OpenAI, messages: list[dict], stream: bool = False, **extra) -> str:
+    kw = dict(model=MODEL, messages=messages, max_tokens=MAX_TOKENS, temperature=0,
+              extra_body={"ignore_eos": True, **extra})
+    if not stream:
+        return client.chat.completions.create(**kw).choices[0].message.content
+    return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw)
+                   if c.choices)
+
+
+CASES = {
+    "image": (user(image(), QUESTION), {}),
+    "audio": (user(wav(), QUESTION), {}),
+    "image and audio": (user(QUESTION, image(1), wav(0.5, 300.0)), {}),
+    "video with its sound": (user(VIDEO, QUESTION), {}),
+    "video without its sound": (user(VIDEO, QUESTION), {"mm_processor_kwargs": {"use_audio_in_video": False}}),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_answers_equal_llm_chat_streamed_and_not(omni_server, reference, case):
+    messages, extra = CASES[case]
+    want = expected(reference, messages, **extra)
+    client = omni_server.client()
+    assert ask(client, messages, **extra) == want
+    assert ask(client, messages, stream=True, **extra) == want
+
+
+def test_the_media_change_the_answer(omni_server):
+    """So that the equalities above are not vacuous: another image, another answer; the video's sound matters."""
+    client = omni_server.client()
+    assert ask(client, user(image(0), QUESTION)) != ask(client, user(image(1), QUESTION))
+    assert ask(client, user(VIDEO, QUESTION)) != ask(client, user(VIDEO, QUESTION),
+                                                     mm_processor_kwargs={"use_audio_in_video": False})
+
+
+def test_a_file_url_is_read_only_under_the_allowed_directory(omni_server, reference, media_dir):
+    inside = user({"type": "image_url", "image_url": {"url": (media_dir / "allowed" / "picture.png").as_uri()}})
+    assert ask(omni_server.client(), inside) == expected(reference, inside) == expected(reference, user(image(5)))
+    sneaky = (media_dir / "allowed").as_uri() + "/../outside.png"
+    for url in ((media_dir / "outside.png").as_uri(), sneaky):
+        refused(omni_server, user({"type": "image_url", "image_url": {"url": url}}),
+                "is outside the allowed media directory")
+
+
+def refused(server, messages: list[dict], problem: str, code: str | None = "invalid_media") -> None:
+    """A 400 OpenAI error naming ``problem``; then the server still answers a media request."""
+    client = server.client()
+    with pytest.raises(openai.BadRequestError) as err:
+        ask(client, messages)
+    assert err.value.status_code == 400
+    body = err.value.body
+    assert body["type"] == "invalid_request_error" and problem in body["message"], body
+    assert body["code"] == code
+    assert ask(client, user(image(), QUESTION))
+
+
+def huge_png() -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (3600, 3600), (200, 30, 30)).save(buf, format="PNG")  # 12.96 MP, a few KiB
+    return buf.getvalue()
+
+
+BAD = {
+    "undecodable image": (user({"type": "image_url", "image_url": {"url": data_url(b"not a picture", "image/png")}}),
+                          "content[0] (image_url): is not an image edge-infer decodes"),
+    "0-byte audio": (user({"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}),
+                     "content[0] (input_audio): is empty (0 bytes)"),
+    "oversized image": (user({"type": "image_url", "image_url": {"url": data_url(huge_png(), "image/png")}}),
+                        "content[0] (image_url): 3600x3600 pixels is above the limit of 200704 pixels per image "
+                        "(--max-image-pixels)"),
+    "too many images": (user(image(0), image(1)),
+                        "the request: 2 images is above the limit of 1 images per request (--max-images); send fewer "
+                        "images or raise --max-images"),
+    "too many clips": (user(wav(0.5), wav(0.5, 300.0)),
+                       "the request: 2 audios is above the limit of 1 audio clips per request (--max-audios)"),
+    "too long a clip": (user(wav(4.0)), "content[0] (input_audio): 4.0 s is above the limit of 3 seconds of audio per "
+                                        "clip (--max-audio-seconds)"),
+    "remote URL": (user({"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/picture.png"}}),
+                   "remote media URLs are off; send the file as a data: URL, or start the server with "
+                   "--allow-remote-media"),
+    "not base64": (user({"type": "input_audio", "input_audio": {"data": "%%%", "format": "wav"}}),
+                   "content[0] (input_audio): the data is not valid base64"),
+    "undecodable video": (user({"type": "video_url", "video_url": {"url": data_url(b"\0" * 64, "video/mp4")}}),
+                          "content[0] (video_url): is not a video container edge-infer reads"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_media_are_400s_naming_the_problem_and_the_server_keeps_serving(omni_server, case):
+    refused(omni_server, *BAD[case])
+
+
+def test_a_format_and_a_message_role_that_cannot_carry_media_are_400s(omni_server):
+    refused(omni_server, user({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "aac"}}),
+            "input_audio.format: Input should be 'wav', 'mp3', 'flac' or 'ogg'", code="invalid_parameter")
+    refused(omni_server, [{"role": "system", "content": [image()]}, {"role": "user", "content": "Hi"}],
+            "messages.0.system.content.0: only user messages carry image_url parts; move it into a user message",
+            code="invalid_parameter")
+    with pytest.raises(openai.BadRequestError, match="'fps' is not an option of edge-infer's preprocessing"):
+        ask(omni_server.client(), user(VIDEO), mm_processor_kwargs={"fps": 1})
+
+
+def test_a_text_model_answers_that_it_takes_text_only(server):
+    client = server.client()  # the text model every server test shares (conftest.py)
+    with pytest.raises(openai.BadRequestError, match=r"messages\[0\]\.content\[1\] \(image_url\): this model "
+                                                     r"\(tiny-qwen2\) takes text only"):
+        client.chat.completions.create(model="tiny-qwen2", messages=user(QUESTION, image()), max_tokens=2)
+    assert client.chat.completions.create(model="tiny-qwen2", messages=user(QUESTION), max_tokens=2).choices
+
+
+def test_concurrent_multimodal_requests_equal_single_ones(omni_server):
+    conversations = [user(image(2), QUESTION), user(wav(0.7, 500.0)), user(QUESTION, VIDEO), user(image(3), wav())]
+    single = [ask(omni_server.client(), messages) for messages in conversations]
+
+    async def together() -> list[str]:
+        client = omni_server.async_client()
+
+        async def one(messages, stream):
+            kw = dict(model=MODEL, messages=messages, max_tokens=MAX_TOKENS, temperature=0,
+                      extra_body={"ignore_eos": True})
+            if not stream:
+                return (await client.chat.completions.create(**kw)).choices[0].message.content
+            return "".join([c.choices[0].delta.content or "" async for c in
+                            await client.chat.completions.create(stream=True, **kw) if c.choices])
+
+        return list(await asyncio.gather(*(one(m, i % 2 == 1) for i, m in enumerate(conversations))))
+
+    assert asyncio.run(together()) == single
+
+
+def test_a_client_that_leaves_while_its_big_image_is_encoded_frees_everything(omni_server):
+    """An image at the limit (448x448, 256 tokens) keeps the encoder busy; the client goes once the request holds KV
+    blocks."""
+    body = {"model": MODEL, "messages": user(image(7, width=448, height=448)), "max_tokens": 80, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", omni_server.base_url + "/v1/chat/completions", json=body, timeout=60):
+        wait_until(lambda: omni_server.metrics()["edge_infer_kv_blocks_used"] > 0, "the request to be admitted")
+    wait_until(lambda: settled(omni_server.base_url), "no running sequence and every KV block free")
+    assert ask(omni_server.client(), user(image(), QUESTION))
+
+
+def settled(base_url: str) -> bool:
+    m = scrape(base_url)
+    return (m["edge_infer_kv_blocks_used"] == 0 and m["edge_infer_sequences_running"] == 0
+            and m["edge_infer_sequences_in_flight"] == 0)
+
+
+def test_langchain_chat_openai_sends_an_image(omni_server, reference):
+    from langchain_core.messages import HumanMessage
+    from langchain_openai import ChatOpenAI
+
+    chat = ChatOpenAI(base_url=omni_server.base_url + "/v1", api_key="unused", model=MODEL, temperature=0,
+                      max_tokens=MAX_TOKENS, max_retries=0, extra_body={"ignore_eos": True})
+    messages = user(QUESTION, image(4))
+    assert chat.invoke([HumanMessage(content=messages[0]["content"])]).content == expected(reference, messages)
+
+
+# -- a server in this process, where preparation and encoding can be held at a gate ------------------------------
+
+
+@contextlib.contextmanager
+def in_process_server(model):
+    import uvicorn
+
+    from edge_infer.engine.frontend import Frontend
+    from edge_infer.server.app import build_app
+    from edge_infer.server.service import ServeSettings
+    from edge_infer.server.text_service import TextService
+
+    frontend = Frontend.create(model, dtype="float32", max_model_len=2048, max_num_seqs=4, num_threads=1)
+    service = TextService(frontend, ServeSettings(served_model_name=MODEL), worker="thread")
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(build_app([service]), port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _healthy(base_url), "the in-process server", timeout_s=120)
+        yield service, base_url
+    finally:
+        server.should_exit = True
+        thread.join(60)
+
+
+def _healthy(base_url: str) -> bool:
+    try:
+        return httpx.get(base_url + "/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class Gate:
+    """Wraps a function so that each call waits until ``open()``; ``entered`` is set by the first call."""
+
+    def __init__(self, fn):
+        self.fn, self.entered, self.opened = fn, threading.Event(), threading.Event()
+
+    def __call__(self, *args, **kwargs):
+        self.entered.set()
+        assert self.opened.wait(120), "the gate was never opened"
+        return self.fn(*args, **kwargs)
+
+    def open(self) -> None:
+        self.opened.set()
+
+
+@pytest.fixture(scope="module")
+def local_server(omni):
+    with in_process_server(omni) as running:
+        yield running
+
+
+def test_text_requests_stream_to_their_end_while_media_are_prepared(local_server, monkeypatch):
+    """The image's preparation is held at a gate on the media threads: a text request still streams every token
+    (it could not if the preparation held the event loop or the tokenizing thread), then the image is answered."""
+    from edge_infer.engine import media_prompt
+
+    service, base_url = local_server
+    gate = Gate(media_prompt.load_part)
+    monkeypatch.setattr(media_prompt, "load_part", gate)
+    kw = dict(model=MODEL, max_tokens=MAX_TOKENS, temperature=0, extra_body={"ignore_eos": True})
+
+    async def scenario() -> tuple[str | None, str]:
+        client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        held = asyncio.ensure_future(client.chat.completions.create(messages=user(image(), QUESTION), **kw))
+        assert await asyncio.to_thread(gate.entered.wait, 60)
+        stream = await client.chat.completions.create(messages=user(QUESTION), stream=True, **kw)
+        finish = await asyncio.wait_for(_finish_reason(stream), 60)  # a deadlock fails here, not by hanging
+        assert not held.done()  # the image is still being prepared
+        gate.open()
+        return finish, (await held).choices[0].finish_reason
+
+    assert asyncio.run(scenario()) == ("length", "length")  # the text request got all its tokens first
+
+
+async def _finish_reason(stream) -> str | None:
+    reason = None
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].finish_reason:
+            reason = chunk.choices[0].finish_reason
+    return reason
+
+
+def test_a_limit_the_plan_fitted_is_the_limit_enforced(local_server):
+    """Started without limit flags: the plan fitted the image size to the 2048-token context, and that is what a
+    request is held to."""
+    service, base_url = local_server
+    limit = service.frontend.plan.media_limits.max_image_pixels
+    assert 0 < limit < 12845056  # not the checkpoint's max_pixels
+    side = math.isqrt(limit) + 1
+    body = {"model": MODEL, "messages": user(image(9, width=side, height=side)), "max_tokens": 2}
+    response = httpx.post(base_url + "/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400
+    assert (f"{side}x{side} pixels is above the limit of {limit} pixels per image (--max-image-pixels)"
+            in response.json()["error"]["message"])
+
+
+def test_a_client_that_leaves_during_preparation_is_not_served(local_server, monkeypatch):
+    from edge_infer.engine import media_prompt
+
+    service, base_url = local_server
+    gate = Gate(media_prompt.load_part)
+    monkeypatch.setattr(media_prompt, "load_part", gate)
+    body = {"model": MODEL, "messages": user(image()), "max_tokens": 4}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up (and closes its connection) while the gate holds
+        with httpx.Client(timeout=httpx.Timeout(60, read=0.5)) as http:
+            http.post(base_url + "/v1/chat/completions", json=body)
+    assert gate.entered.is_set()
+    wait_until(lambda: service.in_flight == 0, "the admission to be released when the client left")
+    gate.open()
+    assert settled(base_url)
+
+
+def test_a_client_that_leaves_while_its_image_is_encoded_frees_everything(local_server, monkeypatch):
+    """The vision tower is held at a gate inside the engine step that encodes the image; the client leaves, the
+    step ends, and the engine holds nothing for the request."""
+    from edge_infer.models.multimodal import MultimodalLM
+
+    service, base_url = local_server
+    gate = Gate(MultimodalLM.encode)
+    monkeypatch.setattr(MultimodalLM, "encode", lambda self, *a: gate(self, *a))
+    body = {"model": MODEL, "messages": user(image(8)), "max_tokens": 16, "stream": True}
+    with httpx.stream("POST", base_url + "/v1/chat/completions", json=body, timeout=60):
+        assert gate.entered.wait(60)  # the engine step that encodes the image holds the request's KV blocks
+    wait_until(lambda: service.in_flight == 0, "the server to see the client leave")
+    gate.open()
+    wait_until(lambda: settled(base_url), "no running sequence and every KV block free")
+    assert scrape(base_url)['edge_infer_request_finish_total{reason=abort}'] >= 1
