@@ -7,12 +7,12 @@ Two kinds of rows:
   packed sequences and keeps dialogues from attending to each other, so each
   one is seen as at inference.
 - ``pack_branches``: dialogues that all begin with the same long prefix (the
-  agent's turns: system prompt and tools are ~340 of their ~500 tokens). The
+  agent's turns: system prompt and tools are ~390 of their ~500 tokens). The
   prefix is run once per batch and its keys and values are shared by every
   row; a row holds only what follows it, several turns side by side, each
   attending to the prefix and to itself (``branch_mask``), at the positions
   it has in the full dialogue. The model computes exactly what it would on
-  each whole turn, for a third of the tokens.
+  each whole turn, for about a quarter of the tokens.
 """
 from __future__ import annotations
 
