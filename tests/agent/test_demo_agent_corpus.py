@@ -121,16 +121,16 @@ def test_shared_prefix_rows_compute_what_whole_turns_do(turns):
         prefix_logits, cache = demo_packing.shared_prefix_forward(model, rows.prefix_ids, 2)
         logits = model(input_ids=r.input_ids[:2], position_ids=r.position_ids[:2], cache=cache,
                        attention_mask=demo_packing.branch_mask(r.segments[:2], cut), use_cache=True).logits
-        seen = 0
+        wholes = [torch.tensor(ids) for ids in (e.ids for e in tokenizer.encode_batch(texts))]
         for row in range(2):
             for segment in range(int(r.segments[row].max()) + 1):
                 where = (r.segments[row] == segment).nonzero().flatten()
-                whole = torch.tensor(tokenizer.encode(texts[seen]).ids)
-                assert torch.equal(torch.cat([rows.prefix_ids, r.input_ids[row, where]]), whole)
+                # Rows are filled first-fit, so a row's turns need not be consecutive texts: find this one's.
+                branch = torch.cat([rows.prefix_ids, r.input_ids[row, where]])
+                [whole] = [w for w in wholes if torch.equal(w, branch)]
                 expected = model(input_ids=whole[None]).logits[0]
                 torch.testing.assert_close(logits[row, where], expected[cut:], atol=1e-4, rtol=1e-4)
                 torch.testing.assert_close(prefix_logits, expected[:cut], atol=1e-4, rtol=1e-4)
-                seen += 1
     # Only answers carry full weight; the first token of each branch is learnt from the prefix.
     starts = r.position_ids == cut
     assert (r.weights[starts] == 0).all()
