@@ -2,12 +2,15 @@
 
     PYTHONPATH=src python scripts/train_demo.py
 
-Generates a templated chat corpus (scripts/demo_corpus.py), trains a
-byte-level BPE tokenizer on it, trains a small Qwen2-architecture decoder
-with transformers, writes a bf16 Hugging Face checkpoint, then reloads that
-checkpoint and measures greedy exact-match accuracy on held-out generated
-prompts. Deterministic: fixed seeds, two threads. Takes a few minutes on two
-CPU cores.
+Generates a templated chat corpus (scripts/demo_corpus.py) and phone-agent
+turns played by the scripted expert on the simulated phone
+(scripts/demo_agent_corpus.py), trains a byte-level BPE tokenizer on both,
+trains a small Qwen2-architecture decoder with transformers on rows packed
+by scripts/demo_packing.py, writes a bf16 Hugging Face checkpoint, then
+reloads that checkpoint and measures greedy exact-match accuracy on held-out
+generated prompts and runs the agent suite against it with `edge-infer agent
+suite --serve` (the real server). Deterministic for a given thread count:
+fixed seeds. Takes over an hour (the shipped model: 4221 s with --threads 1 on a shared machine).
 """
 
 from __future__ import annotations
@@ -16,8 +19,11 @@ import argparse
 import json
 import math
 import os
+import random
 import re
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -28,7 +34,11 @@ from safetensors.torch import save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 sys.path.insert(0, str(Path(__file__).parent))
-import demo_corpus  # noqa: E402  (lives next to this script)
+import demo_agent_corpus  # noqa: E402  (these live next to this script)
+import demo_corpus  # noqa: E402
+from demo_packing import (  # noqa: E402
+    PROMPT_LOSS_WEIGHT, BranchRows, PackedRows, branch_mask, pack, pack_branches, shared_prefix_forward,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "src" / "edge_infer" / "assets" / "demo-model"
@@ -47,25 +57,25 @@ MODEL_SHAPE = {
     "num_key_value_heads": 2,
 }
 
-# Loss weight of tokens outside assistant answers: the model still learns to
-# model prompts (useful for plain completions and fidelity metrics), but the
-# answers carry most of the gradient.
-PROMPT_LOSS_WEIGHT = 0.1
-
 
 @dataclass(frozen=True)
 class TrainSettings:
-    dialogues: int
+    dialogues: int  # templated chat dialogues
+    agent_turns: int  # agent turns (one dialogue each)
     steps: int
-    batch_size: int  # rows of seq_len tokens
+    batch_size: int  # rows of chat dialogues per step
+    agent_batch_size: int  # rows of agent turns (after their shared prefix) per step
     seq_len: int
     lr: float  # peak
     warmup_steps: int
     eval_prompts: int
+    eval_agent_turns: int
 
 
-FULL = TrainSettings(dialogues=17500, steps=460, batch_size=8, seq_len=512, lr=3e-3, warmup_steps=30, eval_prompts=200)
-QUICK = TrainSettings(dialogues=2000, steps=30, batch_size=8, seq_len=512, lr=3e-3, warmup_steps=5, eval_prompts=40)
+FULL = TrainSettings(dialogues=17500, agent_turns=20000, steps=1200, batch_size=4, agent_batch_size=8, seq_len=512,
+                     lr=3e-3, warmup_steps=40, eval_prompts=200, eval_agent_turns=200)
+QUICK = TrainSettings(dialogues=2000, agent_turns=600, steps=30, batch_size=4, agent_batch_size=4, seq_len=512,
+                      lr=3e-3, warmup_steps=5, eval_prompts=40, eval_agent_turns=20)
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -106,55 +116,6 @@ def token_id(tokenizer: Tokenizer, token: str) -> int:
     found = tokenizer.token_to_id(token)
     assert found is not None, f"{token} missing from the vocabulary"
     return found
-
-
-# ------------------------------------------------------------------ packing
-
-@dataclass(frozen=True)
-class PackedRows:
-    """Whole dialogues packed into fixed-length rows.
-
-    Positions restart at 0 for each dialogue; with no attention mask,
-    transformers reads those resets as packed sequences and keeps dialogues
-    from attending to each other, so each one is seen as at inference.
-    """
-
-    input_ids: torch.Tensor  # [rows, seq_len]
-    position_ids: torch.Tensor  # [rows, seq_len]
-    weights: torch.Tensor  # [rows, seq_len] loss weight of predicting this token
-
-
-
-def _token_weights(text: str, offsets: list[tuple[int, int]]) -> list[float]:
-    answers = [(m.start(1), m.end()) for m in re.finditer(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", text, re.S)]
-    weights = [1.0 if any(a <= start < b for a, b in answers) else PROMPT_LOSS_WEIGHT for start, _ in offsets]
-    weights[0] = 0.0  # a dialogue's first token has no context to be predicted from
-    return weights
-
-
-def pack(texts: list[str], tokenizer: Tokenizer, seq_len: int, pad_id: int) -> PackedRows:
-    rows: list[tuple[list[int], list[int], list[float]]] = []
-    open_rows: list[int] = []  # indices of recent rows that may still have room
-    for text, encoding in zip(texts, tokenizer.encode_batch(texts)):
-        ids = encoding.ids[:seq_len]
-        weights = _token_weights(text, encoding.offsets)[:seq_len]
-        target = next((r for r in open_rows if len(rows[r][0]) + len(ids) <= seq_len), None)
-        if target is None:
-            rows.append(([], [], []))
-            target = len(rows) - 1
-            open_rows = (open_rows + [target])[-16:]
-        row_ids, row_positions, row_weights = rows[target]
-        row_ids += ids
-        row_positions += range(len(ids))
-        row_weights += weights
-    for row_ids, row_positions, row_weights in rows:
-        pad = seq_len - len(row_ids)
-        row_ids += [pad_id] * pad
-        row_positions += range(pad)
-        row_weights += [0.0] * pad
-    return PackedRows(
-        torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows]), torch.tensor([r[2] for r in rows]),
-    )
 
 
 # ----------------------------------------------------------------- training
@@ -207,52 +168,72 @@ class TrainResult:
     load_before: float  # 1-minute load average: the time depends on what else ran
     load_after: float
     final_loss: float  # weighted loss, mean of the last 10% of steps
-    final_answer_loss: float  # loss on answer tokens only, same steps
+    final_answer_loss: float  # loss on chat answer tokens only, same steps
+    final_agent_answer_loss: float  # loss on agent answer tokens (the tool calls) only, same steps
     curve: list[tuple[int, float]]  # (steps done, mean weighted loss of the last LOG_EVERY steps)
 
 
-def batch_order(rows: int, settings: TrainSettings) -> torch.Tensor:
+def batch_order(rows: int, steps: int, batch_size: int, seed: int) -> torch.Tensor:
     """Row indices of every step: shuffled epochs, as many as needed."""
-    generator = torch.Generator().manual_seed(TRAIN_SEED)
-    needed = settings.steps * settings.batch_size
+    generator = torch.Generator().manual_seed(seed)
+    needed = steps * batch_size
     return torch.cat([torch.randperm(rows, generator=generator) for _ in range(math.ceil(needed / rows))])[:needed]
 
 
-def train(model, rows: PackedRows, order: torch.Tensor, settings: TrainSettings) -> TrainResult:
+def _token_losses(logits: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token loss of predicting each next token, and its weight (flattened)."""
+    losses = torch.nn.functional.cross_entropy(logits[..., :-1, :].float().flatten(0, -2), ids[..., 1:].flatten(),
+                                               reduction="none")
+    return losses, weights[..., 1:].flatten()
+
+
+def train(model, chat: PackedRows, agent: BranchRows, settings: TrainSettings) -> TrainResult:
+    """Each step: a batch of chat rows and a batch of agent rows behind their shared prefix, one AdamW update."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
         lr=settings.lr, betas=(0.9, 0.95),
     )
-    losses, answer_losses, curve = [], [], []
+    chat_order = batch_order(len(chat.input_ids), settings.steps, settings.batch_size, TRAIN_SEED)
+    agent_order = batch_order(len(agent.rows.input_ids), settings.steps, settings.agent_batch_size, TRAIN_SEED + 1)
+    prefix_len = len(agent.prefix_ids)
+    losses, answer_losses, agent_answer_losses, curve = [], [], [], []
     model.train()
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
     for step in range(settings.steps):
-        batch = order[step * settings.batch_size:(step + 1) * settings.batch_size]
-        ids, positions, weights = rows.input_ids[batch], rows.position_ids[batch], rows.weights[batch]
+        batch = chat_order[step * settings.batch_size:(step + 1) * settings.batch_size]
+        agent_batch = agent_order[step * settings.agent_batch_size:(step + 1) * settings.agent_batch_size]
+        rows = agent.rows
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, settings)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             # No cache: with one, transformers would not isolate the packed dialogues.
-            logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits
-        token_loss = torch.nn.functional.cross_entropy(
-            logits[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten(), reduction="none",
-        )
-        target_weights = weights[:, 1:].flatten()
-        loss = (token_loss * target_weights).sum() / target_weights.sum()
+            chat_logits = model(input_ids=chat.input_ids[batch], position_ids=chat.position_ids[batch], use_cache=False).logits
+            prefix_logits, cache = shared_prefix_forward(model, agent.prefix_ids, len(agent_batch))
+            agent_logits = model(
+                input_ids=rows.input_ids[agent_batch], position_ids=rows.position_ids[agent_batch], cache=cache,
+                attention_mask=branch_mask(rows.segments[agent_batch], prefix_len), use_cache=True,
+            ).logits
+        chat_loss, chat_weights = _token_losses(chat_logits, chat.input_ids[batch], chat.weights[batch])
+        prefix_loss, prefix_weights = _token_losses(prefix_logits, agent.prefix_ids, agent.prefix_weights)
+        agent_loss, agent_weights = _token_losses(agent_logits, rows.input_ids[agent_batch], rows.weights[agent_batch])
+        total = (chat_loss * chat_weights).sum() + (agent_loss * agent_weights).sum() + (prefix_loss * prefix_weights).sum()
+        loss = total / (chat_weights.sum() + agent_weights.sum() + prefix_weights.sum())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())
-        answer_losses.append(token_loss[target_weights == 1.0].mean().item())
+        answer_losses.append(chat_loss[chat_weights == 1.0].mean().item())
+        agent_answer_losses.append(agent_loss[agent_weights == 1.0].mean().item())
         if (step + 1) % LOG_EVERY == 0 or step == settings.steps - 1:
-            recent = losses[-LOG_EVERY:]
-            curve.append((step + 1, round(sum(recent) / len(recent), 4)))
+            window = len(losses[-LOG_EVERY:])
+            curve.append((step + 1, round(sum(losses[-LOG_EVERY:]) / window, 4)))
             print(f"step {step + 1:4d}  loss {curve[-1][1]:.4f}  "
-                  f"answer loss {sum(answer_losses[-LOG_EVERY:]) / len(recent):.4f}  "
+                  f"answer loss {sum(answer_losses[-LOG_EVERY:]) / window:.4f}  "
+                  f"agent answer loss {sum(agent_answer_losses[-LOG_EVERY:]) / window:.4f}  "
                   f"lr {learning_rate(step, settings):.2e}  {time.perf_counter() - start:.0f}s", flush=True)
     tail = max(1, settings.steps // 10)
     return TrainResult(
@@ -261,6 +242,7 @@ def train(model, rows: PackedRows, order: torch.Tensor, settings: TrainSettings)
         load_after=os.getloadavg()[0],
         final_loss=sum(losses[-tail:]) / tail,
         final_answer_loss=sum(answer_losses[-tail:]) / tail,
+        final_agent_answer_loss=sum(agent_answer_losses[-tail:]) / tail,
         curve=curve,
     )
 
@@ -354,38 +336,60 @@ def evaluate(checkpoint: Path, dialogues: list[demo_corpus.Dialogue], seen_promp
 
 # ------------------------------------------------------------------- README
 
-def write_readme(out: Path, settings: TrainSettings, result: TrainResult, evaluation: EvalResult,
-                 vocab: int, config: dict, params: int, command: str) -> None:
-    size = sum(p.stat().st_size for p in out.iterdir() if p.name != "README.md")
-    categories = "\n".join(
+def _accuracy_rows(evaluation: EvalResult) -> str:
+    return "\n".join(
         f"| {c} | {evaluation.correct.get(c, 0)}/{n} | {evaluation.correct.get(c, 0) / n:.0%} |"
         for c, n in sorted(evaluation.total.items())
     )
-    curve = ", ".join(f"{loss} (step {step})" for step, loss in result.curve[1::2])
+
+
+def _suite_rows(suite: dict) -> str:
+    rows = []
+    for e in suite["episodes"]:
+        damage = "; ".join(e["collateral"]) or "none"
+        rows.append(f"| {e['task']} | {'**pass**' if e['success'] else 'fail'} | {'yes' if e['false_claim'] else 'no'} | "
+                    f"{damage} | {e['steps']} | {e['stop_reason']} |")
+    return "\n".join(rows)
+
+
+def write_readme(out: Path, settings: TrainSettings, result: TrainResult, evaluation: EvalResult,
+                 agent_evaluation: EvalResult, suite: dict, vocab: int, config: dict, params: int, command: str,
+                 threads: int) -> None:
+    size = sum(p.stat().st_size for p in out.iterdir() if p.name != "README.md")
+    curve = ", ".join(f"{loss} (step {step})" for step, loss in result.curve[3::4])
     unseen = evaluation.unseen_correct / max(1, evaluation.unseen_total)
+    agent_unseen = agent_evaluation.unseen_correct / max(1, agent_evaluation.unseen_total)
+    passed = sum(e["success"] for e in suite["episodes"])
     (out / "README.md").write_text(f"""# edge-infer demo model (a toy)
 
 A tiny chat model shipped with edge-infer, so that `edge-infer serve` works on
-a fresh machine with no checkpoint at hand, and so that quantization fidelity
-can be measured against a trained reference model.
+a fresh machine with no checkpoint at hand, so that quantization fidelity
+can be measured against a trained reference model, and so that `edge-infer
+agent suite --serve` has a model that operates the simulated phone.
 
 It is **a toy**. It only knows the templated dialogues it was trained on:
 greetings, adding and subtracting numbers up to 10, counting, repeating text,
 capitals of a few real and made-up countries, colors, opposites, the languages
-of a small made-up world, and calling the tools `get_weather`, `get_time`,
+of a small made-up world, calling the tools `get_weather`, `get_time`,
 `set_alarm`, `add` and `send_message` (with `tools` given, it answers with a
-`<tool_call>` block; given the tool's result, it answers in words). Anything
-else gets fluent-looking nonsense. Even in distribution it is often wrong,
-most of all where the answer must copy something from the prompt (a sum,
-repeated text, the values in a tool's result): see the accuracy table.
+`<tool_call>` block; given the tool's result, it answers in words), and the
+turns of the phone agent (`edge_infer.agent`) on the demo phone: with the
+agent's system prompt and tools, it reads the screen, its last actions and
+the task and answers with one tool call. Anything else gets fluent-looking
+nonsense. Even in distribution it is often wrong, most of all where the
+answer must copy something from the prompt (a sum, repeated text, the values
+in a tool's result): see the accuracy tables.
 
 ## Architecture
 
 - Qwen2 (`Qwen2ForCausalLM`), {params:,} parameters, stored in bfloat16.
-- hidden 256, intermediate 768, 6 layers, 4 attention heads and 2 KV heads
-  (head_dim 64), q/k/v bias, tied embeddings, RoPE theta 10000, RMSNorm eps
+- hidden {MODEL_SHAPE["hidden_size"]}, intermediate {MODEL_SHAPE["intermediate_size"]}, \
+{MODEL_SHAPE["num_hidden_layers"]} layers, {MODEL_SHAPE["num_attention_heads"]} attention heads and \
+{MODEL_SHAPE["num_key_value_heads"]} KV heads
+  (head_dim {MODEL_SHAPE["hidden_size"] // MODEL_SHAPE["num_attention_heads"]}), q/k/v bias, tied embeddings, \
+RoPE theta 10000, RMSNorm eps
   1e-6, max_position_embeddings {MAX_MODEL_LEN}; trained on dialogues of at
-  most {settings.seq_len} tokens.
+  most {settings.seq_len} tokens (agent turns: up to {settings.seq_len} after their shared prefix).
 - Byte-level BPE tokenizer with {vocab:,} tokens, embedding padded to
   {config["vocab_size"]:,}. Normalizer and pre-tokenizer are Qwen2's, so
   transformers' Qwen2 tokenizer and `tokenizer.json` give the same ids.
@@ -400,18 +404,37 @@ repeated text, the values in a tool's result): see the accuracy table.
 
     {command}
 
-All data comes from the templates in `scripts/demo_corpus.py` (seed
-{TRAIN_SEED}); nothing is downloaded. {settings.dialogues:,} dialogues packed
-into rows of {settings.seq_len} tokens, each dialogue attending only to
-itself; {settings.steps} AdamW steps of {settings.batch_size} rows, peak
-learning rate {settings.lr}, cosine schedule, bf16 autocast, two CPU threads.
-Answer tokens have loss weight 1, prompt tokens {PROMPT_LOSS_WEIGHT}.
+All data is generated (seed {TRAIN_SEED}); nothing is downloaded.
+
+- {settings.dialogues:,} chat dialogues from the templates in
+  `scripts/demo_corpus.py`, packed into rows of {settings.seq_len} tokens,
+  each dialogue attending only to itself.
+- {settings.agent_turns:,} agent turns from `scripts/demo_agent_corpus.py`:
+  the scripted expert (`edge_infer.agent.expert`) plays random tasks on
+  randomised demo phones through the real agent loop, so each turn is the
+  exact request the loop sends (system prompt, tools, screen, last actions,
+  task), rendered by this chat template as the server renders it. Tasks:
+  any switch on or off (two in five already in the wanted state),
+  any app, any alarm time, two tasks chained; phones: other switches and
+  alarms, labels renamed with other phones' words, shuffled lists, decoy
+  switches beside Wi-Fi, start screens other than home, and now and then
+  a random step (played, not learnt) that the expert recovers from. Only
+  episodes the task oracle passes are kept.
+- Every agent turn begins with the same system prompt and tools; that
+  prefix is run once per batch and its keys and values are shared by all
+  agent rows, each holding several turns that attend to it and to
+  themselves (`scripts/demo_packing.py`): the same computation as on whole
+  turns, for about a quarter of the tokens.
+- {settings.steps} AdamW steps, each of {settings.batch_size} chat rows and {settings.agent_batch_size} agent rows, peak
+  learning rate {settings.lr}, cosine schedule, bf16 autocast, {threads} CPU thread{"s" if threads > 1 else ""}.
+  Answer tokens have loss weight 1, prompt tokens {PROMPT_LOSS_WEIGHT}.
 
 - training time: {result.seconds:.0f} s wall clock (1-minute load average
   {result.load_before:.1f} before, {result.load_after:.1f} after, on a
   machine shared with other work)
 - final loss (weighted, mean of the last 10% of steps): {result.final_loss:.4f}
-- final loss on answer tokens only: {result.final_answer_loss:.4f}
+- final loss on chat answer tokens only: {result.final_answer_loss:.4f};
+  on agent answer tokens (the tool calls) only: {result.final_agent_answer_loss:.4f}
 - loss, mean of the {LOG_EVERY} steps up to: {curve}
 
 ## Accuracy
@@ -425,7 +448,33 @@ small, so many held-out prompts also occur in the training corpus; on the
 
 | category | correct | accuracy |
 |---|---|---|
-{categories}
+{_accuracy_rows(evaluation)}
+
+The same on {sum(agent_evaluation.total.values())} held-out agent turns (seed {EVAL_SEED}), by the tool the
+expert called; the answer is the whole `<tool_call>` block. Overall:
+**{agent_evaluation.accuracy:.1%}**; on the {agent_evaluation.unseen_total} turns whose prompt is not in the
+training corpus, {agent_unseen:.1%}.
+
+| expert's call | correct | accuracy |
+|---|---|---|
+{_accuracy_rows(agent_evaluation)}
+
+## The agent suite
+
+`edge-infer agent suite --serve src/edge_infer/assets/demo-model`: the real
+server, greedy decoding, every task and variant once (docs/agent.md).
+Passed **{passed}/{len(suite["episodes"])}**.
+
+| task | result | false claim | collateral damage | steps | stopped by |
+|---|---|---|---|---|---|
+{_suite_rows(suite)}
+
+How far this is from what it was trained on: the suite's tasks, wordings
+and start states are among the training episodes' (the base tasks exactly);
+the rename variant's words (Connections, WLAN, Flight mode) are among the
+synonyms the training phones use; the reorder variant's order and the decoy
+layout are drawn at random in training like any other. It is a 5M-parameter
+model that learnt these screens, not a phone agent.
 
 Size of the checkpoint files: {size / 1e6:.1f} MB.
 """)
@@ -433,40 +482,75 @@ Size of the checkpoint files: {size / 1e6:.1f} MB.
 
 # --------------------------------------------------------------------- main
 
+def agent_prefix() -> str:
+    """What every agent turn starts with: the loop's system prompt and tools, up to the user's message."""
+    from edge_infer.agent.actions import SYSTEM_PROMPT, TOOLS
+
+    return demo_corpus.render([{"role": "system", "content": SYSTEM_PROMPT}], TOOLS) + "<|im_start|>user\n"
+
+
+def corpus(settings: TrainSettings, seed: int) -> tuple[list[demo_corpus.Dialogue], list[demo_corpus.Dialogue]]:
+    """Chat dialogues and agent turns; the turns of one episode are spread apart so no row holds a whole episode."""
+    agent = demo_agent_corpus.generate_agent_dialogues(settings.agent_turns, seed)
+    random.Random(seed).shuffle(agent)
+    return demo_corpus.generate_dialogues(settings.dialogues, seed), agent
+
+
+def run_agent_suite(checkpoint: Path) -> dict:
+    """`edge-infer agent suite --serve` on the checkpoint: every task and variant once, greedy, on the real server."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "suite.json"
+        subprocess.run([sys.executable, "-m", "edge_infer.cli", "agent", "suite", "--serve", str(checkpoint),
+                        "--out", str(report)], check=True)
+        return json.loads(report.read_text())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="checkpoint directory to write")
     parser.add_argument("--quick", action="store_true", help="tiny settings to check the pipeline, not to ship")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (results are reproducible per thread count)")
     args = parser.parse_args()
     settings = QUICK if args.quick else FULL
     torch.manual_seed(TRAIN_SEED)
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
 
-    dialogues = demo_corpus.generate_dialogues(settings.dialogues, TRAIN_SEED)
-    texts = [d.render() for d in dialogues]
-    tokenizer = train_tokenizer(texts)
+    chat, agent = corpus(settings, TRAIN_SEED)
+    chat_texts, agent_texts = [d.render() for d in chat], [d.render() for d in agent]
+    tokenizer = train_tokenizer(chat_texts + agent_texts)
     special = {t: token_id(tokenizer, t) for t in demo_corpus.SPECIAL_TOKENS + demo_corpus.TOOL_TOKENS}
-    rows = pack(texts, tokenizer, settings.seq_len, pad_id=special["<|endoftext|>"])
-    order = batch_order(len(rows.input_ids), settings)
-    print(f"{len(texts)} dialogues, vocabulary {tokenizer.get_vocab_size()}, {len(rows.input_ids)} rows "
-          f"({rows.weights.gt(0).float().mean():.0%} of tokens carry loss), "
-          f"{len(order) / len(rows.input_ids):.2f} epochs", flush=True)
+    chat_rows = pack(chat_texts, tokenizer, settings.seq_len, pad_id=special["<|endoftext|>"])
+    agent_rows = pack_branches(agent_texts, agent_prefix(), tokenizer, settings.seq_len, pad_id=special["<|endoftext|>"])
+    print(f"{len(chat_texts)} dialogues in {len(chat_rows.input_ids)} rows, {len(agent_texts)} agent turns in "
+          f"{len(agent_rows.rows.input_ids)} rows behind a {len(agent_rows.prefix_ids)}-token prefix; vocabulary "
+          f"{tokenizer.get_vocab_size()}; {settings.steps * settings.batch_size / len(chat_rows.input_ids):.2f} and "
+          f"{settings.steps * settings.agent_batch_size / len(agent_rows.rows.input_ids):.2f} epochs", flush=True)
 
     config = model_config(-(-tokenizer.get_vocab_size() // VOCAB_MULTIPLE) * VOCAB_MULTIPLE, special)
     model = build_model(config)
-    result = train(model, rows, order, settings)
+    result = train(model, chat_rows, agent_rows, settings)
     save_checkpoint(args.out, model, config, tokenizer, special)
 
-    seen_prompts = {d.prompt() for d in dialogues}
+    seen_prompts = {d.prompt() for d in chat + agent}
     evaluation = evaluate(args.out, demo_corpus.generate_dialogues(settings.eval_prompts, EVAL_SEED), seen_prompts)
+    agent_evaluation = evaluate(
+        args.out, demo_agent_corpus.generate_agent_dialogues(settings.eval_agent_turns, EVAL_SEED), seen_prompts,
+    )
+    suite = run_agent_suite(args.out)
     command = "PYTHONPATH=src python scripts/train_demo.py" + (" --quick" if args.quick else "")
+    if args.threads != 2:
+        command += f" --threads {args.threads}"
     params = sum(p.numel() for p in model.parameters())
-    write_readme(args.out, settings, result, evaluation, tokenizer.get_vocab_size(), config, params, command)
+    write_readme(args.out, settings, result, evaluation, agent_evaluation, suite, tokenizer.get_vocab_size(), config,
+                 params, command, args.threads)
     print(f"trained in {result.seconds:.0f}s, final loss {result.final_loss:.4f} "
-          f"(answers {result.final_answer_loss:.4f}), held-out accuracy {evaluation.accuracy:.1%} "
-          f"(unseen prompts {evaluation.unseen_correct}/{evaluation.unseen_total})", flush=True)
-    for category, n in sorted(evaluation.total.items()):
-        print(f"  {category:14s} {evaluation.correct.get(category, 0)}/{n}")
+          f"(answers {result.final_answer_loss:.4f}, agent answers {result.final_agent_answer_loss:.4f}), "
+          f"held-out accuracy {evaluation.accuracy:.1%} (unseen prompts {evaluation.unseen_correct}/"
+          f"{evaluation.unseen_total}), agent turns {agent_evaluation.accuracy:.1%}, "
+          f"suite pass rate {suite['pass_rate']:.0%}", flush=True)
+    for result_set in (evaluation, agent_evaluation):
+        for category, n in sorted(result_set.total.items()):
+            print(f"  {category:20s} {result_set.correct.get(category, 0)}/{n}")
     return 0
 
 

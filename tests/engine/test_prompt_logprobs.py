@@ -102,6 +102,16 @@ def test_llm_returns_vllms_prompt_logprobs_shape(tiny_model):
         assert plain.prompt_logprobs is None
 
 
+def test_a_chosen_token_among_the_alternatives_keeps_its_rank():
+    from edge_infer.engine.llm import _logprob_entry
+
+    top = [(5, -0.5), (9, -1.5)]
+    among = _logprob_entry(9, (-1.5, top))
+    assert list(among) == [9, 5] and among[9].rank == 2 and among[5].rank == 1
+    outside = _logprob_entry(4, (-7.0, top))
+    assert list(outside) == [4, 5, 9] and outside[4].rank is None and [outside[t].rank for t in (5, 9)] == [1, 2]
+
+
 def test_prompt_logprobs_out_of_range_are_refused():
     with pytest.raises(InvalidRequestError, match="prompt_logprobs must be between 0 and 20"):
         SamplingParams(prompt_logprobs=21)

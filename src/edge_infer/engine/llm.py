@@ -219,9 +219,11 @@ class LLM:
 
 
 def _logprob_entry(token_id: int, logprobs: tuple[float, list[tuple[int, float]]]) -> dict[int, Logprob]:
-    """The chosen token's logprob and its ranked alternatives (vLLM's shape)."""
+    """The chosen token's logprob and its ranked alternatives (vLLM's shape). The chosen token comes first, with
+    its rank when it is among the alternatives (a greedy pick is rank 1); outside them its rank is not computed."""
     chosen, top = logprobs
-    entry = {token_id: Logprob(chosen)}
+    ranks = {tid: rank for rank, (tid, _) in enumerate(top, start=1)}
+    entry = {token_id: Logprob(chosen, ranks.get(token_id))}
     for rank, (tid, lp) in enumerate(top, start=1):
         entry.setdefault(tid, Logprob(lp, rank))
     return entry
