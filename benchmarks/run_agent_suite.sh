@@ -6,8 +6,8 @@
 # Runs benchmarks/specs/agent-demo.json into benchmarks/results/agent-demo.json:
 # fp32, bf16, cpu_int4 (W4A16 g128) and cpu_w4a8 (W4A8 g128) of the shipped
 # demo model, each arm serving its build and playing every task and variant
-# greedily (docs/agent.md). On a CPU without AVX512-VNNI the W4A8 arm cannot
-# run; it is left out of the grid, with the reason printed, instead of being
+# greedily (docs/agent.md). On a CPU where cpu_w4a8 cannot run (missing_requirement)
+# the W4A8 arm is left out of the grid, with the reason printed, instead of being
 # recorded as a failed pass. Run it on quiet cores from a clean tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
