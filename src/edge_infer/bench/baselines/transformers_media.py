@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_infer.bench.harness import media_bench
-from edge_infer.bench.harness.arm_output import emit, mib, model_fingerprint, stamp
+from edge_infer.bench.harness.arm_output import mib, run_arm
 from edge_infer.bench.harness.clock import process_age_s
 from edge_infer.bench.harness.provenance import now_utc
 
@@ -213,13 +213,4 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"edge-infer bench transformers media: {exc}", file=sys.stderr)
         return 2
-    try:
-        result = measure(args, s)
-    except (ValueError, RuntimeError, ImportError, OSError) as exc:
-        print(f"edge-infer bench transformers media: error: {exc}", file=sys.stderr)
-        return 1
-    result["tag"] = args.tag
-    result["model_fingerprint"] = model_fingerprint(result["model"])
-    result["provenance"] = stamp(started_at)
-    emit(result, args.out)
-    return 0
+    return run_arm("transformers media", lambda: measure(args, s), args.tag, started_at, args.out)

@@ -11,9 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from edge_infer.bench.harness import provenance
 
@@ -75,3 +76,25 @@ def emit(result: dict[str, Any], out: Path | None) -> None:
     print(json.dumps(result), flush=True)
     if out is not None:
         write_json_atomic(out, result)
+
+
+def run_arm(command: str, measure: Callable[[], dict[str, Any]], tag: str | None, started_at: str,
+            out: Path | None) -> int:
+    """One arm: ``measure()``, then its JSON line with the tag, the model's fingerprint and provenance.
+
+    The exit status is 1 when the measure fails (the error on stderr, no line) or when the engine did not load
+    what its plan promised (``settings_mismatches``, named on stderr; the line is printed), else 0."""
+    try:
+        result = measure()
+    except (ValueError, RuntimeError, ImportError, OSError) as exc:
+        print(f"edge-infer bench {command}: error: {exc}", file=sys.stderr)
+        return 1
+    result["tag"] = tag
+    result["model_fingerprint"] = model_fingerprint(result["model"])
+    result["provenance"] = stamp(started_at)
+    emit(result, out)
+    if result.get("settings_mismatches"):
+        print(f"edge-infer bench {command}: the engine did not load what the plan promised: "
+              + "; ".join(result["settings_mismatches"]), file=sys.stderr)
+        return 1
+    return 0

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edge_infer.bench.harness.arm_output import emit, mib, model_fingerprint, stamp
+from edge_infer.bench.harness.arm_output import mib, run_arm
 from edge_infer.bench.harness.llama_bench import prompt_ids
 from edge_infer.bench.harness.provenance import now_utc
 from edge_infer.engine.cli_args import add_engine_args, engine_settings
@@ -199,17 +199,4 @@ def run(args: argparse.Namespace) -> int:
     if args.generate < 1 or args.sample_interval <= 0:
         print("edge-infer bench init-memory: --generate must be at least 1 and --sample-interval positive", file=sys.stderr)
         return 2
-    try:
-        result = measure(args, engine_settings(args))
-    except (ValueError, RuntimeError, ImportError, OSError) as exc:
-        print(f"edge-infer bench init-memory: error: {exc}", file=sys.stderr)
-        return 1
-    result["tag"] = args.tag
-    result["model_fingerprint"] = model_fingerprint(result["model"])
-    result["provenance"] = stamp(started_at)
-    emit(result, args.out)
-    if result["settings_mismatches"]:
-        print("edge-infer bench init-memory: the engine did not load what the plan promised: "
-              + "; ".join(result["settings_mismatches"]), file=sys.stderr)
-        return 1
-    return 0
+    return run_arm("init-memory", lambda: measure(args, engine_settings(args)), args.tag, started_at, args.out)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_infer.bench.harness import media_bench
-from edge_infer.bench.harness.arm_output import emit, mib, model_fingerprint, stamp
+from edge_infer.bench.harness.arm_output import mib, run_arm
 from edge_infer.bench.harness.clock import process_age_s
 from edge_infer.bench.harness.provenance import now_utc
 from edge_infer.engine.cli_args import add_engine_args, engine_settings
@@ -149,17 +149,4 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"edge-infer bench media: {exc}", file=sys.stderr)
         return 2
-    try:
-        result = measure(args, settings, s)
-    except (ValueError, RuntimeError, ImportError, OSError) as exc:
-        print(f"edge-infer bench media: error: {exc}", file=sys.stderr)
-        return 1
-    result["tag"] = args.tag
-    result["model_fingerprint"] = model_fingerprint(result["model"])
-    result["provenance"] = stamp(started_at)
-    emit(result, args.out)
-    if result["settings_mismatches"]:
-        print("edge-infer bench media: the engine did not load what the plan promised: "
-              + "; ".join(result["settings_mismatches"]), file=sys.stderr)
-        return 1
-    return 0
+    return run_arm("media", lambda: measure(args, settings, s), args.tag, started_at, args.out)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_infer.bench.harness import bandwidth, llama_bench
-from edge_infer.bench.harness.arm_output import emit, mib, model_fingerprint, stamp
+from edge_infer.bench.harness.arm_output import mib, run_arm
 from edge_infer.bench.harness.provenance import now_utc
 from edge_infer.engine.cli_args import add_engine_args, engine_settings
 
@@ -104,13 +104,4 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"edge-infer bench pp-tg: {exc}", file=sys.stderr)
         return 2
-    try:
-        result = measure(args.model, settings, s, args.worker)
-    except (ValueError, RuntimeError, ImportError, OSError) as exc:
-        print(f"edge-infer bench pp-tg: error: {exc}", file=sys.stderr)
-        return 1
-    result["tag"] = args.tag
-    result["model_fingerprint"] = model_fingerprint(result["model"])
-    result["provenance"] = stamp(started_at)
-    emit(result, args.out)
-    return 0
+    return run_arm("pp-tg", lambda: measure(args.model, settings, s, args.worker), args.tag, started_at, args.out)
