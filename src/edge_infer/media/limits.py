@@ -39,6 +39,10 @@ LIMITS = {
 }
 
 
+# The smallest default limit on a decoded image's pixels, whatever the checkpoint's max_pixels.
+MIN_IMAGE_PIXELS_LIMIT = 1024 * 1024
+
+
 @dataclass(frozen=True)
 class MediaLimits:
     """What one request may carry; the plan sizes memory for it.
@@ -69,8 +73,11 @@ class MediaLimits:
 
     @classmethod
     def for_processing(cls, media: "MediaProcessing", **overrides: Any) -> "MediaLimits":
-        """The defaults for a checkpoint: images up to its processor's max_pixels."""
-        limits = cls(max_image_pixels=media.vision.max_pixels) if media.vision is not None else cls()
+        """The defaults for a checkpoint: images up to its processor's max_pixels, and at least a megapixel (a
+        processor that shrinks pictures to a few thousand pixels, as the embedded demo's does, still takes the
+        pictures people send; they are resized down)."""
+        limits = (cls(max_image_pixels=max(media.vision.max_pixels, MIN_IMAGE_PIXELS_LIMIT))
+                  if media.vision is not None else cls())
         return replace(limits, **overrides)
 
     def check(self, name: str, amount: float, *, part: str, shown: str | None = None) -> None:

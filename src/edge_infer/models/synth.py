@@ -94,12 +94,11 @@ def _base_tokenizer_dir() -> Path:
     return demo_model_dir()
 
 
-def write_tokenizer(out: Path, style: FamilyStyle, model_max_length: int) -> dict[str, int]:
-    """The demo model's BPE with this family's special tokens; returns special token ids."""
+def write_tokenizer(out: Path, style: FamilyStyle, model_max_length: int, base: Path | None = None) -> dict[str, int]:
+    """The BPE of ``base`` (default: the demo model's) with this family's special tokens; returns special token ids."""
     from tokenizers import Tokenizer, processors
 
-    base = _base_tokenizer_dir()
-    tok = Tokenizer.from_file(str(base / "tokenizer.json"))
+    tok = Tokenizer.from_file(str((base or _base_tokenizer_dir()) / "tokenizer.json"))
     tok.add_special_tokens(list(style.specials))
     ids = {t: tok.token_to_id(t) for t in style.specials}
     if style.bos is not None:  # Llama/Mistral prepend BOS when encoding plain text

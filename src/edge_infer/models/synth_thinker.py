@@ -102,16 +102,22 @@ def write_thinker(out: str | Path, family: str, preset: str, seed: int, dtype: s
 
 def chat_template(markers: dict[str, tuple[str, str, str]]) -> str:
     """ChatML whose message contents may be lists of parts; media parts become their markers and one placeholder."""
+    return render_macro(markers) + _TEMPLATE
+
+
+def render_macro(markers: dict[str, tuple[str, str, str]]) -> str:
+    """The jinja macro ``render(content)`` that writes a message content, a string or a list of parts (a template
+    that calls it on each content takes OpenAI-style content lists)."""
     media = "".join(
         f'{{%- elif part.type in {list(PART_TYPES[kind])!r} %}}{{{{- "{"".join(marks)}" }}}}\n'
         for kind, marks in markers.items()
     )
-    return _TEMPLATE.replace("{#- MEDIA -#}\n", media)
+    return _RENDER_MACRO.replace("{#- MEDIA -#}\n", media)
 
 
-_TEMPLATE = '''{#- ChatML with OpenAI-style content lists (edge-infer synth): a text part is its text; an image, video or audio
-    part is its start marker, one placeholder and its end marker, and the frontend repeats the placeholder once per
-    embedding row of that item. -#}
+_RENDER_MACRO = '''{#- OpenAI-style content lists (edge-infer synth): a text part is its text; an image, video or audio part is
+    its start marker, one placeholder and its end marker, and the frontend repeats the placeholder once per embedding
+    row of that item. -#}
 {%- macro render(content) %}
     {%- if content is string %}
         {{- content }}
@@ -126,7 +132,8 @@ _TEMPLATE = '''{#- ChatML with OpenAI-style content lists (edge-infer synth): a 
         {%- endfor %}
     {%- endif %}
 {%- endmacro %}
-{%- if messages and messages[0].role == "system" %}
+'''
+_TEMPLATE = '''{%- if messages and messages[0].role == "system" %}
     {%- set system = messages[0].content %}
     {%- set turns = messages[1:] %}
 {%- else %}
@@ -157,7 +164,8 @@ def thinker_config(family: str, shape: dict[str, Any], vocab: int, ids: dict[str
         "model_type": f"{family}_text", "num_attention_heads": text["num_attention_heads"],
         "num_hidden_layers": text["num_hidden_layers"], "num_key_value_heads": text["num_key_value_heads"],
         "pad_token_id": None, "rms_norm_eps": 1e-06,
-        "rope_parameters": {"mrope_section": text["mrope_section"], "rope_theta": 1000000.0, "rope_type": "default"},
+        "rope_parameters": {"mrope_section": text["mrope_section"], "rope_theta": text.get("rope_theta", 1000000.0),
+                            "rope_type": "default"},
         "sliding_window": None, "use_cache": True, "use_sliding_window": False, "vocab_size": vocab,
     }
     vision_config = {
