@@ -111,9 +111,21 @@ def _star(x: int, y: int, r: int) -> list[tuple[float, float]]:
 
 def draw(scene: Scene) -> Image.Image:
     image = Image.new("RGB", (scene.width, scene.height), (255, 255, 255))
-    pen = ImageDraw.Draw(image)
-    for item in scene.items:
-        fill, (x, y, r) = COLORS[item.color], (item.x, item.y, item.size)
+    _paint(ImageDraw.Draw(image), scene, lambda index, item: COLORS[item.color])
+    return image
+
+
+def label_map(scene: Scene) -> Image.Image:
+    """The picture's items as one 8-bit image: 0 for the background, 1 + an item's index where it is drawn (a digit's
+    anti-aliased edges take values in between)."""
+    image = Image.new("L", (scene.width, scene.height), 0)
+    _paint(ImageDraw.Draw(image), scene, lambda index, item: index + 1)
+    return image
+
+
+def _paint(pen: ImageDraw.ImageDraw, scene: Scene, fill_of) -> None:
+    for index, item in enumerate(scene.items):
+        fill, (x, y, r) = fill_of(index, item), (item.x, item.y, item.size)
         if item.shape == "circle":
             pen.ellipse((x - r, y - r, x + r, y + r), fill=fill)
         elif item.shape == "square":
@@ -126,7 +138,6 @@ def draw(scene: Scene) -> Image.Image:
         else:  # Pillow's bundled scalable font: the same glyphs wherever Pillow has FreeType
             font = ImageFont.load_default(size=item.size)
             pen.text((x, y), str(item.digit), fill=fill, font=font, anchor="mm")
-    return image
 
 
 def _phrase(count: int, color: str, shape: str) -> str:
