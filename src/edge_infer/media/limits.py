@@ -74,7 +74,7 @@ class MediaLimits:
     @classmethod
     def for_processing(cls, media: "MediaProcessing", **overrides: Any) -> "MediaLimits":
         """The defaults for a checkpoint: images up to its processor's max_pixels, and at least a megapixel (a
-        processor that shrinks pictures to a few thousand pixels, as the embedded demo's does, still takes the
+        processor that shrinks pictures to a few thousand pixels, as a small demo's may, still takes the
         pictures people send; they are resized down)."""
         limits = (cls(max_image_pixels=max(media.vision.max_pixels, MIN_IMAGE_PIXELS_LIMIT))
                   if media.vision is not None else cls())
