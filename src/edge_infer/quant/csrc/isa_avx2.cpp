@@ -74,6 +74,7 @@ void w4a8_rows(const uint8_t* codes, const uint16_t* sz, const Int8Rows& x, int6
       for (int r = 0; r < kRegs; ++r) dot[p][r] = _mm256_setzero_si256();
     const uint8_t* w = codes + g * x.group * (kTileRows / 2) + 4 * r0;
     for (int64_t c = g * x.group; c < (g + 1) * x.group; c += 8, w += 4 * kTileRows) {
+      prefetch_ahead(w, 32 * kRegs);
       __m256i a_lo[kRows], a_hi[kRows];
       for (int p = 0; p < kRows; ++p) {
         a_lo[p] = broadcast4(x.q + (i + p) * x.k + c);
@@ -122,6 +123,7 @@ void w8a8_rows(const int8_t* codes, const uint16_t* scales, const Int8Rows& x, i
       for (int r = 0; r < kRegs; ++r) dot[p][r] = _mm256_setzero_si256();
     const int8_t* w = codes + g * x.group * kTileRows + 4 * r0;
     for (int64_t c = g * x.group; c < (g + 1) * x.group; c += 4, w += 4 * kTileRows) {
+      prefetch_ahead(w, 32 * kRegs);
       __m256i a[kRows];
       for (int p = 0; p < kRows; ++p) a[p] = broadcast4(x.q + (i + p) * x.k + c);
       for (int r = 0; r < kRegs; ++r) {
@@ -164,6 +166,7 @@ void w16_rows(const uint16_t* w, const float* x, int64_t k, int64_t m, float* ou
     __m256 acc[8];
     for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t c = 0; c < k; ++c) {
+      prefetch_ahead(w + c * kTileRows, 2 * kTileRows);
       const __m256 a = _mm256_broadcast_ss(x + c);
       for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(widen8<kFp16>(w + c * kTileRows + 8 * r), a, acc[r]);
     }

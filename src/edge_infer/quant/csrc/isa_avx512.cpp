@@ -36,6 +36,7 @@ void w4a8_rows(const uint8_t* codes, const uint16_t* sz, const Int8Rows& x, int6
       for (int r = 0; r < 4; ++r) dot[p][r] = _mm512_setzero_si512();
     const uint8_t* w = codes + g * x.group * (kTileRows / 2);
     for (int64_t c = g * x.group; c < (g + 1) * x.group; c += 8, w += 4 * kTileRows) {
+      prefetch_ahead(w, 4 * kTileRows);
       __m512i a_lo[kRows], a_hi[kRows];
       for (int p = 0; p < kRows; ++p) {
         a_lo[p] = broadcast4(x.q + (i + p) * x.k + c);
@@ -87,6 +88,7 @@ void w8a8_rows(const int8_t* codes, const uint16_t* scales, const Int8Rows& x, i
       for (int r = 0; r < 4; ++r) dot[p][r] = _mm512_setzero_si512();
     const int8_t* w = codes + g * x.group * kTileRows;
     for (int64_t c = g * x.group; c < (g + 1) * x.group; c += 4, w += 4 * kTileRows) {
+      prefetch_ahead(w, 4 * kTileRows);
       __m512i a[kRows];
       for (int p = 0; p < kRows; ++p) a[p] = broadcast4(x.q + (i + p) * x.k + c);
       for (int r = 0; r < 4; ++r) {
@@ -126,6 +128,7 @@ void w16_rows(const uint16_t* w, const float* x, int64_t k, int64_t m, float* ou
   for (int64_t i = 0; i < m; ++i, out += kTileRows, x += k) {
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int64_t c = 0; c < k; ++c) {
+      prefetch_ahead(w + c * kTileRows, 2 * kTileRows);
       const __m512 a = _mm512_set1_ps(x[c]);
       for (int r = 0; r < 4; ++r) acc[r] = _mm512_fmadd_ps(widen16<kFp16>(w + c * kTileRows + 16 * r), a, acc[r]);
     }

@@ -42,8 +42,32 @@ inline float fp16_to_float(uint16_t h) {
   return f;
 }
 
+// Hardware prefetchers stop at 4 KiB page boundaries, while a product streams megabytes of packed weights
+// once per token: asking for the bytes a page ahead of the loads keeps enough of them in flight to run near
+// memory speed (a 72 MB product with its cache flushed: 1.3x faster on one and two threads of a Xeon).
+// A prefetch past the end of the weights is harmless: it never faults.
+constexpr int64_t kPrefetchAhead = 4096;
+
+inline void prefetch_ahead(const void* p, int64_t bytes) {
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(static_cast<const char*>(p) + kPrefetchAhead + b);
+}
+
 inline float to_float(float v) { return v; }
 inline float to_float(uint16_t v) { return bf16_to_float(v); }
+
+// |v| as the bits of a float: for finite values their order is the order of the magnitudes, and every
+// value at or above 0x7F800000 is an infinity or a NaN. One integer max (which vectorizes, where a float
+// max with NaN semantics does not) thus finds a group's largest magnitude and whether it is finite.
+inline uint32_t magnitude_bits(float v) {
+  uint32_t bits;
+  __builtin_memcpy(&bits, &v, sizeof bits);
+  return bits & 0x7FFFFFFFu;
+}
+inline uint32_t magnitude_bits(uint16_t v) { return (static_cast<uint32_t>(v) << 16) & 0x7FFFFFFFu; }
+
+// Adding and taking off 1.5 * 2^23 rounds a float under 2^22 in magnitude to the nearest integer, ties to even
+// (the default rounding mode), as nearbyint does, in two additions that vectorize.
+constexpr float kRoundMagic = 12582912.f;
 
 // One row of k values -> int8 codes, scale and code sum per group (see isa.h).
 // A group with a NaN or an infinity gets scale NaN and codes 0, so every output it reaches is NaN.
@@ -51,26 +75,26 @@ template <typename T>
 void quantize_row(const T* x, int64_t k, int64_t group, int8_t* q, float* alpha, int32_t* sum) {
   for (int64_t g0 = 0; g0 < k; g0 += group) {
     const T* v = x + g0;
-    float amax = 0.f;
-    int finite = 1;
+    uint32_t top = 0;
     for (int64_t i = 0; i < group; ++i) {
-      const float a = __builtin_fabsf(to_float(v[i]));
-      amax = a > amax ? a : amax;
-      finite &= a <= 3.40282347e38f;  // false for NaN and infinity
+      const uint32_t m = magnitude_bits(v[i]);
+      top = m > top ? m : top;
     }
     const int64_t g = g0 / group;
-    if (!finite) {
+    if (top >= 0x7F800000u) {
       __builtin_memset(q + g0, 0, group);
       alpha[g] = __builtin_nanf("");
       sum[g] = 0;
       continue;
     }
+    float amax;
+    __builtin_memcpy(&amax, &top, sizeof amax);
     const float a = amax / 127.f;
     const float inv = a >= 1.17549435e-38f ? 1.f / a : 0.f;  // an all-(near-)zero group: codes 0
     int32_t s = 0;
     for (int64_t i = 0; i < group; ++i) {
-      // Round to nearest even (the default mode); |to_float(v[i]) * inv| <= 127 by construction.
-      const int32_t c = static_cast<int32_t>(__builtin_nearbyintf(to_float(v[i]) * inv));
+      // |to_float(v[i]) * inv| <= 127 by construction, far under 2^22.
+      const int32_t c = static_cast<int32_t>((to_float(v[i]) * inv + kRoundMagic) - kRoundMagic);
       q[g0 + i] = static_cast<int8_t>(c);
       s += c;
     }

@@ -40,6 +40,7 @@ void w4a8_tile(const uint8_t* codes, const uint16_t* sz, const Int8Rows& x, int6
       for (int r = 0; r < 16; ++r) dot[r] = vdupq_n_s32(0);
       const uint8_t* w = codes + g * x.group * (kTileRows / 2);
       for (int64_t c = g * x.group; c < (g + 1) * x.group; c += 16, w += 8 * kTileRows) {
+        prefetch_ahead(w, 8 * kTileRows);
         const int8x16_t a = vld1q_s8(q + c);  // lanes 0, 1: columns c..c+7; lanes 2, 3: c+8..c+15
         for (int r = 0; r < 16; ++r) {
           const uint8x16_t first = vld1q_u8(w + 16 * r), second = vld1q_u8(w + 4 * kTileRows + 16 * r);
@@ -66,6 +67,7 @@ void w8a8_tile(const int8_t* codes, const uint16_t* scales, const Int8Rows& x, i
       for (int r = 0; r < 16; ++r) dot[r] = vdupq_n_s32(0);
       const int8_t* w = codes + g * x.group * kTileRows;
       for (int64_t c = g * x.group; c < (g + 1) * x.group; c += 16, w += 16 * kTileRows) {
+        prefetch_ahead(w, 16 * kTileRows);
         const int8x16_t a = vld1q_s8(q + c);  // lane j: columns c + 4j .. c + 4j + 3
         for (int r = 0; r < 16; ++r) {
           dot[r] = vdotq_laneq_s32(dot[r], vld1q_s8(w + 16 * r), a, 0);
@@ -92,6 +94,7 @@ void w16_rows(const uint16_t* w, const float* x, int64_t k, int64_t m, float* ou
     float32x4_t acc[16];
     for (int r = 0; r < 16; ++r) acc[r] = vdupq_n_f32(0.f);
     for (int64_t c = 0; c < k; ++c) {
+      prefetch_ahead(w + c * kTileRows, 2 * kTileRows);
       const float32x4_t a = vdupq_n_f32(x[c]);
       for (int r = 0; r < 16; ++r) acc[r] = vfmaq_f32(acc[r], widen4<kFp16>(w + c * kTileRows + 4 * r), a);
     }
