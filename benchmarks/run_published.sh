@@ -31,10 +31,17 @@ prepare() {  # family preset
 }
 # The AVX2-only llama.cpp the *-isa grids' "-avx2" arms import (PYTHONPATH): the
 # same llama-cpp-python version as the baseline extra, compiled without AVX-512.
+# --no-cache-dir: pip would otherwise reuse a wheel of the same version built
+# with other flags (a native AVX-512/AMX one), whatever CMAKE_ARGS says.
 if [ ! -d benchmarks/llamacpp-avx2/llama_cpp ]; then
   version=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))')
   CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DLLAVA_BUILD=OFF" \
-    "$PYTHON" -m pip install --no-deps --no-binary llama-cpp-python --target benchmarks/llamacpp-avx2 "llama-cpp-python==$version"
+    "$PYTHON" -m pip install --no-cache-dir --no-deps --no-binary llama-cpp-python --target benchmarks/llamacpp-avx2 "llama-cpp-python==$version"
+fi
+if PYTHONPATH=benchmarks/llamacpp-avx2 "$PYTHON" -c 'import llama_cpp; print(llama_cpp.llama_print_system_info().decode())' \
+    | grep -q 'AVX512 = 1\|AMX_INT8 = 1'; then
+  echo "benchmarks/llamacpp-avx2 holds an AVX-512 build, not the AVX2-only one: remove it and run again" >&2
+  exit 2
 fi
 prepare qwen2 qwen2.5-0.5b
 prepare llama llama-3.2-1b
