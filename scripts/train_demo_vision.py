@@ -68,7 +68,7 @@ class Settings:
     tower_batch: int
 
 
-FULL = Settings(steps=800, batch_size=16, replay_rows=4, replay_len=320, replay_pool=512, lr_tower=1e-3,
+FULL = Settings(steps=400, batch_size=16, replay_rows=4, replay_len=320, replay_pool=512, lr_tower=1e-3,
                 lr_decoder=1e-3, kl_weight=1.0, warmup_steps=20, eval_examples=400, tower_steps=600, tower_batch=32)
 QUICK = Settings(steps=6, batch_size=4, replay_rows=2, replay_len=64, replay_pool=8, lr_tower=1e-3,
                  lr_decoder=1e-3, kl_weight=1.0, warmup_steps=2, eval_examples=40, tower_steps=6, tower_batch=4)
@@ -206,28 +206,15 @@ def batch(encoder: Encoder, examples: list[data.Example]) -> dict:
 
 # ------------------------------------------------------------------ training
 
-# The tower's pre-training labels each image token with what covers most of its 28x28 pixels: the colour, the shape
-# and the digit, each as the token the answers write it with (" red"; a shape's first token: " c" of " circle";
-# the digit itself, after the "Ġ" the tokenizer splits off). A background token has no label.
+# The tower's pre-training labels each image token with what covers most of its 28x28 pixels.
+COLOR_CLASSES = ("none",) + tuple(data.COLORS)
+SHAPE_CLASSES = ("none",) + data.SHAPES + ("digit",)
+DIGIT_CLASSES = ("none",) + tuple(str(d) for d in range(10))
 MIN_COVER = 0.1  # of a token's pixels, for it to be labelled with an item
-NO_LABEL = -100
 
 
-def word_ids(bpe) -> dict[str, int]:
-    """The answer token naming each colour, shape and digit, refused if two share one."""
-    ids = {}
-    for word in (*data.COLORS, *data.SHAPES):
-        ids[word] = bpe.encode(" " + word, add_special_tokens=False).ids[0]
-    for digit in range(10):
-        ids[str(digit)] = bpe.encode(" " + str(digit), add_special_tokens=False).ids[-1]
-    if len(set(ids.values())) != len(ids):
-        raise SystemExit(f"the tokenizer writes two of these words with the same first token: {ids}")
-    return ids
-
-
-def token_labels(example: data.Example, grid_thw: tuple[int, int, int], merge: int, patch: int,
-                 words: dict[str, int]) -> list[tuple[int, int, int]]:
-    """(colour, shape, digit) word ids per image token, in the merger's output order (row-major over merged cells)."""
+def token_labels(example: data.Example, grid_thw: tuple[int, int, int], merge: int, patch: int):
+    """(colour, shape, digit) class per image token, in the merger's output order (row-major over merged cells)."""
     import numpy as np
 
     _, gh, gw = grid_thw
@@ -238,20 +225,18 @@ def token_labels(example: data.Example, grid_thw: tuple[int, int, int], merge: i
     for pixels in cells:
         counts = np.bincount(pixels, minlength=len(example.scene.items) + 1)[1:]
         if counts.size == 0 or counts.max() < MIN_COVER * cell * cell:
-            labels.append((NO_LABEL, NO_LABEL, NO_LABEL))
+            labels.append((0, 0, 0))
             continue
         item = example.scene.items[int(counts.argmax())]
-        shape = NO_LABEL if item.digit is not None else words[item.shape]
-        digit = NO_LABEL if item.digit is None else words[str(item.digit)]
-        labels.append((words[item.color], shape, digit))
+        digit = 0 if item.digit is None else 1 + item.digit
+        labels.append((COLOR_CLASSES.index(item.color), SHAPE_CLASSES.index(item.shape), digit))
     return labels
 
 
 def pretrain_tower(model, encoder: Encoder, settings: Settings, seed: int) -> list[float]:
-    """Teach the tower alone what is where, in the decoder's own words: each output token, read through the
-    decoder's (frozen) output head, predicts the words for the colour, the shape and the digit covering it. So an
-    image token arrives in the decoder looking like the word an answer needs, which the decoder already knows
-    how to repeat: the second stage then mostly learns where to look. Cheap (no decoder blocks)."""
+    """Teach the tower alone what is where: linear heads on each output token predict the colour, the shape and the
+    digit covering it. Cheap (no decoder), and it gives the whole model's training a tower whose tokens already say
+    something, which the decoder then learns to read."""
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -260,11 +245,11 @@ def pretrain_tower(model, encoder: Encoder, settings: Settings, seed: int) -> li
 
     torch.manual_seed(seed)
     tower = model.model.visual
-    head = model.lm_head.weight.detach().float().clone()  # [vocab, hidden]; the tied embedding, not trained here
-    words = word_ids(encoder.bpe)
-    params = list(tower.parameters())
+    heads = torch.nn.Linear(tower.config.out_hidden_size, len(COLOR_CLASSES) + len(SHAPE_CLASSES) + len(DIGIT_CLASSES))
+    params = list(tower.parameters()) + list(heads.parameters())
     optimizer = torch.optim.AdamW(params, lr=settings.lr_tower, weight_decay=0.0, betas=(0.9, 0.98))
     stream = data.examples(settings.tower_steps * settings.tower_batch, seed + 1)
+    sizes = (len(COLOR_CLASSES), len(SHAPE_CLASSES), len(DIGIT_CLASSES))
     losses: list[float] = []
     for step in range(settings.tower_steps):
         for group in optimizer.param_groups:
@@ -272,13 +257,12 @@ def pretrain_tower(model, encoder: Encoder, settings: Settings, seed: int) -> li
         examples = stream[step * settings.tower_batch:(step + 1) * settings.tower_batch]
         features = [image_features(data.draw(e.scene), encoder.vision) for e in examples]
         labels = torch.tensor([label for e, f in zip(examples, features)
-                               for label in token_labels(e, f.grid_thw, f.merge_size, encoder.vision.patch_size, words)])
+                               for label in token_labels(e, f.grid_thw, f.merge_size, encoder.vision.patch_size)])
         with torch.autocast("cpu", dtype=torch.bfloat16):
             tokens = tower(torch.from_numpy(np.concatenate([f.pixel_values for f in features])),
                            grid_thw=torch.tensor([f.grid_thw for f in features])).pooler_output
-        logits = tokens.float() @ head.T
-        loss = sum(F.cross_entropy(logits, labels[:, i], ignore_index=NO_LABEL) for i in range(3)
-                   if (labels[:, i] != NO_LABEL).any())
+            logits = heads(tokens).float().split(sizes, dim=-1)
+        loss = sum(F.cross_entropy(part, labels[:, i]) for i, part in enumerate(logits))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
@@ -506,12 +490,11 @@ All pictures are drawn with Pillow (`scripts/demo_vision_data.py`, seed
 `Qwen2_5_VLForConditionalGeneration`, built from the text model's weights and
 a fresh tower, in two stages.
 
-1. The tower alone, {settings.tower_steps} AdamW steps of {settings.tower_batch} pictures: each of its output
-   tokens, read through the decoder's own (frozen) output head, predicts the
-   words for the colour, the shape and the digit that cover most of the token's
-   28x28 pixels (" red", " c" of " circle", "7"; labels from the drawing
-   itself). Cheap (no decoder blocks), and the second stage starts from image
-   tokens that look like the words its answers need. {result.tower_seconds:.0f} s; loss (mean of the first and last 10% of steps)
+1. The tower alone, {settings.tower_steps} AdamW steps of {settings.tower_batch} pictures: linear heads on each of
+   its output tokens predict the colour, the shape and the digit that cover
+   most of the token's 28x28 pixels (labels from the drawing itself). Cheap (no
+   decoder), and the second stage starts from tokens that already say what is
+   where. {result.tower_seconds:.0f} s; loss (mean of the first and last 10% of steps)
    {mean(result.tower_losses[:tower_tenth]):.3f} -> {mean(result.tower_losses[-tower_tenth:]):.3f}.
 2. All of it (tower, decoder, the embedding tied to the head), {settings.steps} AdamW
    steps, each of:
