@@ -15,8 +15,8 @@ from typing import Any
 # llama.cpp's quantization file types (llama_ftype) by their usual names.
 QUANT_TYPES = {"Q8_0": 7, "Q4_K_M": 15, "Q4_0": 2}  # llama_ftype values
 BASELINE_HINT = (
-    "install the baseline extra (pip install -e '.[baseline]'; it compiles llama.cpp, "
-    "e.g. CMAKE_ARGS='-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF')"
+    "install the baseline extra (pip install -e '.[baseline]'; it compiles llama.cpp: "
+    "the CMAKE_ARGS .ci/run uses build it for this CPU without its AMX kernels)"
 )
 
 
