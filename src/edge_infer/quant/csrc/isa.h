@@ -53,6 +53,8 @@ struct IsaKernels {
   void (*w16_tile)(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m, float* out);
   // Attention inner loops over ``count`` bf16 rows of n values (n a multiple of 16) ``stride`` apart (the keys
   // or values of one cache block), in fp32: out[j] = q . k_j, and y += w[j] * v_j for j in order.
+  // A dot product is 16 fp32 lanes (lane l fuses the products of the columns i = l mod 16, in order)
+  // summed pairwise as lanes l + l+8, then l + l+4, l + l+2, and 0 + 1: the same bits on every variant.
   void (*dot_bf16)(const uint16_t* q, const uint16_t* k, int64_t stride, int64_t count, int64_t n, float* out);
   void (*axpy_bf16)(const float* w, const uint16_t* v, int64_t stride, int64_t count, int64_t n, float* y);
   // n fp32 values -> bf16, rounding to nearest even; NaN stays NaN (0x7FC0, as PyTorch converts it).

@@ -11,6 +11,7 @@
 #include <immintrin.h>
 
 #include "isa_common.h"
+#include "isa_x86.h"
 
 namespace edge_infer {
 namespace {
@@ -176,6 +177,18 @@ void w16_rows(const uint16_t* w, const float* x, int64_t k, int64_t m, float* ou
 
 void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m, float* out) {
   fp16 ? w16_rows<true>(w, x, k, m, out) : w16_rows<false>(w, x, k, m, out);
+}
+
+// isa.h's 16 lanes in two registers (lanes 0-7 and 8-15), reduced pairwise as the contract says.
+void dot_bf16(const uint16_t* q, const uint16_t* k, int64_t stride, int64_t count, int64_t n, float* out) {
+  for (int64_t r = 0; r < count; ++r, k += stride) {
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+      lo = _mm256_fmadd_ps(load_bf16x8(q + i), load_bf16x8(k + i), lo);
+      hi = _mm256_fmadd_ps(load_bf16x8(q + i + 8), load_bf16x8(k + i + 8), hi);
+    }
+    out[r] = sum_lanes(_mm256_add_ps(lo, hi));
+  }
 }
 
 }  // namespace

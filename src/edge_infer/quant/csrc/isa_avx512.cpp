@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include "isa_common.h"
+#include "isa_x86.h"
 
 namespace edge_infer {
 namespace {
@@ -138,6 +139,16 @@ void w16_rows(const uint16_t* w, const float* x, int64_t k, int64_t m, float* ou
 
 void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m, float* out) {
   fp16 ? w16_rows<true>(w, x, k, m, out) : w16_rows<false>(w, x, k, m, out);
+}
+
+// isa.h's 16 lanes in one register, reduced pairwise as the contract says.
+void dot_bf16(const uint16_t* q, const uint16_t* k, int64_t stride, int64_t count, int64_t n, float* out) {
+  for (int64_t r = 0; r < count; ++r, k += stride) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) acc = _mm512_fmadd_ps(load_bf16x16(q + i), load_bf16x16(k + i), acc);
+    const __m256 upper = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
+    out[r] = sum_lanes(_mm256_add_ps(_mm512_castps512_ps256(acc), upper));
+  }
 }
 
 }  // namespace

@@ -111,20 +111,6 @@ void quantize_bf16(const uint16_t* x, int64_t k, int64_t group, int8_t* q, float
   quantize_row(x, k, group, q, alpha, sum);
 }
 
-// Each dot product in 16 independent fp32 lanes, then a fixed pairwise reduction (written out, so that it
-// unrolls): the same sums on every variant.
-void dot_bf16(const uint16_t* q, const uint16_t* k, int64_t stride, int64_t count, int64_t n, float* out) {
-  for (int64_t r = 0; r < count; ++r, k += stride) {
-    float lanes[16] = {};
-    for (int64_t i = 0; i < n; i += 16)
-      for (int j = 0; j < 16; ++j) lanes[j] = __builtin_fmaf(bf16_to_float(q[i + j]), bf16_to_float(k[i + j]), lanes[j]);
-    for (int j = 0; j < 8; ++j) lanes[j] += lanes[j + 8];
-    for (int j = 0; j < 4; ++j) lanes[j] += lanes[j + 4];
-    for (int j = 0; j < 2; ++j) lanes[j] += lanes[j + 2];
-    out[r] = lanes[0] + lanes[1];
-  }
-}
-
 void axpy_bf16(const float* w, const uint16_t* v, int64_t stride, int64_t count, int64_t n, float* y) {
   for (int64_t r = 0; r < count; ++r, v += stride)
     for (int64_t i = 0; i < n; ++i) y[i] = __builtin_fmaf(w[r], bf16_to_float(v[i]), y[i]);

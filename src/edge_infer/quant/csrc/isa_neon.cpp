@@ -106,6 +106,18 @@ void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m
   fp16 ? w16_rows<true>(w, x, k, m, out) : w16_rows<false>(w, x, k, m, out);
 }
 
+// isa.h's 16 lanes in four registers (lanes 0-3, 4-7, 8-11, 12-15), reduced pairwise as the contract says.
+void dot_bf16(const uint16_t* q, const uint16_t* k, int64_t stride, int64_t count, int64_t n, float* out) {
+  for (int64_t r = 0; r < count; ++r, k += stride) {
+    float32x4_t acc[4] = {vdupq_n_f32(0.f), vdupq_n_f32(0.f), vdupq_n_f32(0.f), vdupq_n_f32(0.f)};
+    for (int64_t i = 0; i < n; i += 16)
+      for (int j = 0; j < 4; ++j) acc[j] = vfmaq_f32(acc[j], load_bf16x4(q + i + 4 * j), load_bf16x4(k + i + 4 * j));
+    const float32x4_t four = vaddq_f32(vaddq_f32(acc[0], acc[2]), vaddq_f32(acc[1], acc[3]));
+    const float32x2_t two = vadd_f32(vget_low_f32(four), vget_high_f32(four));
+    out[r] = vget_lane_f32(two, 0) + vget_lane_f32(two, 1);
+  }
+}
+
 }  // namespace
 }  // namespace edge_infer
 
