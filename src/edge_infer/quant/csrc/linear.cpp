@@ -15,6 +15,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 namespace edge_infer {
@@ -65,6 +66,17 @@ void store(const IsaKernels& isa, const float* x, int64_t n, at::BFloat16* out) 
 
 }  // namespace
 
+void for_each_tile(int64_t tiles, const std::function<void(int64_t begin, int64_t end)>& run) {
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), tiles);
+  if (threads <= 1) return run(0, tiles);
+  const int64_t chunk = std::max<int64_t>(1, tiles / (threads * kChunksPerThread));
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t begin = next.fetch_add(chunk); begin < tiles; begin = next.fetch_add(chunk))
+      run(begin, std::min(begin + chunk, tiles));
+  });
+}
+
 template <typename T>
 void int8_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64_t m, T* out) {
   const int64_t k = w.k, groups = k / w.group, tiles = (w.n + kTileRows - 1) / kTileRows;
@@ -76,7 +88,7 @@ void int8_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64
   const int64_t tile_codes = kTileRows * k / (w.bits == 4 ? 2 : 1);  // bytes of one tile's codes
   const int64_t tile_scales = groups * (w.bits == 4 ? 2 : 1) * kTileRows;
   // Each thread takes whole row tiles and runs every activation row through a tile while it is in cache.
-  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+  for_each_tile(tiles, [&](int64_t begin, int64_t end) {
     float scratch[kRowBlock * kTileRows];
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* codes = static_cast<const uint8_t*>(w.codes) + t * tile_codes;
@@ -134,7 +146,7 @@ at::Tensor w16_linear(const at::Tensor& x, const at::Tensor& w, int64_t out_feat
   const float* xp = x.data_ptr<float>();
   at::Tensor y = at::empty({m, out_features}, x.options());
   float* out = y.data_ptr<float>();
-  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+  for_each_tile(tiles, [&](int64_t begin, int64_t end) {
     float scratch[kRowBlock * kTileRows];
     for (int64_t t = begin; t < end; ++t) {
       const int64_t rows = std::min(kTileRows, out_features - t * kTileRows);

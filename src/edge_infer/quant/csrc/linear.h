@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <string>
 
 #include "isa.h"
@@ -25,6 +26,12 @@ struct PackedWeight {
 // ``group`` and give n outputs.
 PackedWeight check_packed(const char* what, int64_t bits, const at::Tensor& codes, const at::Tensor& scales, int64_t k,
                           int64_t group, int64_t n);
+
+// Runs ``run`` over [0, tiles) in chunks the threads claim as they finish the last one, not in one
+// static share each: a thread slowed by the host (a busy sibling vCPU, an efficiency core) then takes
+// fewer tiles instead of holding up the others at the barrier. About kChunksPerThread claims per thread.
+constexpr int64_t kChunksPerThread = 8;
+void for_each_tile(int64_t tiles, const std::function<void(int64_t begin, int64_t end)>& run);
 
 // out[m, n] = x[m, k] W^T; T is float or at::BFloat16.
 template <typename T>
