@@ -55,6 +55,7 @@ void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m
     }
 }
 
+// isa.h's 16 lanes, one float each, in the contract's order.
 void dot_bf16(const uint16_t* q, const uint16_t* k, int64_t stride, int64_t count, int64_t n, float* out) {
   for (int64_t r = 0; r < count; ++r, k += stride) {
     float lanes[16] = {};
