@@ -74,6 +74,7 @@ class Turn:
     messages: list[Message]  # what the loop sent
     name: str  # the tool the expert called
     arguments: dict[str, Any]
+    on_section_page: bool  # a Settings section's page: tap the switch the task names, or done already, or leave
 
     def dialogue(self) -> Dialogue:
         call = {"type": "function", "function": {"name": self.name, "arguments": self.arguments}}
@@ -81,16 +82,27 @@ class Turn:
                         TOOLS)
 
 
-def generate_agent_dialogues(count: int, seed: int) -> list[Dialogue]:
-    """``count`` turns from expert episodes on random phones; the same seed gives the same turns."""
+def generate_agent_dialogues(count: int, seed: int, section_page_share: float | None = None) -> list[Dialogue]:
+    """``count`` turns from expert episodes on random phones; the same seed gives the same turns.
+
+    ``section_page_share`` makes that share of them turns on a Settings section's page, where the
+    decisions a small model finds hardest are (which switch the task names, and whether its state
+    already matches); by default turns come as episodes bring them.
+    """
     rng = random.Random(seed)
     copies: Counter[str] = Counter()
+    wanted = None if section_page_share is None else {True: round(count * section_page_share)}
+    if wanted is not None:
+        wanted[False] = count - wanted[True]
+    taken: Counter[bool] = Counter()
     out: list[Dialogue] = []
     while len(out) < count:
         for turn in play_random_episode(rng):
             key = turn.messages[-1]["content"]
-            if copies[key] < MAX_COPIES and len(out) < count:
+            room = len(out) < count if wanted is None else taken[turn.on_section_page] < wanted[turn.on_section_page]
+            if copies[key] < MAX_COPIES and room:
                 copies[key] += 1
+                taken[turn.on_section_page] += 1
                 out.append(turn.dialogue())
     return out
 
@@ -111,7 +123,8 @@ def play(task: Task, device: SimulatedDevice, mistake_at: int | None, rng: rando
     verdict = task.judge(before, device.phone_state())
     if not (episode.declared_done and verdict.goal_reached and not verdict.collateral):
         return []
-    return [Turn(*turn) for i, turn in enumerate(teacher.turns) if i != mistake_at]
+    return [Turn(*turn, on_section_page=page.startswith("settings/") and page != "settings/")
+            for i, (turn, page) in enumerate(zip(teacher.turns, teacher.pages)) if i != mistake_at]
 
 
 class Teacher(ExpertModel):
@@ -120,8 +133,10 @@ class Teacher(ExpertModel):
     def __init__(self, task: Task, device: SimulatedDevice, mistake_at: int | None, rng: random.Random):
         super().__init__(task, device)
         self.mistake_at, self.rng = mistake_at, rng
+        self.pages: list[str] = []  # the page each turn was played on
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], thinking: bool = True) -> Reply:
+        self.pages.append(self.device.app.stack[-1])
         reply = super().complete(messages, tools, thinking)
         messages, name, args = self.turns[-1]
         if len(self.turns) - 1 != self.mistake_at or name == "task_complete":

@@ -11,6 +11,12 @@ reloads that checkpoint and measures greedy exact-match accuracy on held-out
 generated prompts and runs the agent suite against it with `edge-infer agent
 suite --serve` (the real server). Deterministic for a given thread count:
 fixed seeds. Takes over an hour (the shipped model: 4221 s with --threads 1 on a shared machine).
+
+    PYTHONPATH=src python scripts/train_demo.py --continue-from src/edge_infer/assets/demo-model
+
+trains such a checkpoint further on freshly drawn data, mostly agent turns,
+keeping its tokenizer; the shipped model is a from-scratch run continued
+once (its README gives both runs).
 """
 
 from __future__ import annotations
@@ -70,10 +76,17 @@ class TrainSettings:
     warmup_steps: int
     eval_prompts: int
     eval_agent_turns: int
+    section_page_share: float | None = None  # of agent turns; None: as episodes bring them
 
 
 FULL = TrainSettings(dialogues=17500, agent_turns=20000, steps=1200, batch_size=4, agent_batch_size=8, seq_len=512,
                      lr=3e-3, warmup_steps=40, eval_prompts=200, eval_agent_turns=200)
+# Further training of a FULL checkpoint (--continue-from): fresh episodes and dialogues, mostly agent rows, half
+# of their turns on a Settings section's page (FULL's model answers there with the average answer, tap or done,
+# whatever the switch's state), a lower peak; the tokenizer and every weight carry over.
+CONTINUED = TrainSettings(dialogues=17500, agent_turns=20000, steps=500, batch_size=2, agent_batch_size=12, seq_len=512,
+                          lr=1e-3, warmup_steps=20, eval_prompts=200, eval_agent_turns=200, section_page_share=0.5)
+CONTINUE_SEED = 4321  # fresh data: neither the first run's seed nor the held-out one
 QUICK = TrainSettings(dialogues=2000, agent_turns=600, steps=30, batch_size=4, agent_batch_size=4, seq_len=512,
                       lr=3e-3, warmup_steps=5, eval_prompts=40, eval_agent_turns=20)
 
@@ -150,6 +163,19 @@ def build_model(config: dict):
 
     settings = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "torch_dtype")}
     return Qwen2ForCausalLM(Qwen2Config(**settings))
+
+
+def load_model(checkpoint: Path, config: dict):
+    """A saved checkpoint as float32 master weights, to train further."""
+    from safetensors.torch import load_file
+
+    model = build_model(config)
+    missing, unexpected = model.load_state_dict(
+        {k: v.float() for k, v in load_file(str(checkpoint / "model.safetensors")).items()}, strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:
+        raise SystemExit(f"{checkpoint} does not match the demo model's shape: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    return model
 
 
 def learning_rate(step: int, settings: TrainSettings) -> float:
@@ -352,11 +378,81 @@ def _suite_rows(suite: dict) -> str:
     return "\n".join(rows)
 
 
-def write_readme(out: Path, settings: TrainSettings, result: TrainResult, evaluation: EvalResult,
-                 agent_evaluation: EvalResult, suite: dict, vocab: int, config: dict, params: int, command: str,
-                 threads: int) -> None:
-    size = sum(p.stat().st_size for p in out.iterdir() if p.name != "README.md")
+def _training_text(settings: TrainSettings, result: TrainResult, command: str, threads: int) -> str:
+    """What a from-scratch run did (the README's "How it was trained")."""
     curve = ", ".join(f"{loss} (step {step})" for step, loss in result.curve[3::4])
+    return f"""    {command}
+
+All data is generated (seed {TRAIN_SEED}); nothing is downloaded.
+
+- {settings.dialogues:,} chat dialogues from the templates in
+  `scripts/demo_corpus.py`, packed into rows of {settings.seq_len} tokens,
+  each dialogue attending only to itself.
+- {settings.agent_turns:,} agent turns from `scripts/demo_agent_corpus.py`:
+  the scripted expert (`edge_infer.agent.expert`) plays random tasks on
+  randomised demo phones through the real agent loop, so each turn is the
+  exact request the loop sends (system prompt, tools, screen, last actions,
+  task), rendered by this chat template as the server renders it. Tasks:
+  any switch on or off (two in five already in the wanted state),
+  any app, any alarm time, two tasks chained; phones: other switches and
+  alarms, labels renamed with other phones' words, shuffled lists, decoy
+  switches beside Wi-Fi, start screens other than home, and now and then
+  a random step (played, not learnt) that the expert recovers from. Only
+  episodes the task oracle passes are kept.
+- Every agent turn begins with the same system prompt and tools; that
+  prefix is run once per batch and its keys and values are shared by all
+  agent rows, each holding several turns that attend to it and to
+  themselves (`scripts/demo_packing.py`): the same computation as on whole
+  turns, for about a quarter of the tokens.
+- {settings.steps} AdamW steps, each of {settings.batch_size} chat rows and {settings.agent_batch_size} agent rows, peak
+  learning rate {settings.lr}, cosine schedule, bf16 autocast, {threads} CPU thread{"s" if threads > 1 else ""}.
+  Answer tokens have loss weight 1, prompt tokens {PROMPT_LOSS_WEIGHT}.
+
+- training time: {result.seconds:.0f} s wall clock (1-minute load average
+  {result.load_before:.1f} before, {result.load_after:.1f} after, on a
+  machine shared with other work)
+- final loss (weighted, mean of the last 10% of steps): {result.final_loss:.4f}
+- final loss on chat answer tokens only: {result.final_answer_loss:.4f};
+  on agent answer tokens (the tool calls) only: {result.final_agent_answer_loss:.4f}
+- loss, mean of the {LOG_EVERY} steps up to: {curve}"""
+
+
+def _continued_text(settings: TrainSettings, result: TrainResult, command: str, threads: int) -> str:
+    """What a --continue-from run added to its checkpoint's training."""
+    curve = ", ".join(f"{loss} (step {step})" for step, loss in result.curve[1::2])
+    share = "" if settings.section_page_share is None else (
+        f", {settings.section_page_share:.0%} of the turns\n  on a Settings section's page (tap the switch the task "
+        "names, call it done when the switch\n  already holds, or leave a wrong section)")
+    return f"""Then trained further from that checkpoint, keeping its tokenizer:
+
+    {command}
+
+- fresh data (seed {CONTINUE_SEED}): {settings.dialogues:,} chat dialogues and {settings.agent_turns:,} agent turns
+  drawn as above{share}.
+- {settings.steps} AdamW steps (a new optimizer state), each of {settings.batch_size} chat rows and {settings.agent_batch_size} agent rows,
+  peak learning rate {settings.lr} after {settings.warmup_steps} warm-up steps, cosine schedule, bf16 autocast,
+  {threads} CPU thread{"s" if threads > 1 else ""}.
+- training time: {result.seconds:.0f} s wall clock (1-minute load average {result.load_before:.1f} before,
+  {result.load_after:.1f} after)
+- final loss (weighted, mean of the last 10% of steps): {result.final_loss:.4f}; on chat answer tokens
+  {result.final_answer_loss:.4f}, on agent answer tokens {result.final_agent_answer_loss:.4f}
+- loss, mean of the {LOG_EVERY} steps up to: {curve}
+"""
+
+
+def _training_section(readme: Path) -> str:
+    """The "How it was trained" text of a checkpoint this script wrote."""
+    text = readme.read_text()
+    start, end = text.find("## How it was trained\n\n"), text.find("\n## Accuracy")
+    if start < 0 or end < 0:
+        raise SystemExit(f"{readme} is not a README this script wrote: it has no 'How it was trained' section")
+    return text[start + len("## How it was trained\n\n"):end].rstrip("\n") + "\n"
+
+
+def write_readme(out: Path, settings: TrainSettings, result: TrainResult, evaluation: EvalResult,
+                 agent_evaluation: EvalResult, suite: dict, vocab: int, config: dict, params: int,
+                 training: str) -> None:
+    size = sum(p.stat().st_size for p in out.iterdir() if p.name != "README.md")
     unseen = evaluation.unseen_correct / max(1, evaluation.unseen_total)
     agent_unseen = agent_evaluation.unseen_correct / max(1, agent_evaluation.unseen_total)
     passed = sum(e["success"] for e in suite["episodes"])
@@ -402,41 +498,7 @@ RoPE theta 10000, RMSNorm eps
 
 ## How it was trained
 
-    {command}
-
-All data is generated (seed {TRAIN_SEED}); nothing is downloaded.
-
-- {settings.dialogues:,} chat dialogues from the templates in
-  `scripts/demo_corpus.py`, packed into rows of {settings.seq_len} tokens,
-  each dialogue attending only to itself.
-- {settings.agent_turns:,} agent turns from `scripts/demo_agent_corpus.py`:
-  the scripted expert (`edge_infer.agent.expert`) plays random tasks on
-  randomised demo phones through the real agent loop, so each turn is the
-  exact request the loop sends (system prompt, tools, screen, last actions,
-  task), rendered by this chat template as the server renders it. Tasks:
-  any switch on or off (two in five already in the wanted state),
-  any app, any alarm time, two tasks chained; phones: other switches and
-  alarms, labels renamed with other phones' words, shuffled lists, decoy
-  switches beside Wi-Fi, start screens other than home, and now and then
-  a random step (played, not learnt) that the expert recovers from. Only
-  episodes the task oracle passes are kept.
-- Every agent turn begins with the same system prompt and tools; that
-  prefix is run once per batch and its keys and values are shared by all
-  agent rows, each holding several turns that attend to it and to
-  themselves (`scripts/demo_packing.py`): the same computation as on whole
-  turns, for about a quarter of the tokens.
-- {settings.steps} AdamW steps, each of {settings.batch_size} chat rows and {settings.agent_batch_size} agent rows, peak
-  learning rate {settings.lr}, cosine schedule, bf16 autocast, {threads} CPU thread{"s" if threads > 1 else ""}.
-  Answer tokens have loss weight 1, prompt tokens {PROMPT_LOSS_WEIGHT}.
-
-- training time: {result.seconds:.0f} s wall clock (1-minute load average
-  {result.load_before:.1f} before, {result.load_after:.1f} after, on a
-  machine shared with other work)
-- final loss (weighted, mean of the last 10% of steps): {result.final_loss:.4f}
-- final loss on chat answer tokens only: {result.final_answer_loss:.4f};
-  on agent answer tokens (the tool calls) only: {result.final_agent_answer_loss:.4f}
-- loss, mean of the {LOG_EVERY} steps up to: {curve}
-
+{training}
 ## Accuracy
 
 Greedy decoding of this bf16 checkpoint, loaded with `transformers`, on
@@ -491,7 +553,7 @@ def agent_prefix() -> str:
 
 def corpus(settings: TrainSettings, seed: int) -> tuple[list[demo_corpus.Dialogue], list[demo_corpus.Dialogue]]:
     """Chat dialogues and agent turns; the turns of one episode are spread apart so no row holds a whole episode."""
-    agent = demo_agent_corpus.generate_agent_dialogues(settings.agent_turns, seed)
+    agent = demo_agent_corpus.generate_agent_dialogues(settings.agent_turns, seed, settings.section_page_share)
     random.Random(seed).shuffle(agent)
     return demo_corpus.generate_dialogues(settings.dialogues, seed), agent
 
@@ -510,14 +572,27 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="checkpoint directory to write")
     parser.add_argument("--quick", action="store_true", help="tiny settings to check the pipeline, not to ship")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (results are reproducible per thread count)")
+    parser.add_argument("--continue-from", type=Path, metavar="CHECKPOINT",
+                        help="train this checkpoint (one this script wrote) further on fresh data, keeping its tokenizer")
     args = parser.parse_args()
-    settings = QUICK if args.quick else FULL
-    torch.manual_seed(TRAIN_SEED)
+    if args.continue_from and args.quick:
+        parser.error("--quick trains from scratch; it does not combine with --continue-from")
+    settings = CONTINUED if args.continue_from else QUICK if args.quick else FULL
+    seed = CONTINUE_SEED if args.continue_from else TRAIN_SEED
+    torch.manual_seed(seed)
     torch.set_num_threads(args.threads)
 
-    chat, agent = corpus(settings, TRAIN_SEED)
+    chat, agent = corpus(settings, seed)
     chat_texts, agent_texts = [d.render() for d in chat], [d.render() for d in agent]
-    tokenizer = train_tokenizer(chat_texts + agent_texts)
+    seen_prompts = {d.prompt() for d in chat + agent}
+    if args.continue_from:
+        tokenizer = Tokenizer.from_file(str(args.continue_from / "tokenizer.json"))
+        config = json.loads((args.continue_from / "config.json").read_text())
+        earlier_training = _training_section(args.continue_from / "README.md")
+        seen_prompts |= {d.prompt() for part in corpus(FULL, TRAIN_SEED) for d in part}  # what it saw before
+    else:
+        tokenizer = train_tokenizer(chat_texts + agent_texts)
+        config = None
     special = {t: token_id(tokenizer, t) for t in demo_corpus.SPECIAL_TOKENS + demo_corpus.TOOL_TOKENS}
     chat_rows = pack(chat_texts, tokenizer, settings.seq_len, pad_id=special["<|endoftext|>"])
     agent_rows = pack_branches(agent_texts, agent_prefix(), tokenizer, settings.seq_len, pad_id=special["<|endoftext|>"])
@@ -526,12 +601,14 @@ def main() -> int:
           f"{tokenizer.get_vocab_size()}; {settings.steps * settings.batch_size / len(chat_rows.input_ids):.2f} and "
           f"{settings.steps * settings.agent_batch_size / len(agent_rows.rows.input_ids):.2f} epochs", flush=True)
 
-    config = model_config(-(-tokenizer.get_vocab_size() // VOCAB_MULTIPLE) * VOCAB_MULTIPLE, special)
-    model = build_model(config)
+    if config is None:
+        config = model_config(-(-tokenizer.get_vocab_size() // VOCAB_MULTIPLE) * VOCAB_MULTIPLE, special)
+        model = build_model(config)
+    else:
+        model = load_model(args.continue_from, config)
     result = train(model, chat_rows, agent_rows, settings)
     save_checkpoint(args.out, model, config, tokenizer, special)
 
-    seen_prompts = {d.prompt() for d in chat + agent}
     evaluation = evaluate(args.out, demo_corpus.generate_dialogues(settings.eval_prompts, EVAL_SEED), seen_prompts)
     agent_evaluation = evaluate(
         args.out, demo_agent_corpus.generate_agent_dialogues(settings.eval_agent_turns, EVAL_SEED), seen_prompts,
@@ -540,9 +617,14 @@ def main() -> int:
     command = "PYTHONPATH=src python scripts/train_demo.py" + (" --quick" if args.quick else "")
     if args.threads != 2:
         command += f" --threads {args.threads}"
+    if args.continue_from:
+        command += f" --continue-from {args.continue_from}"
+        training = earlier_training + "\n" + _continued_text(settings, result, command, args.threads)
+    else:
+        training = _training_text(settings, result, command, args.threads)
     params = sum(p.numel() for p in model.parameters())
     write_readme(args.out, settings, result, evaluation, agent_evaluation, suite, tokenizer.get_vocab_size(), config,
-                 params, command, args.threads)
+                 params, training)
     print(f"trained in {result.seconds:.0f}s, final loss {result.final_loss:.4f} "
           f"(answers {result.final_answer_loss:.4f}, agent answers {result.final_agent_answer_loss:.4f}), "
           f"held-out accuracy {evaluation.accuracy:.1%} (unseen prompts {evaluation.unseen_correct}/"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 
 from edge_infer.agent.actions import SYSTEM_PROMPT, TOOLS
 from edge_infer.agent.loop import NO_CHANGE
+from edge_infer.agent.phone import LABELS, SETTINGS_SECTIONS
 from edge_infer.agent.tasks import by_id
 from edge_infer.engine.frontend import demo_model_dir
 from edge_infer.models.tokenizer import Tokenizer
@@ -67,6 +69,27 @@ def test_the_corpus_is_deterministic_and_varied(turns):
     assert any("WLAN" in p or "Flight mode" in p or "Connections" in p for p in prompts)  # renamed labels
     assert any('"Wi-Fi calling"' in p or '"Wi-Fi hotspot"' in p for p in prompts)  # decoys
     assert any(p.startswith('Screen:\n[0] ImageButton "Navigate up"') and "Last actions" not in p for p in prompts)
+
+
+SECTION_TITLES = {LABELS[s] for s in SETTINGS_SECTIONS} | {w for s in SETTINGS_SECTIONS for w in
+                                                           demo_agent_corpus.SYNONYMS.get(s, ())}
+
+
+def _on_section_page(prompt: str) -> bool:
+    title = re.match(r'Screen:\n\[0\] ImageButton "Navigate up"\n\[1\] TextView "([^"]*)"', prompt)
+    return title is not None and title[1] in SECTION_TITLES
+
+
+def test_turns_on_section_pages_come_in_the_share_asked_for():
+    task = by_id("wifi_on_already")
+    played = demo_agent_corpus.play(task, task.device(), None, random.Random(0))
+    assert [(t.name, t.on_section_page) for t in played] == [("open_app", False), ("tap", False), ("task_complete", True)]
+    focused = demo_agent_corpus.generate_agent_dialogues(300, seed=5, section_page_share=0.5)
+    assert sum(_on_section_page(t.messages[1]["content"]) for t in focused) == 150
+    assert max(Counter(t.messages[1]["content"] for t in focused).values()) <= demo_agent_corpus.MAX_COPIES
+    # Both answers a switch's page asks for: the switch's tap, and done when it already holds.
+    on_page = Counter(t.category for t in focused if _on_section_page(t.messages[1]["content"]))
+    assert on_page["agent_tap"] > 30 and on_page["agent_task_complete"] > 30
 
 
 def test_a_random_step_is_played_but_not_learnt():
