@@ -6,9 +6,11 @@
 # Runs benchmarks/specs/agent-demo.json into benchmarks/results/agent-demo.json:
 # fp32, bf16, cpu_int4 (W4A16 g128), cpu_w4a8 (W4A8 g128) and cpu_w8a8 (W8A8 g128) of the shipped
 # demo model, each arm serving its build and playing every task and variant
-# greedily (docs/agent.md). On a CPU where an int8 kernel cannot run (missing_requirement)
-# its arm is left out of the grid, with the reason printed, instead of being
-# recorded as a failed pass. Run it on quiet cores from a clean tree.
+# three times, sampled at temperature 0.7 (the model's own default), so a
+# pass rate is a rate over runs and not one greedy path (docs/agent.md).
+# On a CPU where an int8 kernel cannot run (missing_requirement) its arm is
+# left out of the grid, with the reason printed, instead of being recorded
+# as a failed pass. Run it on quiet cores from a clean tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${EDGE_INFER:-}" ]; then
