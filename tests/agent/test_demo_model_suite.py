@@ -3,9 +3,9 @@
 `edge-infer agent suite --serve` starts the real server on the demo model and
 plays the suite's simple tasks greedily through the loop; each must pass the
 oracle: goal reached, nothing else changed, and declared done by the model.
-The model's other results (the wifi_on variants pass; wifi_on_already,
-airplane_on and add_alarm fail) are in its README and docs/agent.md, not
-held here: the test stays at three short episodes.
+The model's other results (the wifi_on variants pass; wifi_on_already
+and add_alarm fail) are in its README and docs/agent.md, not held here:
+the test stays at four short episodes.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from edge_infer.cli import main
 
-SIMPLE_TASKS = ("wifi_on", "wifi_off", "open_clock")
+SIMPLE_TASKS = ("wifi_on", "wifi_off", "airplane_on", "open_clock")
 
 
 @pytest.mark.slow
@@ -31,5 +31,6 @@ def test_the_demo_model_passes_the_simple_tasks(demo_model, tmp_path, capsys):
     assert failed == {}, capsys.readouterr().out
     # The shortest paths (home → Settings → Network & internet → the switch → done; open the app → done), and
     # every call parsed by the server's tool parser, none recovered from free text.
-    assert {task: e["steps"] for task, e in episodes.items()} == {"wifi_on": 4, "wifi_off": 4, "open_clock": 2}
+    assert {task: e["steps"] for task, e in episodes.items()} == {"wifi_on": 4, "wifi_off": 4, "airplane_on": 4,
+                                                                  "open_clock": 2}
     assert all(e["recoveries"] == {"tool_calls": e["steps"]} for e in episodes.values())
