@@ -592,7 +592,6 @@ def main() -> int:
         seen_prompts |= {d.prompt() for part in corpus(FULL, TRAIN_SEED) for d in part}  # what it saw before
     else:
         tokenizer = train_tokenizer(chat_texts + agent_texts)
-        config = None
     special = {t: token_id(tokenizer, t) for t in demo_corpus.SPECIAL_TOKENS + demo_corpus.TOOL_TOKENS}
     chat_rows = pack(chat_texts, tokenizer, settings.seq_len, pad_id=special["<|endoftext|>"])
     agent_rows = pack_branches(agent_texts, agent_prefix(), tokenizer, settings.seq_len, pad_id=special["<|endoftext|>"])
@@ -601,11 +600,11 @@ def main() -> int:
           f"{tokenizer.get_vocab_size()}; {settings.steps * settings.batch_size / len(chat_rows.input_ids):.2f} and "
           f"{settings.steps * settings.agent_batch_size / len(agent_rows.rows.input_ids):.2f} epochs", flush=True)
 
-    if config is None:
+    if args.continue_from:
+        model = load_model(args.continue_from, config)
+    else:
         config = model_config(-(-tokenizer.get_vocab_size() // VOCAB_MULTIPLE) * VOCAB_MULTIPLE, special)
         model = build_model(config)
-    else:
-        model = load_model(args.continue_from, config)
     result = train(model, chat_rows, agent_rows, settings)
     save_checkpoint(args.out, model, config, tokenizer, special)
 
