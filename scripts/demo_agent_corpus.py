@@ -7,6 +7,8 @@ user message with the screen, the last actions, any note and the task. A
 turn becomes one training dialogue whose answer is the expert's tool call,
 rendered by the model's chat template as `edge-infer serve` renders the
 loop's request (tests/agent/test_demo_agent.py holds them byte-identical).
+On a switch's page the answer starts with what the expert read there
+("Wi-Fi is on; task: on.", see `edge_infer.agent.expert.reading`).
 
 The phones vary as the suite's variants do, and more: any switch to turn on
 or off (often already in the wanted state, which must end in task_complete
@@ -72,14 +74,15 @@ MAX_COPIES = 6  # of one identical turn: the commonest screens would otherwise f
 @dataclass(frozen=True)
 class Turn:
     messages: list[Message]  # what the loop sent
+    reading: str  # the reply's text before the call: the named switch's state and the wanted one, or ""
     name: str  # the tool the expert called
     arguments: dict[str, Any]
     on_section_page: bool  # a Settings section's page: tap the switch the task names, or done already, or leave
 
     def dialogue(self) -> Dialogue:
         call = {"type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-        return Dialogue(f"agent_{self.name}", [*self.messages, {"role": "assistant", "content": "", "tool_calls": [call]}],
-                        TOOLS)
+        answer = {"role": "assistant", "content": self.reading, "tool_calls": [call]}
+        return Dialogue(f"agent_{self.name}", [*self.messages, answer], TOOLS)
 
 
 def generate_agent_dialogues(count: int, seed: int, section_page_share: float | None = None) -> list[Dialogue]:
@@ -138,12 +141,12 @@ class Teacher(ExpertModel):
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], thinking: bool = True) -> Reply:
         self.pages.append(self.device.app.stack[-1])
         reply = super().complete(messages, tools, thinking)
-        messages, name, args = self.turns[-1]
+        messages, _, name, args = self.turns[-1]
         if len(self.turns) - 1 != self.mistake_at or name == "task_complete":
             return reply
         wrong = [a for a in self._wrong_steps() if a != (name, args)]
         name, args = wrong[self.rng.randrange(len(wrong))]
-        self.turns[-1] = (messages, name, args)
+        self.turns[-1] = (messages, "", name, args)
         return Reply("", [(name, json.dumps(args))])
 
     def _wrong_steps(self) -> list[tuple[str, dict[str, Any]]]:

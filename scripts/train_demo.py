@@ -398,7 +398,9 @@ All data is generated (seed {TRAIN_SEED}); nothing is downloaded.
   alarms, labels renamed with other phones' words, shuffled lists, decoy
   switches beside Wi-Fi, start screens other than home, and now and then
   a random step (played, not learnt) that the expert recovers from. Only
-  episodes the task oracle passes are kept.
+  episodes the task oracle passes are kept. On the page of a switch the
+  task names, the answer first says what the expert read there ("Wi-Fi
+  is on; task: on."), then calls the tool.
 - Every agent turn begins with the same system prompt and tools; that
   prefix is run once per batch and its keys and values are shared by all
   agent rows, each holding several turns that attend to it and to
@@ -417,7 +419,7 @@ All data is generated (seed {TRAIN_SEED}); nothing is downloaded.
 - loss, mean of the {LOG_EVERY} steps up to: {curve}"""
 
 
-def _continued_text(settings: TrainSettings, result: TrainResult, command: str, threads: int) -> str:
+def _continued_text(settings: TrainSettings, result: TrainResult, command: str, threads: int, seed: int) -> str:
     """What a --continue-from run added to its checkpoint's training."""
     curve = ", ".join(f"{loss} (step {step})" for step, loss in result.curve[1::2])
     share = "" if settings.section_page_share is None else (
@@ -427,8 +429,9 @@ def _continued_text(settings: TrainSettings, result: TrainResult, command: str, 
 
     {command}
 
-- fresh data (seed {CONTINUE_SEED}): {settings.dialogues:,} chat dialogues and {settings.agent_turns:,} agent turns
-  drawn as above{share}.
+- fresh data (seed {seed}): {settings.dialogues:,} chat dialogues and {settings.agent_turns:,} agent turns
+  drawn as above{share}; on a switch's page the answer first says what the expert read there
+  ("Wi-Fi is on; task: on."), then calls the tool.
 - {settings.steps} AdamW steps (a new optimizer state), each of {settings.batch_size} chat rows and {settings.agent_batch_size} agent rows,
   peak learning rate {settings.lr} after {settings.warmup_steps} warm-up steps, cosine schedule, bf16 autocast,
   {threads} CPU thread{"s" if threads > 1 else ""}.
@@ -567,6 +570,15 @@ def run_agent_suite(checkpoint: Path) -> dict:
         return json.loads(report.read_text())
 
 
+def source_commit() -> str:
+    """The commit this script runs from, marked when the tree differs from it, so a README names its recipe."""
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", *argv], cwd=Path(__file__).parent, capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "--short=12", "HEAD") or "unknown"
+    return commit + (" with uncommitted changes" if git("status", "--porcelain", "--", "src", "scripts") else "")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="checkpoint directory to write")
@@ -574,11 +586,15 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch threads (results are reproducible per thread count)")
     parser.add_argument("--continue-from", type=Path, metavar="CHECKPOINT",
                         help="train this checkpoint (one this script wrote) further on fresh data, keeping its tokenizer")
+    parser.add_argument("--seed", type=int, default=CONTINUE_SEED,
+                        help=f"with --continue-from: the data's seed (default {CONTINUE_SEED}; another for each further run)")
     args = parser.parse_args()
     if args.continue_from and args.quick:
         parser.error("--quick trains from scratch; it does not combine with --continue-from")
+    if args.seed != CONTINUE_SEED and not args.continue_from:
+        parser.error("--seed picks a further run's data; a run from scratch always uses the recorded seed")
     settings = CONTINUED if args.continue_from else QUICK if args.quick else FULL
-    seed = CONTINUE_SEED if args.continue_from else TRAIN_SEED
+    seed = args.seed if args.continue_from else TRAIN_SEED
     torch.manual_seed(seed)
     torch.set_num_threads(args.threads)
 
@@ -589,7 +605,9 @@ def main() -> int:
         tokenizer = Tokenizer.from_file(str(args.continue_from / "tokenizer.json"))
         config = json.loads((args.continue_from / "config.json").read_text())
         earlier_training = _training_section(args.continue_from / "README.md")
-        seen_prompts |= {d.prompt() for part in corpus(FULL, TRAIN_SEED) for d in part}  # what it saw before
+        # What it saw before: the first run's data, and the first continuation's when this is a later one.
+        earlier = [(FULL, TRAIN_SEED)] + ([(CONTINUED, CONTINUE_SEED)] if seed != CONTINUE_SEED else [])
+        seen_prompts |= {d.prompt() for run in earlier for part in corpus(*run) for d in part}
     else:
         tokenizer = train_tokenizer(chat_texts + agent_texts)
     special = {t: token_id(tokenizer, t) for t in demo_corpus.SPECIAL_TOKENS + demo_corpus.TOOL_TOKENS}
@@ -614,13 +632,14 @@ def main() -> int:
     )
     suite = run_agent_suite(args.out)
     command = "PYTHONPATH=src python scripts/train_demo.py" + (" --quick" if args.quick else "")
+    at = f"  # scripts at commit {source_commit()}"
     if args.threads != 2:
         command += f" --threads {args.threads}"
     if args.continue_from:
-        command += f" --continue-from {args.continue_from}"
-        training = earlier_training + "\n" + _continued_text(settings, result, command, args.threads)
+        command += f" --continue-from {args.continue_from}" + (f" --seed {seed}" if seed != CONTINUE_SEED else "")
+        training = earlier_training + "\n" + _continued_text(settings, result, command + at, args.threads, seed)
     else:
-        training = _training_text(settings, result, command, args.threads)
+        training = _training_text(settings, result, command + at, args.threads)
     params = sum(p.numel() for p in model.parameters())
     write_readme(args.out, settings, result, evaluation, agent_evaluation, suite, tokenizer.get_vocab_size(), config,
                  params, training)

@@ -24,7 +24,7 @@ from edge_infer.engine.frontend import demo_model_dir
 from edge_infer.models.tokenizer import Tokenizer
 from edge_infer.server.protocol import ChatCompletionRequest
 from edge_infer.server.serving_chat import template_messages
-from edge_infer.server.tool_parsers import HermesParser
+from edge_infer.server.tool_parsers import HermesParser, extract
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 if str(SCRIPTS) not in sys.path:
@@ -49,14 +49,30 @@ def test_each_prompt_is_the_servers_rendering_of_the_loops_request(turns):
 
 
 def test_each_answer_is_one_call_the_servers_parser_reads(turns):
-    parser = HermesParser(TOOLS)
     for turn in turns:
         answer = turn.answer()
-        block = parser.parse_block(answer.removeprefix("<tool_call>").removesuffix("</tool_call>"))
-        (call,) = turn.messages[-1]["tool_calls"]
-        assert answer.startswith("<tool_call>\n") and answer.endswith("\n</tool_call>")
-        assert (block.call.name, json.loads(block.call.arguments)) == (call["function"]["name"], call["function"]["arguments"])
-        assert turn.category == f"agent_{block.call.name}"
+        content, calls, recoveries = extract(HermesParser(TOOLS), answer)
+        ((_, call),) = [(m["content"], c) for m in turn.messages[-1:] for c in m["tool_calls"]]
+        assert answer.endswith("\n</tool_call>") and recoveries == []
+        assert content.strip() == turn.messages[-1]["content"]
+        assert [(c.name, json.loads(c.arguments)) for c in calls] == [(call["function"]["name"], call["function"]["arguments"])]
+        assert turn.category == f"agent_{calls[0].name}"
+
+
+def test_a_reading_states_what_the_screen_shows_and_what_the_task_asks(turns):
+    readings = [t for t in turns if t.messages[-1]["content"]]
+    assert 0.1 < len(readings) / len(turns) < 0.5
+    for turn in readings:
+        prompt = turn.messages[1]["content"]
+        for label, state, wanted in re.findall(r"(.+?) is (on|off); task: (on|off)\.(?: |$)", turn.messages[-1]["content"]):
+            assert f'Switch "{label}" {state}\n' in prompt
+            task = prompt.rpartition("Task: ")[2]
+            assert re.search(r"\bon\b|enable", task, re.I) if wanted == "on" else re.search(r"\boff\b|disable", task, re.I)
+    # Both states meet both wishes, so the reading, not the data's share, decides between tap and done.
+    pairs = Counter((re.findall(r"is (on|off); task: (on|off)", t.messages[-1]["content"])[-1], t.category) for t in readings)
+    for state in ("on", "off"):
+        assert pairs[((state, state), "agent_task_complete")] > 0
+        assert pairs[((state, "off" if state == "on" else "on"), "agent_tap")] > 0
 
 
 def test_the_corpus_is_deterministic_and_varied(turns):

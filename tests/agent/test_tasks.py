@@ -53,6 +53,25 @@ def test_the_expert_solves_every_task(task):
     assert (episode.stop_reason, verdict.goal_reached, verdict.collateral) == ("task_complete", True, [])
 
 
+def _readings(task_id: str) -> list[tuple[str, str]]:
+    task = by_id(task_id)
+    model = ExpertModel(task, task.device())
+    run_episode(model.device, task.prompt, AgentConfig(), model)
+    return [(text, name) for _, text, name, _ in model.turns]
+
+
+def test_the_expert_says_what_it_reads_on_the_switchs_page_and_only_there():
+    # The state read off the screen and the state the task asks for, then the decision that follows from them.
+    assert _readings("wifi_on_already") == [("", "open_app"), ("", "tap"), ("Wi-Fi is on; task: on.", "task_complete")]
+    assert _readings("wifi_on") == [("", "open_app"), ("", "tap"), ("Wi-Fi is off; task: on.", "tap"),
+                                    ("Wi-Fi is on; task: on.", "task_complete")]
+    assert _readings("wifi_on/rename")[2:] == [("WLAN is off; task: on.", "tap"), ("WLAN is on; task: on.", "task_complete")]
+    # In a chain the switch read on its page is the one just done; the next step (another app) reads nothing.
+    assert [r for r in _readings("wifi_on/chain") if r[0]] == [("Wi-Fi is off; task: on.", "tap"),
+                                                               ("Wi-Fi is on; task: on.", "open_app")]
+    assert all(text == "" for text, _ in _readings("add_alarm"))
+
+
 def test_success_needs_goal_no_damage_and_the_agents_word():
     wifi = ("tap", {"index": 2})
     passed = outcome_of("wifi_on", SETTINGS, NETWORK, wifi, DONE)

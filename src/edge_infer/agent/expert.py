@@ -5,6 +5,12 @@ It plays through the same loop as a model (``ExpertModel`` is a
 demo model's training corpus is made of them. It reads the phone's own
 state to choose (it is the oracle's sibling, not a model), and the screen
 only to find the element's index.
+
+On the page of a switch the task names, its reply says what it reads
+before the call: "Wi-Fi is on; task: on." A small model cannot compare the
+switch's state with the task's on/off in one token (it answers with the
+training share of tap and done, whatever the state); writing the two words
+first turns the decision into a comparison of its own last tokens.
 """
 from __future__ import annotations
 
@@ -87,6 +93,15 @@ def _toward(goal: Goal, phone: DemoPhone, screen: Screen) -> tuple[str, dict[str
     return "open_app", {"name": labels["clock"]}
 
 
+def reading(goals: list[Goal], phone: DemoPhone) -> str:
+    """For each of ``goals`` that is a switch on this page, its state and the wanted one; "" if none is."""
+    page = phone.stack[-1]
+    return " ".join(
+        f"{phone.labels[goal.name]} is {'on' if phone.switches[goal.name] else 'off'}; task: {'on' if goal.on else 'off'}."
+        for goal in goals if isinstance(goal, SwitchGoal) and page == f"settings/{_section(goal.name)}"
+    )
+
+
 class ExpertModel:
     """Answers each turn with the expert's action, as a server would return a parsed tool call."""
 
@@ -94,10 +109,16 @@ class ExpertModel:
         self.task, self.device = task, device
         self.before = device.phone_state()
         self.seen: set = set()
-        self.turns: list[tuple[list[dict[str, Any]], str, dict[str, Any]]] = []  # (messages, tool, arguments)
+        # (messages, what it read off the screen, tool, arguments)
+        self.turns: list[tuple[list[dict[str, Any]], str, str, dict[str, Any]]] = []
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], thinking: bool = True) -> Reply:
         screen = parse_ui_dump(self.device.dump())
+        seen_before = set(self.seen)
         name, args = next_action(self.task, self.device.app, screen, self.before, self.seen)
-        self.turns.append((messages, name, args))
-        return Reply("", [(name, json.dumps(args))])
+        # What it read: the goals this screen showed done, then the one the action is for.
+        confirmed = [goal for goal in self.task.goals if goal in self.seen - seen_before]
+        acted_on = [goal for goal in self.task.goals if goal not in self.seen][:1]
+        text = reading(confirmed + acted_on, self.device.app)
+        self.turns.append((messages, text, name, args))
+        return Reply(text, [(name, json.dumps(args))])
