@@ -64,8 +64,8 @@ OPEN_APP = ("Open the {x} app.", "Open {x}.", "Launch the {x} app.")
 SET_ALARM = ("Set an alarm for {x}.", "Add an alarm at {x}.", "Wake me up at {x}.")
 SUITE_WORDING = 0.6
 
-# Often enough that the step after reaching the switch's page depends on its state, not on the steps before.
-ALREADY_DONE = 0.4
+# As often as not: the step after reaching the switch's page depends on its state, not on the steps before.
+ALREADY_DONE = 0.5
 MISTAKE_RATE = 0.12  # episodes with one random step in them
 START_HOME = 0.6  # episodes that start on the home screen, as every suite task does
 MAX_COPIES = 6  # of one identical turn: the commonest screens would otherwise fill the corpus

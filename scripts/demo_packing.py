@@ -26,6 +26,11 @@ from tokenizers import Tokenizer
 # model prompts (useful for plain completions and fidelity metrics), but the
 # answers carry most of the gradient.
 PROMPT_LOSS_WEIGHT = 0.1
+# Loss weight of an agent answer's decision after a reading of a switch ("Wi-Fi is on; task: on." then
+# tap or task_complete): one token that must compare the two words, where every other token of the
+# answer can be copied; at weight 1 the model answered with the data's share, whatever it had read.
+DECISION_WEIGHT = 20.0
+DECISION = re.compile(r'; task: (?:on|off)\.\n<tool_call>\n\{"name": "()')
 OPEN_ROWS = 16  # recent rows a dialogue may still be packed into
 
 
@@ -49,6 +54,8 @@ class BranchRows:
 def token_weights(text: str, offsets: list[tuple[int, int]]) -> list[float]:
     answers = [(m.start(1), m.end()) for m in re.finditer(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", text, re.S)]
     weights = [1.0 if any(a <= start < b for a, b in answers) else PROMPT_LOSS_WEIGHT for start, _ in offsets]
+    decisions = {m.start(1) for m in DECISION.finditer(text)}
+    weights = [DECISION_WEIGHT if start in decisions else w for (start, _), w in zip(offsets, weights)]
     weights[0] = 0.0  # a dialogue's first token has no context to be predicted from
     return weights
 

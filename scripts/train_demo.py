@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import demo_agent_corpus  # noqa: E402  (these live next to this script)
 import demo_corpus  # noqa: E402
 from demo_packing import (  # noqa: E402
-    PROMPT_LOSS_WEIGHT, BranchRows, PackedRows, branch_mask, pack, pack_branches, shared_prefix_forward,
+    DECISION_WEIGHT, PROMPT_LOSS_WEIGHT, BranchRows, PackedRows, branch_mask, pack, pack_branches, shared_prefix_forward,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -252,8 +252,8 @@ def train(model, chat: PackedRows, agent: BranchRows, settings: TrainSettings) -
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())
-        answer_losses.append(chat_loss[chat_weights == 1.0].mean().item())
-        agent_answer_losses.append(agent_loss[agent_weights == 1.0].mean().item())
+        answer_losses.append(chat_loss[chat_weights >= 1.0].mean().item())
+        agent_answer_losses.append(agent_loss[agent_weights >= 1.0].mean().item())
         if (step + 1) % LOG_EVERY == 0 or step == settings.steps - 1:
             window = len(losses[-LOG_EVERY:])
             curve.append((step + 1, round(sum(losses[-LOG_EVERY:]) / window, 4)))
@@ -393,7 +393,7 @@ All data is generated (seed {TRAIN_SEED}); nothing is downloaded.
   randomised demo phones through the real agent loop, so each turn is the
   exact request the loop sends (system prompt, tools, screen, last actions,
   task), rendered by this chat template as the server renders it. Tasks:
-  any switch on or off (two in five already in the wanted state),
+  any switch on or off (half of them already in the wanted state),
   any app, any alarm time, two tasks chained; phones: other switches and
   alarms, labels renamed with other phones' words, shuffled lists, decoy
   switches beside Wi-Fi, start screens other than home, and now and then
@@ -408,7 +408,8 @@ All data is generated (seed {TRAIN_SEED}); nothing is downloaded.
   turns, for about a quarter of the tokens.
 - {settings.steps} AdamW steps, each of {settings.batch_size} chat rows and {settings.agent_batch_size} agent rows, peak
   learning rate {settings.lr}, cosine schedule, bf16 autocast, {threads} CPU thread{"s" if threads > 1 else ""}.
-  Answer tokens have loss weight 1, prompt tokens {PROMPT_LOSS_WEIGHT}.
+  Answer tokens have loss weight 1, prompt tokens {PROMPT_LOSS_WEIGHT}; the decision after a switch's
+  reading (tap or task_complete) {DECISION_WEIGHT:g}.
 
 - training time: {result.seconds:.0f} s wall clock (1-minute load average
   {result.load_before:.1f} before, {result.load_after:.1f} after, on a
@@ -431,7 +432,8 @@ def _continued_text(settings: TrainSettings, result: TrainResult, command: str, 
 
 - fresh data (seed {seed}): {settings.dialogues:,} chat dialogues and {settings.agent_turns:,} agent turns
   drawn as above{share}; on a switch's page the answer first says what the expert read there
-  ("Wi-Fi is on; task: on."), then calls the tool.
+  ("Wi-Fi is on; task: on."), then calls the tool, and that call's first token (tap or
+  task_complete) has loss weight {DECISION_WEIGHT:g}.
 - {settings.steps} AdamW steps (a new optimizer state), each of {settings.batch_size} chat rows and {settings.agent_batch_size} agent rows,
   peak learning rate {settings.lr} after {settings.warmup_steps} warm-up steps, cosine schedule, bf16 autocast,
   {threads} CPU thread{"s" if threads > 1 else ""}.

@@ -170,10 +170,10 @@ def test_shared_prefix_rows_compute_what_whole_turns_do(turns):
                 expected = model(input_ids=whole[None]).logits[0]
                 torch.testing.assert_close(logits[row, where], expected[cut:], atol=1e-4, rtol=1e-4)
                 torch.testing.assert_close(prefix_logits, expected[:cut], atol=1e-4, rtol=1e-4)
-    # Only answers carry full weight; the first token of each branch is learnt from the prefix.
+    # Only answers carry weight (decisions after a reading the most); the first token of each branch is learnt from the prefix.
     starts = r.position_ids == cut
     assert (r.weights[starts] == 0).all()
-    assert torch.equal(r.weights.unique(), torch.tensor([0.0, demo_packing.PROMPT_LOSS_WEIGHT, 1.0]))
+    assert torch.equal(r.weights.unique(), torch.tensor([0.0, demo_packing.PROMPT_LOSS_WEIGHT, 1.0, demo_packing.DECISION_WEIGHT]))
 
 
 def test_a_turn_that_does_not_start_with_the_prefix_is_refused(turns):
@@ -182,3 +182,19 @@ def test_a_turn_that_does_not_start_with_the_prefix_is_refused(turns):
     tokenizer = HFTokenizer.from_file(str(demo_model_dir() / "tokenizer.json"))
     with pytest.raises(ValueError, match="does not start with the shared prefix"):
         demo_packing.pack_branches([turns[0].render()], "<|im_start|>system\nsomething else", tokenizer, 512, 0)
+
+
+
+def test_the_decision_after_a_reading_weighs_more_than_the_rest_of_the_answer(turns):
+    from tokenizers import Tokenizer as Bpe
+
+    bpe = Bpe.from_file(str(demo_model_dir() / "tokenizer.json"))
+    for turn in turns[:80]:
+        text = turn.render()
+        encoding = bpe.encode(text)
+        weights = demo_packing.token_weights(text, encoding.offsets)
+        heavy = [encoding.tokens[i] for i, w in enumerate(weights) if w == demo_packing.DECISION_WEIGHT]
+        name = turn.messages[-1]["tool_calls"][0]["function"]["name"]
+        # Only the call's first token, and only after a reading; every other answer token keeps weight 1.
+        assert heavy == ([bpe.encode(name).tokens[0]] if turn.messages[-1]["content"] else [])
+        assert set(weights) <= {0.0, demo_packing.PROMPT_LOSS_WEIGHT, 1.0, demo_packing.DECISION_WEIGHT}
