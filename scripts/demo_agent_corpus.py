@@ -8,7 +8,7 @@ turn becomes one training dialogue whose answer is the expert's tool call,
 rendered by the model's chat template as `edge-infer serve` renders the
 loop's request (tests/agent/test_demo_agent.py holds them byte-identical).
 On a switch's page the answer starts with what the expert read there
-("Wi-Fi is on; task: on.", see `edge_infer.agent.expert.reading`).
+('[2] Switch "Wi-Fi" on; task: on.', see `edge_infer.agent.expert.reading`).
 
 The phones vary as the suite's variants do, and more: any switch to turn on
 or off (often already in the wanted state, which must end in task_complete

@@ -26,7 +26,7 @@ from tokenizers import Tokenizer
 # model prompts (useful for plain completions and fidelity metrics), but the
 # answers carry most of the gradient.
 PROMPT_LOSS_WEIGHT = 0.1
-# Loss weight of an agent answer's decision after a reading of a switch ("Wi-Fi is on; task: on." then
+# Loss weight of an agent answer's decision after a reading of a switch ('[2] Switch "Wi-Fi" on; task: on.', then
 # tap or task_complete): one token that must compare the two words, where every other token of the
 # answer can be copied; at weight 1 the model answered with the data's share, whatever it had read.
 DECISION_WEIGHT = 20.0

@@ -399,8 +399,9 @@ All data is generated (seed {TRAIN_SEED}); nothing is downloaded.
   switches beside Wi-Fi, start screens other than home, and now and then
   a random step (played, not learnt) that the expert recovers from. Only
   episodes the task oracle passes are kept. On the page of a switch the
-  task names, the answer first says what the expert read there ("Wi-Fi
-  is on; task: on."), then calls the tool.
+  task names, the answer first copies the switch's line and adds the
+  state the task wants ('[2] Switch "Wi-Fi" on; task: on.'), then calls
+  the tool.
 - Every agent turn begins with the same system prompt and tools; that
   prefix is run once per batch and its keys and values are shared by all
   agent rows, each holding several turns that attend to it and to
@@ -431,8 +432,8 @@ def _continued_text(settings: TrainSettings, result: TrainResult, command: str, 
     {command}
 
 - fresh data (seed {seed}): {settings.dialogues:,} chat dialogues and {settings.agent_turns:,} agent turns
-  drawn as above{share}; on a switch's page the answer first says what the expert read there
-  ("Wi-Fi is on; task: on."), then calls the tool, and that call's first token (tap or
+  drawn as above{share}; on a switch's page the answer first copies the switch's line and adds the
+  state the task wants ('[2] Switch "Wi-Fi" on; task: on.'), then calls the tool, and that call's first token (tap or
   task_complete) has loss weight {DECISION_WEIGHT:g}.
 - {settings.steps} AdamW steps (a new optimizer state), each of {settings.batch_size} chat rows and {settings.agent_batch_size} agent rows,
   peak learning rate {settings.lr} after {settings.warmup_steps} warm-up steps, cosine schedule, bf16 autocast,

@@ -64,12 +64,12 @@ def test_a_reading_states_what_the_screen_shows_and_what_the_task_asks(turns):
     assert 0.1 < len(readings) / len(turns) < 0.5
     for turn in readings:
         prompt = turn.messages[1]["content"]
-        for label, state, wanted in re.findall(r"(.+?) is (on|off); task: (on|off)\.(?: |$)", turn.messages[-1]["content"]):
-            assert f'Switch "{label}" {state}\n' in prompt
+        for line, wanted in re.findall(r'(\[\d+\] Switch "[^"]+" (?:on|off)); task: (on|off)\.(?: |$)', turn.messages[-1]["content"]):
+            assert f"\n{line}\n" in prompt
             task = prompt.rpartition("Task: ")[2]
             assert re.search(r"\bon\b|enable", task, re.I) if wanted == "on" else re.search(r"\boff\b|disable", task, re.I)
     # Both states meet both wishes, so the reading, not the data's share, decides between tap and done.
-    pairs = Counter((re.findall(r"is (on|off); task: (on|off)", t.messages[-1]["content"])[-1], t.category) for t in readings)
+    pairs = Counter((re.findall(r'" (on|off); task: (on|off)', t.messages[-1]["content"])[-1], t.category) for t in readings)
     for state in ("on", "off"):
         assert pairs[((state, state), "agent_task_complete")] > 0
         assert pairs[((state, "off" if state == "on" else "on"), "agent_tap")] > 0

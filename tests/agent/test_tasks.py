@@ -62,13 +62,13 @@ def _readings(task_id: str) -> list[tuple[str, str]]:
 
 def test_the_expert_says_what_it_reads_on_the_switchs_page_and_only_there():
     # The state read off the screen and the state the task asks for, then the decision that follows from them.
-    assert _readings("wifi_on_already") == [("", "open_app"), ("", "tap"), ("Wi-Fi is on; task: on.", "task_complete")]
-    assert _readings("wifi_on") == [("", "open_app"), ("", "tap"), ("Wi-Fi is off; task: on.", "tap"),
-                                    ("Wi-Fi is on; task: on.", "task_complete")]
-    assert _readings("wifi_on/rename")[2:] == [("WLAN is off; task: on.", "tap"), ("WLAN is on; task: on.", "task_complete")]
+    assert _readings("wifi_on_already") == [("", "open_app"), ("", "tap"), ('[2] Switch "Wi-Fi" on; task: on.', "task_complete")]
+    assert _readings("wifi_on") == [("", "open_app"), ("", "tap"), ('[2] Switch "Wi-Fi" off; task: on.', "tap"),
+                                    ('[2] Switch "Wi-Fi" on; task: on.', "task_complete")]
+    assert _readings("wifi_on/rename")[2:] == [('[2] Switch "WLAN" off; task: on.', "tap"), ('[2] Switch "WLAN" on; task: on.', "task_complete")]
     # In a chain the switch read on its page is the one just done; the next step (another app) reads nothing.
-    assert [r for r in _readings("wifi_on/chain") if r[0]] == [("Wi-Fi is off; task: on.", "tap"),
-                                                               ("Wi-Fi is on; task: on.", "open_app")]
+    assert [r for r in _readings("wifi_on/chain") if r[0]] == [('[2] Switch "Wi-Fi" off; task: on.', "tap"),
+                                                               ('[2] Switch "Wi-Fi" on; task: on.', "open_app")]
     assert all(text == "" for text, _ in _readings("add_alarm"))
 
 

@@ -6,11 +6,13 @@ demo model's training corpus is made of them. It reads the phone's own
 state to choose (it is the oracle's sibling, not a model), and the screen
 only to find the element's index.
 
-On the page of a switch the task names, its reply says what it reads
-before the call: "Wi-Fi is on; task: on." A small model cannot compare the
-switch's state with the task's on/off in one token (it answers with the
-training share of tap and done, whatever the state); writing the two words
-first turns the decision into a comparison of its own last tokens.
+On the page of a switch the task names, its reply first copies that
+switch's line from the screen and adds the state the task wants, then
+calls: '[2] Switch "Wi-Fi" on; task: on.' A small model cannot compare the
+switch's state with the task's on/off in one token (it answered with the
+training share of tap and done, whatever the state); the line is copied
+verbatim once its index is chosen, and the call then compares two of the
+model's own last words.
 """
 from __future__ import annotations
 
@@ -93,13 +95,14 @@ def _toward(goal: Goal, phone: DemoPhone, screen: Screen) -> tuple[str, dict[str
     return "open_app", {"name": labels["clock"]}
 
 
-def reading(goals: list[Goal], phone: DemoPhone) -> str:
-    """For each of ``goals`` that is a switch on this page, its state and the wanted one; "" if none is."""
-    page = phone.stack[-1]
-    return " ".join(
-        f"{phone.labels[goal.name]} is {'on' if phone.switches[goal.name] else 'off'}; task: {'on' if goal.on else 'off'}."
-        for goal in goals if isinstance(goal, SwitchGoal) and page == f"settings/{_section(goal.name)}"
-    )
+def reading(goals: list[Goal], phone: DemoPhone, screen: Screen) -> str:
+    """For each of ``goals`` that is a switch on this page, its screen line and the wanted state; "" if none is."""
+    page, lines = phone.stack[-1], []
+    for goal in goals:
+        if isinstance(goal, SwitchGoal) and page == f"settings/{_section(goal.name)}":
+            switch = screen.elements[_find(screen, phone.labels[goal.name], "Switch")]
+            lines.append(f"{switch.render()}; task: {'on' if goal.on else 'off'}.")
+    return " ".join(lines)
 
 
 class ExpertModel:
@@ -119,6 +122,6 @@ class ExpertModel:
         # What it read: the goals this screen showed done, then the one the action is for.
         confirmed = [goal for goal in self.task.goals if goal in self.seen - seen_before]
         acted_on = [goal for goal in self.task.goals if goal not in self.seen][:1]
-        text = reading(confirmed + acted_on, self.device.app)
+        text = reading(confirmed + acted_on, self.device.app, screen)
         self.turns.append((messages, text, name, args))
         return Reply(text, [(name, json.dumps(args))])
