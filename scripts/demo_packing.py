@@ -26,11 +26,14 @@ from tokenizers import Tokenizer
 # model prompts (useful for plain completions and fidelity metrics), but the
 # answers carry most of the gradient.
 PROMPT_LOSS_WEIGHT = 0.1
-# Loss weight of an agent answer's decision after a reading of a switch ('[2] Switch "Wi-Fi" on; task: on.', then
-# tap or task_complete): one token that must compare the two words, where every other token of the
-# answer can be copied; at weight 1 the model answered with the data's share, whatever it had read.
+# Loss weight of the two decisions in an agent answer that reads a switch ('[2] Switch "Wi-Fi" on; task: on.',
+# then tap or task_complete): the state copied from the switch's line, and the call's first token, which
+# compares that state with the task's. Every other token of the answer is a copy the model learns at weight 1;
+# at weight 1 these two were answered with the data's share (the state from the other switches' lines, the
+# call whatever the state).
 DECISION_WEIGHT = 20.0
-DECISION = re.compile(r'; task: (?:on|off)\.\n<tool_call>\n\{"name": "()')
+DECISIONS = (re.compile(r'\] Switch "[^"\n]*"()\s(?:on|off); task: (?:on|off)\.'),
+             re.compile(r'; task: (?:on|off)\.\n<tool_call>\n\{"name": "()'))
 OPEN_ROWS = 16  # recent rows a dialogue may still be packed into
 
 
@@ -54,7 +57,7 @@ class BranchRows:
 def token_weights(text: str, offsets: list[tuple[int, int]]) -> list[float]:
     answers = [(m.start(1), m.end()) for m in re.finditer(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", text, re.S)]
     weights = [1.0 if any(a <= start < b for a, b in answers) else PROMPT_LOSS_WEIGHT for start, _ in offsets]
-    decisions = {m.start(1) for m in DECISION.finditer(text)}
+    decisions = {m.start(1) for pattern in DECISIONS for m in pattern.finditer(text)}
     weights = [DECISION_WEIGHT if start in decisions else w for (start, _), w in zip(offsets, weights)]
     weights[0] = 0.0  # a dialogue's first token has no context to be predicted from
     return weights

@@ -409,8 +409,8 @@ All data is generated (seed {TRAIN_SEED}); nothing is downloaded.
   turns, for about a quarter of the tokens.
 - {settings.steps} AdamW steps, each of {settings.batch_size} chat rows and {settings.agent_batch_size} agent rows, peak
   learning rate {settings.lr}, cosine schedule, bf16 autocast, {threads} CPU thread{"s" if threads > 1 else ""}.
-  Answer tokens have loss weight 1, prompt tokens {PROMPT_LOSS_WEIGHT}; the decision after a switch's
-  reading (tap or task_complete) {DECISION_WEIGHT:g}.
+  Answer tokens have loss weight 1, prompt tokens {PROMPT_LOSS_WEIGHT}; in a switch's reading the
+  state copied and the call's first token (tap or task_complete) {DECISION_WEIGHT:g}.
 
 - training time: {result.seconds:.0f} s wall clock (1-minute load average
   {result.load_before:.1f} before, {result.load_after:.1f} after, on a
@@ -433,8 +433,8 @@ def _continued_text(settings: TrainSettings, result: TrainResult, command: str, 
 
 - fresh data (seed {seed}): {settings.dialogues:,} chat dialogues and {settings.agent_turns:,} agent turns
   drawn as above{share}; on a switch's page the answer first copies the switch's line and adds the
-  state the task wants ('[2] Switch "Wi-Fi" on; task: on.'), then calls the tool, and that call's first token (tap or
-  task_complete) has loss weight {DECISION_WEIGHT:g}.
+  state the task wants ('[2] Switch "Wi-Fi" on; task: on.'), then calls the tool; the state copied and the
+  call's first token (tap or task_complete) have loss weight {DECISION_WEIGHT:g}.
 - {settings.steps} AdamW steps (a new optimizer state), each of {settings.batch_size} chat rows and {settings.agent_batch_size} agent rows,
   peak learning rate {settings.lr} after {settings.warmup_steps} warm-up steps, cosine schedule, bf16 autocast,
   {threads} CPU thread{"s" if threads > 1 else ""}.

@@ -185,7 +185,7 @@ def test_a_turn_that_does_not_start_with_the_prefix_is_refused(turns):
 
 
 
-def test_the_decision_after_a_reading_weighs_more_than_the_rest_of_the_answer(turns):
+def test_the_decisions_of_a_reading_weigh_more_than_the_rest_of_the_answer(turns):
     from tokenizers import Tokenizer as Bpe
 
     bpe = Bpe.from_file(str(demo_model_dir() / "tokenizer.json"))
@@ -195,6 +195,8 @@ def test_the_decision_after_a_reading_weighs_more_than_the_rest_of_the_answer(tu
         weights = demo_packing.token_weights(text, encoding.offsets)
         heavy = [encoding.tokens[i] for i, w in enumerate(weights) if w == demo_packing.DECISION_WEIGHT]
         name = turn.messages[-1]["tool_calls"][0]["function"]["name"]
-        # Only the call's first token, and only after a reading; every other answer token keeps weight 1.
-        assert heavy == ([bpe.encode(name).tokens[0]] if turn.messages[-1]["content"] else [])
+        # Only in an answer with a reading: each state it copied, and the call's first token; every other answer
+        # token keeps weight 1.
+        states = ["Ġ" + state for state in re.findall(r'" (on|off); task:', turn.messages[-1]["content"])]
+        assert heavy == ([*states, bpe.encode(name).tokens[0]] if states else [])
         assert set(weights) <= {0.0, demo_packing.PROMPT_LOSS_WEIGHT, 1.0, demo_packing.DECISION_WEIGHT}
