@@ -519,7 +519,7 @@ small, so many held-out prompts also occur in the training corpus; on the
 {_accuracy_rows(evaluation)}
 
 The same on {sum(agent_evaluation.total.values())} held-out agent turns (seed {EVAL_SEED}), by the tool the
-expert called; the answer is the whole `<tool_call>` block. Overall:
+expert called; the answer is the whole reply (any reading, then the `<tool_call>` block). Overall:
 **{agent_evaluation.accuracy:.1%}**; on the {agent_evaluation.unseen_total} turns whose prompt is not in the
 training corpus, {agent_unseen:.1%}.
 
