@@ -74,7 +74,7 @@ MAX_COPIES = 6  # of one identical turn: the commonest screens would otherwise f
 @dataclass(frozen=True)
 class Turn:
     messages: list[Message]  # what the loop sent
-    reading: str  # the reply's text before the call: the named switch's state and the wanted one, or ""
+    reading: str  # the reply's text before the call: the named switch's screen line and the wanted state, or ""
     name: str  # the tool the expert called
     arguments: dict[str, Any]
     on_section_page: bool  # a Settings section's page: tap the switch the task names, or done already, or leave
