@@ -589,15 +589,15 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch threads (results are reproducible per thread count)")
     parser.add_argument("--continue-from", type=Path, metavar="CHECKPOINT",
                         help="train this checkpoint (one this script wrote) further on fresh data, keeping its tokenizer")
-    parser.add_argument("--seed", type=int, default=CONTINUE_SEED,
+    parser.add_argument("--seed", type=int,
                         help=f"with --continue-from: the data's seed (default {CONTINUE_SEED}; another for each further run)")
     args = parser.parse_args()
     if args.continue_from and args.quick:
         parser.error("--quick trains from scratch; it does not combine with --continue-from")
-    if args.seed != CONTINUE_SEED and not args.continue_from:
+    if args.seed is not None and not args.continue_from:
         parser.error("--seed picks a further run's data; a run from scratch always uses the recorded seed")
     settings = CONTINUED if args.continue_from else QUICK if args.quick else FULL
-    seed = args.seed if args.continue_from else TRAIN_SEED
+    seed = (CONTINUE_SEED if args.seed is None else args.seed) if args.continue_from else TRAIN_SEED
     torch.manual_seed(seed)
     torch.set_num_threads(args.threads)
 
