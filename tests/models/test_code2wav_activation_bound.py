@@ -53,7 +53,7 @@ class LiveTensorPeak(TorchDispatchMode):
 def released() -> tuple[Code2Wav, object]:
     config = parse_code2wav_config(checkpoint_spec("qwen3-tts-0.6b").speech_tokenizer_config)
     torch.manual_seed(0)
-    return Code2Wav(config).to(DTYPE).eval(), config
+    return Code2Wav(config).to(DTYPE).eval().pack(), config
 
 
 @pytest.mark.parametrize("frames", [8, 33])  # the default chunk, and a chunk after 25 frames of left context
