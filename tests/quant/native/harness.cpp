@@ -68,6 +68,7 @@ void fail(const char* variant, const char* what, int item, float got, float want
 struct Case {
   int bits, m, group, groups;
   bool symmetric, bf16_input, special;  // special: an all-zero group, and NaN / infinity in some rows
+  bool extreme = false;  // every code and activation at its largest magnitude: the integer sums' worst case
 };
 
 struct Quantized {
@@ -115,12 +116,12 @@ void run_case(const std::vector<const IsaKernels*>& variants, const Case& c, Rng
       }
       for (int col = g * c.group; col < (g + 1) * c.group && col < real_cols; ++col) {
         if (c.bits == 4) {
-          const int code = rng.below(16);
+          const int code = c.extreme ? 15 : rng.below(16);
           uint8_t& byte = codes[(col / 8) * 4 * kTileRows + r * 4 + col % 4];
           byte |= static_cast<uint8_t>(col % 8 < 4 ? code : code << 4);
           w[r * k + col] = (code - 8) * static_cast<double>(scale) + zero;
         } else {
-          const int code = rng.below(255) - 127;
+          const int code = c.extreme ? 127 : rng.below(255) - 127;
           codes[(col / 4) * 4 * kTileRows + r * 4 + col % 4] = static_cast<uint8_t>(static_cast<int8_t>(code));
           w[r * k + col] = code * static_cast<double>(scale);
         }
@@ -132,7 +133,7 @@ void run_case(const std::vector<const IsaKernels*>& variants, const Case& c, Rng
   for (int i = 0; i < c.m; ++i)
     for (int col = 0; col < real_cols; ++col) {
       const float u = rng.uniform();
-      const float v = std::ldexp(u, rng.below(8) - 4);
+      const float v = c.extreme ? (i % 2 ? -1.f : 1.f) : std::ldexp(u, rng.below(8) - 4);
       xb[i * k + col] = to_bf16(v);
       x[i * k + col] = c.bf16_input ? from_bf16(xb[i * k + col]) : v;
     }
@@ -308,6 +309,14 @@ int main(int argc, char** argv) {
             run_case(variants, c, rng);
             ++cases;
           }
+  for (int bits : {4, 8})
+    for (int group : {32, 256})
+      for (int m : {1, 2}) {
+        Case c{bits, m, group, 2, true, true, false};
+        c.extreme = true;
+        run_case(variants, c, rng);
+        ++cases;
+      }
   for (int fp16 = 0; fp16 < 2; ++fp16)
     for (int m : {1, 2, 5}) {
       run_w16_case(variants, fp16 == 1, m, rng);

@@ -3,8 +3,9 @@
 // One ymm register holds 8 rows x 4 bytes of a tile, so a tile of 64 rows is 8 loads per 4 (int8) or
 // 8 (int4) input columns, each multiplied with the same broadcast activations. The 4-bit codes go into
 // the unsigned operand unchanged (no sign trick: the zero point is corrected once per group from the
-// activation sum), and the two nibbles' products are added in int16 before widening: at most
-// 2 * 15 * 127 per pair and product, 7620 for both, far from int16's limit.
+// activation sum). On AVX2 the products stay int16 through a 32-column slice (two nibbles' pairs per
+// step, four steps: at most 4 * 2 * 2 * 15 * 127 = 30480, within int16's 32767) and are widened to int32
+// once per slice: a quarter of the vpmaddwd and vpaddd the loop would otherwise run on every step.
 //
 // EDGE_INFER_VNNI_EVEX (tests only) spells the AVX-VNNI dot product with its AVX512-VL encoding, so the
 // variant's code can be checked on a CPU that has AVX512-VNNI but not AVX-VNNI.
@@ -25,10 +26,13 @@ inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) {
 #endif
 }
 
-// acc + sum of 4 products lo * a_lo and 4 products hi * a_hi per int32 lane.
-inline __m256i dot_nibbles(__m256i acc, __m256i lo, __m256i hi, __m256i a_lo, __m256i a_hi) {
-  return dpbusd(dpbusd(acc, lo, a_lo), hi, a_hi);
+// partial + sum of 4 products lo * a_lo and 4 products hi * a_hi per int32 lane.
+inline __m256i dot_nibbles(__m256i partial, __m256i lo, __m256i hi, __m256i a_lo, __m256i a_hi) {
+  return dpbusd(dpbusd(partial, lo, a_lo), hi, a_hi);
 }
+
+// The partial sums are int32 already.
+inline __m256i add_partial(__m256i acc, __m256i partial) { return _mm256_add_epi32(acc, partial); }
 
 // acc + sum of 4 products (w + 128) * a per lane (vpdpbusd takes an unsigned operand): see kInt8Offset.
 inline __m256i dot_int8(__m256i acc, __m256i w, __m256i a) {
@@ -36,9 +40,15 @@ inline __m256i dot_int8(__m256i acc, __m256i w, __m256i a) {
 }
 constexpr int32_t kInt8Offset = 128;
 #else
-inline __m256i dot_nibbles(__m256i acc, __m256i lo, __m256i hi, __m256i a_lo, __m256i a_hi) {
-  const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, a_lo), _mm256_maddubs_epi16(hi, a_hi));
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+// partial + the products lo * a_lo and hi * a_hi, summed in pairs per int16 lane. A partial takes the
+// kNibbleSteps steps of a 32-column slice: 4 * 2 * 2 * 15 * 127 at most, within int16.
+inline __m256i dot_nibbles(__m256i partial, __m256i lo, __m256i hi, __m256i a_lo, __m256i a_hi) {
+  return _mm256_add_epi16(partial, _mm256_add_epi16(_mm256_maddubs_epi16(lo, a_lo), _mm256_maddubs_epi16(hi, a_hi)));
+}
+
+// acc + the int16 partial sums widened and summed in pairs: once per slice, not once per step.
+inline __m256i add_partial(__m256i acc, __m256i partial) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(partial, _mm256_set1_epi16(1)));
 }
 
 // vpmaddubsw takes unsigned x signed: |w| x (a with w's sign); |w|, |a| <= 127 keeps a pair within int16.
@@ -48,6 +58,9 @@ inline __m256i dot_int8(__m256i acc, __m256i w, __m256i a) {
 }
 constexpr int32_t kInt8Offset = 0;
 #endif
+
+// 8-column steps whose products a partial sum takes before it is added to the int32 dot products.
+constexpr int kNibbleSteps = 4;
 
 inline __m256 load_bf16x8(const uint16_t* p) {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -74,18 +87,25 @@ void w4a8_rows(const uint8_t* codes, const uint16_t* sz, const Int8Rows& x, int6
     for (int p = 0; p < kRows; ++p)
       for (int r = 0; r < kRegs; ++r) dot[p][r] = _mm256_setzero_si256();
     const uint8_t* w = codes + g * x.group * (kTileRows / 2) + 4 * r0;
-    for (int64_t c = g * x.group; c < (g + 1) * x.group; c += 8, w += 4 * kTileRows) {
-      prefetch_ahead(w, 32 * kRegs);
-      __m256i a_lo[kRows], a_hi[kRows];
-      for (int p = 0; p < kRows; ++p) {
-        a_lo[p] = broadcast4(x.q + (i + p) * x.k + c);
-        a_hi[p] = broadcast4(x.q + (i + p) * x.k + c + 4);
+    for (int64_t slice = g * x.group; slice < (g + 1) * x.group; slice += 8 * kNibbleSteps) {  // groups: 32 | size
+      __m256i partial[kRows][kRegs];
+      for (int p = 0; p < kRows; ++p)
+        for (int r = 0; r < kRegs; ++r) partial[p][r] = _mm256_setzero_si256();
+      for (int64_t c = slice; c < slice + 8 * kNibbleSteps; c += 8, w += 4 * kTileRows) {
+        prefetch_ahead(w, 32 * kRegs);
+        __m256i a_lo[kRows], a_hi[kRows];
+        for (int p = 0; p < kRows; ++p) {
+          a_lo[p] = broadcast4(x.q + (i + p) * x.k + c);
+          a_hi[p] = broadcast4(x.q + (i + p) * x.k + c + 4);
+        }
+        for (int r = 0; r < kRegs; ++r) {
+          const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * r));
+          const __m256i lo = _mm256_and_si256(bytes, low), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+          for (int p = 0; p < kRows; ++p) partial[p][r] = dot_nibbles(partial[p][r], lo, hi, a_lo[p], a_hi[p]);
+        }
       }
-      for (int r = 0; r < kRegs; ++r) {
-        const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * r));
-        const __m256i lo = _mm256_and_si256(bytes, low), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
-        for (int p = 0; p < kRows; ++p) dot[p][r] = dot_nibbles(dot[p][r], lo, hi, a_lo[p], a_hi[p]);
-      }
+      for (int p = 0; p < kRows; ++p)
+        for (int r = 0; r < kRegs; ++r) dot[p][r] = add_partial(dot[p][r], partial[p][r]);
     }
     const uint16_t* s = sz + g * 2 * kTileRows + r0;
     const __m256 eight = _mm256_set1_ps(8.f);
