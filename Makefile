@@ -30,7 +30,7 @@ test-fast: $(STAMP)
 # The whole suite as an AVX2-only CPU (no AVX-512, VNNI or bf16) sees it: edge-infer's capability
 # model and PyTorch's and oneDNN's dispatch all masked. For developers on AVX-512 machines.
 test-avx2: $(STAMP)
-	EDGE_INFER_CPU_FEATURES=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(PY) -m pytest
+	EDGE_INFER_CPU_FEATURES=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 $(PY) -m pytest
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

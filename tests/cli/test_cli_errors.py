@@ -37,8 +37,9 @@ def corrupt_model(tmp_path_factory) -> Path:
 def no_avx2(monkeypatch):
     """This process sees an x86 CPU without AVX2, where edge-infer's int8 kernels have no variant; PyTorch's own
     dispatch variables are restored afterwards."""
-    for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
-        monkeypatch.setenv(name, "default" if name.startswith("ATEN") else "SSE41")
+    for name, value in (("ATEN_CPU_CAPABILITY", "default"), ("ONEDNN_MAX_CPU_ISA", "SSE41"),
+                        ("MKL_ENABLE_INSTRUCTIONS", "SSE4_2")):
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv(cpu_mod.MASK_ENV, "fma,f16c")
     cpu_mod.detect.cache_clear()
     yield

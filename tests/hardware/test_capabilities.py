@@ -39,7 +39,8 @@ def test_this_machine_is_described_with_cores_and_caches():
 def detect_in_child(mask: str | None) -> dict:
     """detect() in a fresh process, with ``mask`` as EDGE_INFER_CPU_FEATURES (None: unmasked)."""
     code = ("import json, os; from edge_infer.hardware.cpu import detect; c = detect(); "
-            "print(json.dumps({**c.to_dict(), 'aten': os.environ.get('ATEN_CPU_CAPABILITY')}))")
+            "print(json.dumps({**c.to_dict(), 'aten': os.environ.get('ATEN_CPU_CAPABILITY'), "
+            "'mkl': os.environ.get('MKL_ENABLE_INSTRUCTIONS')}))")
     env = {k: v for k, v in os.environ.items() if k != MASK_ENV}
     if mask is not None:
         env[MASK_ENV] = mask
@@ -52,6 +53,7 @@ def test_a_mask_only_takes_features_away_and_tells_pytorch_too():
     assert set(masked["masked"]) == set(real["features"]) - set(PROFILES["avx2"][1])
     if real["arch"] == "x86_64":
         assert masked["aten"] == os.environ.get("ATEN_CPU_CAPABILITY", "avx2")
+        assert masked["mkl"] == os.environ.get("MKL_ENABLE_INSTRUCTIONS", "AVX2")
 
 
 def test_a_mask_naming_an_unknown_feature_is_an_error_that_lists_the_known_ones():

@@ -7,9 +7,10 @@ spelling across architectures (``FEATURES``); ``/proc/cpuinfo``'s own names
 
 ``EDGE_INFER_CPU_FEATURES`` masks features for testing and for comparing
 paths: a profile name (``avx2``) or a comma-separated feature list. It can
-only take features away. When it hides AVX-512, PyTorch's and oneDNN's own
-dispatch are told too (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``, unless
-already set), so a process started afterwards runs as it would on that CPU.
+only take features away. When it hides AVX-512, PyTorch's, oneDNN's and MKL's
+own dispatch are told too (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``,
+``MKL_ENABLE_INSTRUCTIONS``, unless already set), so a process started
+afterwards runs as it would on that CPU.
 
 ``PROFILES`` describes common edge CPUs, to plan for a machine other than
 this one (``edge-infer plan --cpu PROFILE``) and to test refusals.
@@ -144,6 +145,8 @@ def _apply_mask(caps: CpuCapabilities, mask: str) -> CpuCapabilities:
         # Tell PyTorch's and oneDNN's dispatch too, for processes that have not started them yet.
         os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2" if "avx2" in kept else "default")
         os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2" if "avx2" in kept else "SSE41")
+        # MKL (PyTorch's fp32 matmul) dispatches on its own: on an Intel CPU it would keep its AVX-512 paths.
+        os.environ.setdefault("MKL_ENABLE_INSTRUCTIONS", "AVX2" if "avx2" in kept else "SSE4_2")
     return replace(caps, features=kept, masked=hidden, source=f"detected, masked by {MASK_ENV}={mask}")
 
 
