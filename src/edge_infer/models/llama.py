@@ -29,8 +29,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
     (``F.rms_norm`` on bf16 runs ~3x slower on a 512-token chunk here and rounds differently.)
     """
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    xf = x.to(torch.float32, copy=True)  # a copy even of fp32 input: normalised in place
+    xf.mul_(torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps))
     return weight * xf.to(x.dtype)
 
 

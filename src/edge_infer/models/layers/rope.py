@@ -86,10 +86,14 @@ class RotaryTable:
         return torch.cat((freqs.cos(), freqs.cos()), dim=-1), torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, *, inplace: bool = False) -> torch.Tensor:
     """Rotate ``x [T, heads, head_dim]`` (half-split convention of HF Llama/Qwen).
 
     ``x * cos + rotate_half(x) * sin`` with rotate_half written as a roll
-    against a sign-folded sin: three kernels instead of six.
+    against a sign-folded sin: three kernels instead of six. ``inplace``
+    overwrites ``x`` (which must already have the result's dtype) and
+    allocates only the roll: every fresh tensor is page faults under the
+    encoders' pinned allocator (memory.measure.pin_mmap_threshold).
     """
-    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, -1), signed_sin)
+    rolled = torch.roll(x, x.shape[-1] // 2, -1)
+    return (x.mul_(cos) if inplace else x * cos).addcmul_(rolled, signed_sin)
