@@ -55,20 +55,20 @@ def vision_tensor_bytes(cfg: VisionConfig, patches: int, d: int) -> int:
 
     Per patch, in the largest of its phases (``x`` the residual a block starts from, held by the caller):
     the patch embedding (a ``d``-byte copy of the fp32 pixels, then ``x`` in window order); a block's
-    rotary step (``x``, the fused qkv, and q/k rotated in fp32: the float copy, ``x * cos``, the roll and
-    the sum); its attention (q/k/v gathered where windows differ in size, the output); its MLP (``x``,
-    qkv, the rotated q/k and the attention output are still referenced, the residual after attention,
-    gate/up, the activation and the product); the merger. Throughout: the fp32 cos/sin and the int64
-    2-D positions of every patch.
+    rotary step (``x``, the fused qkv, and q/k rotated in fp32: the float copy, rotated in place, and the
+    roll); its attention (q/k/v gathered where windows differ in size, the output); its MLP (``x``, qkv,
+    the rotated q/k and the attention output are still referenced, the residual after attention, gate/up
+    with the activation applied in place, and the product); the merger. Throughout: the fp32 cos/sin and
+    the int64 2-D positions of every patch.
     """
     h, i, o = cfg.hidden_size, cfg.intermediate_size, cfg.out_hidden_size
     m2 = cfg.merge_unit
     pixels_copy = cfg.patch_dim * d if d != FP32 else 0
     embed = max(pixels_copy + h * d, 2 * h * d)
     norm = 2 * h * d + 2 * h * FP32
-    rotary = 4 * h * d + 4 * 2 * h * FP32
+    rotary = 4 * h * d + 2 * 2 * h * FP32
     attention = 11 * h * d
-    mlp = 8 * h * d + 4 * i * d
+    mlp = 8 * h * d + 3 * i * d
     merger = max(2 * h * d + 2 * h * FP32, 3 * h * d, 2 * h * d + o * d // m2)
     per_patch = 2 * cfg.head_dim * FP32 + 2 * INT64 + max(embed, norm, rotary, attention, mlp, merger)
     return patches * per_patch
