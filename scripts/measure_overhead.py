@@ -10,7 +10,7 @@ chunk sizes on the demo model and fitted as (factor x the shape-derived
 bytes per token) x tokens + fixed bytes, after the mask and logits; and the
 media encoders' (memory/encoder_sizing.py): the RssAnon one encode adds
 (memory/encoder_probe.py), at two sizes of each tower at a small and at the
-Qwen2.5-Omni-3B width, fitted per dtype as factor x the shape-derived
+Qwen2.5-Omni-3B width, fitted per tower and dtype as factor x the shape-derived
 tensors + fixed bytes + bytes per byte of the largest weight matrix. Each
 figure is the median of several fresh processes. Run on the machine class
 the plan is for; the file records where it was measured.
@@ -214,43 +214,44 @@ def _encoder_peak(config: Path, dtype: str, args: list[str]) -> float:
 
 
 def encoder_calibration(dtype: str) -> dict[str, float]:
-    """factor, fixed bytes and bytes per largest-weight byte of one encode, for ``dtype``.
+    """Per tower: factor, fixed bytes and bytes per largest-weight byte of one encode, for ``dtype``.
 
-    The factor is the largest slope of measured over shape-derived bytes (per tower and shape); each
-    shape's fixed part the largest remainder; the fixed parts of the two widths give the line through the
+    The factor is the larger slope of measured over shape-derived bytes (of the tower's two widths); each
+    width's fixed part the larger remainder; the fixed parts of the two widths give the line through the
     largest weight matrix's bytes (the BLAS's packing buffers grow with it). A plan errs on the side of
     refusing."""
     from edge_infer.memory import encoder_sizing as sizing
     from edge_infer.models.encoder_config import AudioConfig, VisionConfig
 
     d = 2 if dtype == "bfloat16" else 4
-    points = {}  # shape -> [(tensors, measured)] per tower
-    largest = {}
+    result = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for shape, config in ENCODER_SHAPES.items():
-            path = Path(tmp) / f"{shape}.json"
-            path.write_text(json.dumps(config))
-            vision = VisionConfig.from_dict(config["vision_config"], split_qkv=True)
-            audio = AudioConfig.from_dict(config["audio_config"])
-            largest[shape] = max(sizing.largest_linear_bytes(vision, d), sizing.largest_linear_bytes(audio, d))
-            for tower in ("vision", "audio"):
+        for tower in ("vision", "audio"):
+            points, largest = {}, {}  # width -> [(tensors, measured)], its largest linear's bytes
+            for shape, config in ENCODER_SHAPES.items():
+                path = Path(tmp) / f"{shape}.json"
+                path.write_text(json.dumps(config))
+                cfg = (VisionConfig.from_dict(config["vision_config"], split_qkv=True) if tower == "vision"
+                       else AudioConfig.from_dict(config["audio_config"]))
+                largest[shape] = sizing.largest_linear_bytes(cfg, d)
                 measured = []
                 for side, frames in ENCODER_SIZES[shape]:
                     if tower == "vision":
-                        args, tensors = ["--image-grid", "1", str(side), str(side)], sizing.vision_tensor_bytes(vision, side * side, d)
+                        args, tensors = ["--image-grid", "1", str(side), str(side)], sizing.vision_tensor_bytes(cfg, side * side, d)
                     else:
-                        args, tensors = ["--audio-frames", str(frames)], sizing.audio_tensor_bytes(audio, frames, d)
+                        args, tensors = ["--audio-frames", str(frames)], sizing.audio_tensor_bytes(cfg, frames, d)
                     measured.append((tensors, _encoder_peak(path, dtype, args)))
-                points[(shape, tower)] = measured
-    factor = max((m1 - m0) / (t1 - t0) for (t0, m0), (t1, m1) in points.values())
-    fixed = {shape: max(m - factor * t for (s, _), pts in points.items() if s == shape for t, m in pts)
-             for shape in ENCODER_SHAPES}
-    (l0, f0), (l1, f1) = ((largest[s], fixed[s]) for s in ENCODER_SHAPES)
-    per_weight_byte = max(0.0, (f1 - f0) / (l1 - l0))
-    prefix = "encoder_bf16_" if d == 2 else "encoder_fp32_"
-    return {prefix + "activation_factor": round(factor, 3),
-            prefix + "activation_fixed_bytes": int(max(0, max(f - per_weight_byte * largest[s] for s, f in fixed.items()))),
-            prefix + "scratch_per_weight_byte": round(per_weight_byte, 3)}
+                points[shape] = measured
+            factor = max((m1 - m0) / (t1 - t0) for (t0, m0), (t1, m1) in points.values())
+            fixed = {shape: max(m - factor * t for t, m in pts) for shape, pts in points.items()}
+            (l0, f0), (l1, f1) = ((largest[s], fixed[s]) for s in ENCODER_SHAPES)
+            per_weight_byte = max(0.0, (f1 - f0) / (l1 - l0))
+            prefix = sizing.calibration_prefix(tower, d)
+            result.update({
+                prefix + "activation_factor": round(factor, 3),
+                prefix + "activation_fixed_bytes": int(max(0, max(f - per_weight_byte * largest[s] for s, f in fixed.items()))),
+                prefix + "scratch_per_weight_byte": round(per_weight_byte, 3)})
+    return result
 
 
 def encoder_calibrations() -> dict[str, float]:

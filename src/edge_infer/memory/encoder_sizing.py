@@ -6,7 +6,7 @@
 - one encode's activation peak: the tensors ``models/vision.py`` and
   ``models/audio_encoder.py`` hold at once in their largest phase (a block's
   rotary or MLP step, the audio front end's convolutions), by shape, times a
-  factor and plus a fixed part measured per dtype
+  factor and plus a fixed part measured per tower and dtype
   (``scripts/measure_overhead.py`` with ``memory.encoder_probe``);
 - what a running sequence holds of its media: an item's encoder input (the
   worker's copy of its features) until the item is encoded, then its
@@ -103,7 +103,7 @@ def encoder_activation_bytes(cfg: VisionConfig | AudioConfig, size: int, dtype_b
     (fp32 products go through MKL's sgemm, which keeps a packed copy of a panel of the weight per call)."""
     if not size:
         return 0
-    factor, fixed, per_weight_byte = encoder_calibration(dtype_bytes)
+    factor, fixed, per_weight_byte = encoder_calibration(cfg, dtype_bytes)
     if isinstance(cfg, VisionConfig):
         tensors = vision_tensor_bytes(cfg, size, dtype_bytes)
     else:
@@ -116,11 +116,18 @@ def largest_linear_bytes(cfg: VisionConfig | AudioConfig, dtype_bytes: int) -> i
     return max(s.numel for s in specs if s.is_linear) * dtype_bytes
 
 
-def encoder_calibration(dtype_bytes: int) -> tuple[float, int, float]:
-    """(factor, fixed bytes, bytes per byte of the largest linear) measured for the encoders in this dtype
-    (memory/overhead.json, scripts/measure_overhead.py)."""
+def calibration_prefix(tower: str, dtype_bytes: int) -> str:
+    """The overhead.json keys' prefix for one tower ("vision" or "audio") in one dtype."""
+    return f"encoder_{tower}_{'bf16' if dtype_bytes == 2 else 'fp32'}_"
+
+
+def encoder_calibration(cfg: VisionConfig | AudioConfig, dtype_bytes: int) -> tuple[float, int, float]:
+    """(factor, fixed bytes, bytes per byte of the largest linear) measured for this kind of tower in this dtype
+    (memory/overhead.json, scripts/measure_overhead.py). Each tower has its own: their allocation patterns differ
+    (the ViT's many per-block temporaries, the audio tower's few large ones), and one factor for both left the
+    audio tower's bf16 plan 10% over its measured peak."""
     calib = runtime_overhead()
-    prefix = "encoder_bf16_" if dtype_bytes == 2 else "encoder_fp32_"
+    prefix = calibration_prefix("vision" if isinstance(cfg, VisionConfig) else "audio", dtype_bytes)
     return (calib[prefix + "activation_factor"], int(calib[prefix + "activation_fixed_bytes"]),
             calib[prefix + "scratch_per_weight_byte"])
 
