@@ -199,7 +199,10 @@ def batch(encoder: Encoder, examples: list[data.Example]) -> dict:
         input_ids[i, :len(ids)] = torch.tensor(ids)
         labels[i, :len(ids)] = torch.tensor(target)
         mask[i, :len(ids)] = 1
-    return dict(input_ids=input_ids, labels=labels, attention_mask=mask,
+    # Marks the image tokens for transformers' M-RoPE: without it transformers falls back to 1-D positions, and the
+    # decoder would learn positions other than the 3-D ones edge-infer's engine (and transformers' processor) give.
+    types = (input_ids == encoder.image_pad).int()
+    return dict(input_ids=input_ids, labels=labels, attention_mask=mask, mm_token_type_ids=types,
                 pixel_values=torch.from_numpy(np.concatenate([f.pixel_values for _, _, f in rows])),
                 image_grid_thw=torch.tensor([f.grid_thw for _, _, f in rows]))
 
