@@ -130,7 +130,8 @@ def fused_model(request, tmp_path_factory):
 
 def cache_for(model) -> KVCache:
     cfg = model.cfg
-    return KVCache(KVLayout(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, 2, 16), 8, torch.bfloat16)
+    layout = KVLayout(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, model.dtype.itemsize, 16)
+    return KVCache(layout, 8, model.dtype)
 
 
 def decode(model, cache: KVCache, ids: list[int], past: list[int], blocks: list[list[int]], fused: bool) -> torch.Tensor:
@@ -196,11 +197,25 @@ def test_fused_decode_is_as_accurate_as_the_pytorch_path(fused_model, make_core,
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_the_fused_layer_gives_the_same_bits_on_every_variant(fused_model, make_core, method):
+def test_fused_decode_of_an_fp32_model_equals_the_pytorch_layer_to_fp32_rounding(fused_model, make_core, method):
+    """fp32 is what a CPU without native bf16 computes in (AVX2): its decode steps run in the fused layer too, and
+    differ from the PyTorch layer only in the order of fp32 sums (norms, softmax), over a paged context as on the
+    first tokens."""
+    _, path = fused_model
+    model = make_core(path, method, dtype="float32").model
+    pytorch, fused = paged_decode(model, False), paged_decode(model, True)
+    assert (fused - pytorch).norm() / pytorch.norm() < 1e-5
+    first = [decode(model, cache_for(model), [5, 77, 300], [0, 0, 0], [[0], [1], [3]], f) for f in (False, True)]
+    assert (first[1] - first[0]).norm() / first[0].norm() < 1e-5
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("method", METHODS)
+def test_the_fused_layer_gives_the_same_bits_on_every_variant(fused_model, make_core, method, dtype):
     """Every ISA variant sums and rounds alike (attention included), so decode outputs match bit for bit: a model
     gives the same tokens on AVX2, AVX-VNNI, AVX-512 and NEON."""
     _, path = fused_model
-    model = make_core(path, method).model
+    model = make_core(path, method, dtype=dtype).model
     outputs = {v: paged_decode(on_variant(model, v), True) for v in VARIANTS}
     assert all(torch.equal(out, outputs["scalar"]) for out in outputs.values()), list(outputs)
 

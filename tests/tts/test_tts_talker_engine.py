@@ -189,11 +189,12 @@ def w4a8_checkpoint(tmp_path_factory) -> Path:
         synth.checkpoint_spec = original
 
 
-def test_a_w4a8_talker_runs_its_frame_steps_in_fused_layers(w4a8_checkpoint: Path) -> None:
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])  # float32: what a CPU without native bf16 runs
+def test_a_w4a8_talker_runs_its_frame_steps_in_fused_layers(w4a8_checkpoint: Path, dtype: str) -> None:
     from edge_infer.config import QuantConfig
 
     eng = load_talker_engine(EngineConfig(
-        model=str(w4a8_checkpoint), dtype="bfloat16", max_model_len=128, max_num_seqs=2, max_num_batched_tokens=64,
+        model=str(w4a8_checkpoint), dtype=dtype, max_model_len=128, max_num_seqs=2, max_num_batched_tokens=64,
         kv_cache_memory_bytes=1 << 20, quant=QuantConfig(int8_activations=True),
     ))
     voice = VoiceRequest(CASES[GREEDY[0]]["input_ids"], CASES[GREEDY[0]]["speaker"])

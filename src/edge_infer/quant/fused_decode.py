@@ -4,9 +4,10 @@ A decode step (one new token per sequence) of a small model is dominated by
 the ~150 small PyTorch operators around each layer's four matrix products,
 not by the products themselves once they run on the int8 kernels. The fused
 layer computes the same layer (models/llama.py's ``DecoderLayer``, rounding
-to bf16 at the same points) in one call, on the ISA variant the linears run
-on. Prefill chunks, fp32 models, sliding windows, mixed weight kinds and
-tinygemm/bf16 weights keep the PyTorch path.
+to bf16 at the same points, or nowhere for an fp32 model) in one call, on the
+ISA variant the linears run on. fp32 is what a CPU without native bf16 runs
+(AVX2), so the fused layer serves those too. Prefill chunks, sliding windows,
+mixed weight kinds and tinygemm/bf16 weights keep the PyTorch path.
 """
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def build(model) -> "FusedDecode | None":
         return None
     if not fusable(model):
         log.info("int8-activation weights, but decode steps run layer by layer in PyTorch: the fused layer needs "
-                 "bf16 activations, every linear on one int8 kernel, a head_dim multiple of 16 and no sliding window")
+                 "bf16 or fp32 activations, every linear on one int8 kernel, a head_dim multiple of 16 and no sliding "
+                 "window")
         return None
     return FusedDecode(model)
 
@@ -45,7 +47,7 @@ def _layer_kernels(layer) -> tuple:
 def fusable(model) -> bool:
     """Whether every decoder layer of ``model`` (a ``DecoderLM``) can run as one fused call."""
     cfg = model.cfg
-    if model.dtype != torch.bfloat16 or cfg.sliding_window is not None or cfg.head_dim % 16:
+    if model.dtype not in (torch.bfloat16, torch.float32) or cfg.sliding_window is not None or cfg.head_dim % 16:
         return False
     kernels = [k for layer in model.layers for k in _layer_kernels(layer)]
     return (all(isinstance(k, Int8ActivationKernel) for k in kernels)

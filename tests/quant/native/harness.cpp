@@ -236,6 +236,36 @@ void run_w16_case(const std::vector<const IsaKernels*>& variants, bool fp16, int
   }
 }
 
+// The attention helpers over an fp32 cache: the same sums, in the same lane order, as over a bf16 one.
+void run_f32_vector_case(const std::vector<const IsaKernels*>& variants, Rng& rng, int n, int count, int stride) {
+  std::vector<float> q(n), rows(count * stride), w(count);
+  for (float& v : q) v = rng.uniform() * 4.f;
+  for (float& v : rows) v = rng.uniform();
+  for (float& v : w) v = rng.uniform();
+  std::vector<float> want(count), y_ref(n, 0.5f);
+  variants[0]->dot_f32(q.data(), rows.data(), stride, count, n, want.data());
+  variants[0]->axpy_f32(w.data(), rows.data(), stride, count, n, y_ref.data());
+  for (int r = 0; r < count; ++r) {
+    double exact = 0.0, magnitude = 0.0;
+    for (int i = 0; i < n; ++i) {
+      exact += static_cast<double>(q[i]) * rows[r * stride + i];
+      magnitude += std::fabs(static_cast<double>(q[i]) * rows[r * stride + i]);
+    }
+    if (std::fabs(want[r] - exact) > magnitude * n * 0x1p-24) fail(variants[0]->name, "dot_f32 rounding", r, want[r], exact);
+  }
+  for (float v : want) mix(v);
+  for (float v : y_ref) mix(v);
+  for (size_t v = 1; v < variants.size(); ++v) {
+    std::vector<float> got(count), y(n, 0.5f);
+    variants[v]->dot_f32(q.data(), rows.data(), stride, count, n, got.data());
+    variants[v]->axpy_f32(w.data(), rows.data(), stride, count, n, y.data());
+    for (int r = 0; r < count; ++r)
+      if (!same(got[r], want[r])) fail(variants[v]->name, "dot_f32", r, got[r], want[r]);
+    for (int i = 0; i < n; ++i)
+      if (!same(y[i], y_ref[i])) fail(variants[v]->name, "axpy_f32", i, y[i], y_ref[i]);
+  }
+}
+
 // The attention helpers: the same fp32 sums on every variant.
 void run_vector_case(const std::vector<const IsaKernels*>& variants, Rng& rng) {
   const int n = 16 * (1 + rng.below(16)), count = 1 + rng.below(16), stride = n + 16 * rng.below(3);
@@ -275,6 +305,7 @@ void run_vector_case(const std::vector<const IsaKernels*>& variants, Rng& rng) {
     for (int i = 0; i < n; ++i)
       if (!same(y[i], y_ref[i])) fail(variants[v]->name, "axpy_bf16", i, y[i], y_ref[i]);
   }
+  run_f32_vector_case(variants, rng, n, count, stride);
 }
 
 }  // namespace

@@ -4,14 +4,15 @@
 // the rest went to ~150 small PyTorch operators (norms, RoPE, cache writes,
 // attention, residual adds), each paying Python and dispatcher overhead. Here
 // the same arithmetic runs as plain loops around the W4A8 products, with the
-// results rounded to bf16 where models/llama.py's DecoderLayer rounds them.
+// results rounded to bf16 where models/llama.py's DecoderLayer rounds them
+// (an fp32 model rounds nowhere).
 //
-// Supported: bf16 activations and KV cache, W4A8 or W8A8 weights (all four
+// Supported: bf16 or fp32 activations and KV cache, W4A8 or W8A8 weights (all four
 // linears alike), fused q/k/v (optional bias) and gate/up, optional per-head
 // q/k RMSNorm, half-split RoPE from precomputed tables, full causal attention
 // over the paged cache (no sliding window). The products and the attention
 // loops run on the ISA variant the caller names (isa.h); every variant gives
-// the same bits, so the layer does too.
+// the same bits, so the layer does too. T is the activation type: at::BFloat16 or float.
 #include "linear.h"
 
 #include <ATen/Parallel.h>
@@ -27,49 +28,67 @@ namespace {
 
 using bf16 = at::BFloat16;
 
-inline float rounded(float v) { return static_cast<float>(static_cast<bf16>(v)); }
+// v as the activation type holds it (bf16 rounds; fp32 is v itself).
+template <typename T>
+inline float rounded(float v) { return static_cast<float>(static_cast<T>(v)); }
 
 // rms_norm of models/llama.py: normalise in fp32, round, scale by the weight, round.
-void rms_norm(const bf16* x, const bf16* weight, int64_t n, float eps, bf16* out) {
+template <typename T>
+void rms_norm(const T* x, const T* weight, int64_t n, float eps, T* out) {
   float squares = 0.f;
   for (int64_t i = 0; i < n; ++i) squares += static_cast<float>(x[i]) * static_cast<float>(x[i]);
   const float r = 1.f / std::sqrt(squares / static_cast<float>(n) + eps);
   for (int64_t i = 0; i < n; ++i)
-    out[i] = static_cast<bf16>(rounded(static_cast<float>(x[i]) * r) * static_cast<float>(weight[i]));
+    out[i] = static_cast<T>(rounded<T>(static_cast<float>(x[i]) * r) * static_cast<float>(weight[i]));
 }
 
 // apply_rotary: x * cos (rounded) + roll(x, d / 2) * signed_sin, in place over ``heads`` heads.
-void rotate(bf16* x, int64_t heads, int64_t d, const bf16* cos, const bf16* sin) {
+template <typename T>
+void rotate(T* x, int64_t heads, int64_t d, const T* cos, const T* sin) {
   std::vector<float> out(d);
   for (int64_t h = 0; h < heads; ++h, x += d) {
     for (int64_t i = 0; i < d; ++i)
-      out[i] = rounded(static_cast<float>(x[i]) * static_cast<float>(cos[i])) +
+      out[i] = rounded<T>(static_cast<float>(x[i]) * static_cast<float>(cos[i])) +
                static_cast<float>(x[(i + d / 2) % d]) * static_cast<float>(sin[i]);
-    for (int64_t i = 0; i < d; ++i) x[i] = static_cast<bf16>(out[i]);
+    for (int64_t i = 0; i < d; ++i) x[i] = static_cast<T>(out[i]);
   }
 }
 
-inline const uint16_t* raw(const bf16* p) { return reinterpret_cast<const uint16_t*>(p); }
+// The attention loops of isa.h for each cache element type.
+void dot(const IsaKernels& isa, const bf16* q, const bf16* k, int64_t stride, int64_t count, int64_t n, float* out) {
+  isa.dot_bf16(reinterpret_cast<const uint16_t*>(q), reinterpret_cast<const uint16_t*>(k), stride, count, n, out);
+}
+void dot(const IsaKernels& isa, const float* q, const float* k, int64_t stride, int64_t count, int64_t n, float* out) {
+  isa.dot_f32(q, k, stride, count, n, out);
+}
+void axpy(const IsaKernels& isa, const float* w, const bf16* v, int64_t stride, int64_t count, int64_t n, float* y) {
+  isa.axpy_bf16(w, reinterpret_cast<const uint16_t*>(v), stride, count, n, y);
+}
+void axpy(const IsaKernels& isa, const float* w, const float* v, int64_t stride, int64_t count, int64_t n, float* y) {
+  isa.axpy_f32(w, v, stride, count, n, y);
+}
 
+template <typename T>
 struct Cache {
-  const bf16* k;
-  const bf16* v;
+  const T* k;
+  const T* v;
   int64_t block_size, kv_heads, d;
   // The first of one head's rows in one block; the next is ``stride()`` values on.
-  const uint16_t* row(const bf16* base, int64_t block, int64_t head) const {
-    return reinterpret_cast<const uint16_t*>(base + (block * block_size * kv_heads + head) * d);
+  const T* row(const T* base, int64_t block, int64_t head) const {
+    return base + (block * block_size * kv_heads + head) * d;
   }
   int64_t stride() const { return kv_heads * d; }
 };
 
 // One query head over the ``ctx`` keys of its sequence's blocks, softmax and weighted sum in fp32
 // (PyTorch's flash kernel rounds the probabilities to bf16 first: the two differ in the last bits).
-void attend_head(const IsaKernels& isa, const bf16* q, const Cache& c, const int64_t* blocks, int64_t ctx,
-                 int64_t kv_head, float scale, bf16* out) {
+template <typename T>
+void attend_head(const IsaKernels& isa, const T* q, const Cache<T>& c, const int64_t* blocks, int64_t ctx,
+                 int64_t kv_head, float scale, T* out) {
   std::vector<float> p(ctx);
   for (int64_t j0 = 0; j0 < ctx; j0 += c.block_size)  // one cache block's keys per call
-    isa.dot_bf16(raw(q), c.row(c.k, blocks[j0 / c.block_size], kv_head), c.stride(), std::min(c.block_size, ctx - j0),
-                 c.d, p.data() + j0);
+    dot(isa, q, c.row(c.k, blocks[j0 / c.block_size], kv_head), c.stride(), std::min(c.block_size, ctx - j0), c.d,
+        p.data() + j0);
   float top = -std::numeric_limits<float>::infinity();
   for (int64_t j = 0; j < ctx; ++j) top = std::max(top, p[j] *= scale);
   float total = 0.f;
@@ -77,22 +96,23 @@ void attend_head(const IsaKernels& isa, const bf16* q, const Cache& c, const int
   for (int64_t j = 0; j < ctx; ++j) p[j] /= total;
   std::vector<float> acc(c.d, 0.f);
   for (int64_t j0 = 0; j0 < ctx; j0 += c.block_size)
-    isa.axpy_bf16(p.data() + j0, c.row(c.v, blocks[j0 / c.block_size], kv_head), c.stride(),
-                  std::min(c.block_size, ctx - j0), c.d, acc.data());
-  for (int64_t i = 0; i < c.d; ++i) out[i] = static_cast<bf16>(acc[i]);
+    axpy(isa, p.data() + j0, c.row(c.v, blocks[j0 / c.block_size], kv_head), c.stride(),
+         std::min(c.block_size, ctx - j0), c.d, acc.data());
+  for (int64_t i = 0; i < c.d; ++i) out[i] = static_cast<T>(acc[i]);
 }
 
 // out[m, n] = in[m, :] W^T; ``in`` has the weight's padded width (zero beyond the real columns).
-void matmul(const IsaKernels& isa, const std::vector<bf16>& in, int64_t m, const PackedWeight& w, std::vector<bf16>& out) {
+template <typename T>
+void matmul(const IsaKernels& isa, const std::vector<T>& in, int64_t m, const PackedWeight& w, std::vector<T>& out) {
   out.resize(m * w.n);
   int8_matmul(isa, w, in.data(), m, out.data());
 }
 
 inline int64_t padded(int64_t n, int64_t group) { return (n + group - 1) / group * group; }
 
-void check_vector(const char* name, const at::Tensor& t, int64_t n) {
-  TORCH_CHECK(t.scalar_type() == at::kBFloat16 && t.is_contiguous() && t.numel() == n,
-              "decode_layer: ", name, " must be ", n, " contiguous bf16 values");
+void check_vector(const char* name, const at::Tensor& t, int64_t n, at::ScalarType dtype) {
+  TORCH_CHECK(t.scalar_type() == dtype && t.is_contiguous() && t.numel() == n,
+              "decode_layer: ", name, " must be ", n, " contiguous ", dtype, " values (the activations' dtype)");
 }
 
 // Every slot written and every block read lies inside the cache (an index_copy_ would raise; this writes raw).
@@ -107,21 +127,25 @@ void check_cache_indices(const int64_t* slot, const int64_t* table, const int64_
   }
 }
 
-at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache,
-                        const at::Tensor& v_cache, const at::Tensor& slots, const at::Tensor& block_table,
-                        const at::Tensor& ctx_lens, const at::Tensor& input_norm, const at::Tensor& post_norm,
-                        const c10::optional<at::Tensor>& q_norm, const c10::optional<at::Tensor>& k_norm,
-                        const at::Tensor& qkv_packed, const at::Tensor& qkv_sz, const c10::optional<at::Tensor>& qkv_bias,
-                        const at::Tensor& o_packed, const at::Tensor& o_sz, const at::Tensor& gate_up_packed,
-                        const at::Tensor& gate_up_sz, const at::Tensor& down_packed, const at::Tensor& down_sz,
-                        int64_t bits, int64_t group, int64_t heads, int64_t kv_heads, int64_t intermediate, double eps_d,
-                        double scale_d, const std::string& isa_name) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "decode_layer: x must be bf16 [M, hidden]");
-  TORCH_CHECK(k_cache.scalar_type() == at::kBFloat16 && k_cache.dim() == 4 && k_cache.is_contiguous() &&
-                  v_cache.is_contiguous() && k_cache.size(2) == kv_heads && k_cache.size(3) % 16 == 0,
-              "decode_layer: caches must be bf16 [blocks, block_size, kv_heads, head_dim], head_dim a multiple of 16");
-  TORCH_CHECK(cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16 && cos.is_contiguous() &&
-                  sin.is_contiguous(), "decode_layer: RoPE tables must be contiguous bf16 [M, 1, head_dim]");
+template <typename T>
+at::Tensor decode_layer_as(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache,
+                           const at::Tensor& v_cache, const at::Tensor& slots, const at::Tensor& block_table,
+                           const at::Tensor& ctx_lens, const at::Tensor& input_norm, const at::Tensor& post_norm,
+                           const c10::optional<at::Tensor>& q_norm, const c10::optional<at::Tensor>& k_norm,
+                           const at::Tensor& qkv_packed, const at::Tensor& qkv_sz, const c10::optional<at::Tensor>& qkv_bias,
+                           const at::Tensor& o_packed, const at::Tensor& o_sz, const at::Tensor& gate_up_packed,
+                           const at::Tensor& gate_up_sz, const at::Tensor& down_packed, const at::Tensor& down_sz,
+                           int64_t bits, int64_t group, int64_t heads, int64_t kv_heads, int64_t intermediate, double eps_d,
+                           double scale_d, const std::string& isa_name) {
+  const at::ScalarType dtype = x.scalar_type();
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "decode_layer: x must be a contiguous [M, hidden] tensor");
+  TORCH_CHECK(k_cache.scalar_type() == dtype && v_cache.scalar_type() == dtype && k_cache.dim() == 4 &&
+                  k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.size(2) == kv_heads &&
+                  k_cache.size(3) % 16 == 0,
+              "decode_layer: caches must be ", dtype, " (the activations' dtype) [blocks, block_size, kv_heads, head_dim], "
+              "head_dim a multiple of 16");
+  TORCH_CHECK(cos.scalar_type() == dtype && sin.scalar_type() == dtype && cos.is_contiguous() && sin.is_contiguous(),
+              "decode_layer: RoPE tables must be contiguous ", dtype, " [M, 1, head_dim]");
   const int64_t m = x.size(0), hidden = x.size(1), d = k_cache.size(3);
   TORCH_CHECK(slots.scalar_type() == at::kLong && block_table.scalar_type() == at::kLong && ctx_lens.scalar_type() == at::kLong &&
                   slots.is_contiguous() && block_table.is_contiguous() && ctx_lens.is_contiguous() &&
@@ -137,15 +161,15 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Te
   const PackedWeight down = check_packed("decode_layer down", bits, down_packed, down_sz, padded(intermediate, group), group,
                                          hidden);
   const IsaKernels& isa = isa_named(isa_name);
-  check_vector("input_norm", input_norm, hidden);
-  check_vector("post_norm", post_norm, hidden);
+  check_vector("input_norm", input_norm, hidden, dtype);
+  check_vector("post_norm", post_norm, hidden, dtype);
   if (q_norm.has_value()) {
-    check_vector("q_norm", *q_norm, d);
-    check_vector("k_norm", *k_norm, d);
+    check_vector("q_norm", *q_norm, d, dtype);
+    check_vector("k_norm", *k_norm, d, dtype);
   }
-  if (qkv_bias.has_value()) check_vector("qkv_bias", *qkv_bias, qkv_n);
+  if (qkv_bias.has_value()) check_vector("qkv_bias", *qkv_bias, qkv_n, dtype);
   const float eps = static_cast<float>(eps_d), scale = static_cast<float>(scale_d);
-  const bf16* xp = x.data_ptr<bf16>();
+  const T* xp = x.data_ptr<T>();
   const int64_t* slot = slots.data_ptr<int64_t>();
   const int64_t* table = block_table.data_ptr<int64_t>();
   const int64_t* ctx = ctx_lens.data_ptr<int64_t>();
@@ -153,29 +177,29 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Te
   check_cache_indices(slot, table, ctx, m, max_blocks, k_cache.size(0), k_cache.size(1));
 
   // Attention block: norm, q/k/v, per-head norms, RoPE, cache write, attention, output projection.
-  std::vector<bf16> h(m * qkv.k, bf16(0.f)), proj;
+  std::vector<T> h(m * qkv.k, T(0.f)), proj;
   for (int64_t i = 0; i < m; ++i)
-    rms_norm(xp + i * hidden, input_norm.data_ptr<bf16>(), hidden, eps, h.data() + i * qkv.k);
+    rms_norm(xp + i * hidden, input_norm.data_ptr<T>(), hidden, eps, h.data() + i * qkv.k);
   matmul(isa, h, m, qkv, proj);
-  bf16* kc = k_cache.data_ptr<bf16>();
-  bf16* vc = v_cache.data_ptr<bf16>();
+  T* kc = k_cache.data_ptr<T>();
+  T* vc = v_cache.data_ptr<T>();
   for (int64_t i = 0; i < m; ++i) {
-    bf16* row = proj.data() + i * qkv_n;
+    T* row = proj.data() + i * qkv_n;
     if (qkv_bias.has_value()) {
-      const bf16* b = qkv_bias->data_ptr<bf16>();
-      for (int64_t j = 0; j < qkv_n; ++j) row[j] = static_cast<bf16>(static_cast<float>(row[j]) + static_cast<float>(b[j]));
+      const T* b = qkv_bias->data_ptr<T>();
+      for (int64_t j = 0; j < qkv_n; ++j) row[j] = static_cast<T>(static_cast<float>(row[j]) + static_cast<float>(b[j]));
     }
     if (q_norm.has_value()) {
-      for (int64_t hd = 0; hd < heads; ++hd) rms_norm(row + hd * d, q_norm->data_ptr<bf16>(), d, eps, row + hd * d);
+      for (int64_t hd = 0; hd < heads; ++hd) rms_norm(row + hd * d, q_norm->data_ptr<T>(), d, eps, row + hd * d);
       for (int64_t hd = 0; hd < kv_heads; ++hd)
-        rms_norm(row + q_size + hd * d, k_norm->data_ptr<bf16>(), d, eps, row + q_size + hd * d);
+        rms_norm(row + q_size + hd * d, k_norm->data_ptr<T>(), d, eps, row + q_size + hd * d);
     }
-    rotate(row, heads + kv_heads, d, cos.data_ptr<bf16>() + i * d, sin.data_ptr<bf16>() + i * d);
+    rotate(row, heads + kv_heads, d, cos.data_ptr<T>() + i * d, sin.data_ptr<T>() + i * d);
     std::copy(row + q_size, row + q_size + kv_size, kc + slot[i] * kv_size);
     std::copy(row + q_size + kv_size, row + qkv_n, vc + slot[i] * kv_size);
   }
-  std::vector<bf16> attn(m * o.k, bf16(0.f));
-  const Cache cache{kc, vc, k_cache.size(1), kv_heads, d};
+  std::vector<T> attn(m * o.k, T(0.f));
+  const Cache<T> cache{kc, vc, k_cache.size(1), kv_heads, d};
   int64_t keys = 0;
   for (int64_t i = 0; i < m; ++i) keys += ctx[i];
   // Short contexts (the code predictor's) are not worth waking the other threads for.
@@ -189,25 +213,40 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Te
   });
   matmul(isa, attn, m, o, proj);
   at::Tensor out = at::empty_like(x);
-  bf16* y = out.data_ptr<bf16>();
-  for (int64_t j = 0; j < m * hidden; ++j) y[j] = static_cast<bf16>(static_cast<float>(xp[j]) + static_cast<float>(proj[j]));
+  T* y = out.data_ptr<T>();
+  for (int64_t j = 0; j < m * hidden; ++j) y[j] = static_cast<T>(static_cast<float>(xp[j]) + static_cast<float>(proj[j]));
 
   // MLP block: norm, gate/up, silu(gate) * up, down, residual.
-  std::vector<bf16> h2(m * gate_up.k, bf16(0.f));
+  std::vector<T> h2(m * gate_up.k, T(0.f));
   for (int64_t i = 0; i < m; ++i)
-    rms_norm(y + i * hidden, post_norm.data_ptr<bf16>(), hidden, eps, h2.data() + i * gate_up.k);
+    rms_norm(y + i * hidden, post_norm.data_ptr<T>(), hidden, eps, h2.data() + i * gate_up.k);
   matmul(isa, h2, m, gate_up, proj);
-  std::vector<bf16> act(m * down.k, bf16(0.f));
+  std::vector<T> act(m * down.k, T(0.f));
   for (int64_t i = 0; i < m; ++i) {
-    const bf16* gate = proj.data() + i * 2 * intermediate;
+    const T* gate = proj.data() + i * 2 * intermediate;
     for (int64_t j = 0; j < intermediate; ++j) {
       const float g = static_cast<float>(gate[j]);
-      act[i * down.k + j] = static_cast<bf16>(rounded(g / (1.f + std::exp(-g))) * static_cast<float>(gate[intermediate + j]));
+      act[i * down.k + j] = static_cast<T>(rounded<T>(g / (1.f + std::exp(-g))) * static_cast<float>(gate[intermediate + j]));
     }
   }
   matmul(isa, act, m, down, proj);
-  for (int64_t j = 0; j < m * hidden; ++j) y[j] = static_cast<bf16>(static_cast<float>(y[j]) + static_cast<float>(proj[j]));
+  for (int64_t j = 0; j < m * hidden; ++j) y[j] = static_cast<T>(static_cast<float>(y[j]) + static_cast<float>(proj[j]));
   return out;
+}
+
+at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache,
+                        const at::Tensor& v_cache, const at::Tensor& slots, const at::Tensor& block_table,
+                        const at::Tensor& ctx_lens, const at::Tensor& input_norm, const at::Tensor& post_norm,
+                        const c10::optional<at::Tensor>& q_norm, const c10::optional<at::Tensor>& k_norm,
+                        const at::Tensor& qkv_packed, const at::Tensor& qkv_sz, const c10::optional<at::Tensor>& qkv_bias,
+                        const at::Tensor& o_packed, const at::Tensor& o_sz, const at::Tensor& gate_up_packed,
+                        const at::Tensor& gate_up_sz, const at::Tensor& down_packed, const at::Tensor& down_sz,
+                        int64_t bits, int64_t group, int64_t heads, int64_t kv_heads, int64_t intermediate, double eps_d,
+                        double scale_d, const std::string& isa_name) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
+              "decode_layer: activations must be bf16 or fp32, got ", x.scalar_type());
+  const auto run = x.scalar_type() == at::kFloat ? &decode_layer_as<float> : &decode_layer_as<bf16>;
+  return run(x, cos, sin, k_cache, v_cache, slots, block_table, ctx_lens, input_norm, post_norm, q_norm, k_norm, qkv_packed, qkv_sz, qkv_bias, o_packed, o_sz, gate_up_packed, gate_up_sz, down_packed, down_sz, bits, group, heads, kv_heads, intermediate, eps_d, scale_d, isa_name);
 }
 
 }  // namespace

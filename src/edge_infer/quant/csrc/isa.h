@@ -59,6 +59,9 @@ struct IsaKernels {
   void (*axpy_bf16)(const float* w, const uint16_t* v, int64_t stride, int64_t count, int64_t n, float* y);
   // n fp32 values -> bf16, rounding to nearest even; NaN stays NaN (0x7FC0, as PyTorch converts it).
   void (*round_bf16)(const float* x, int64_t n, uint16_t* out);
+  // dot_bf16 and axpy_bf16 over fp32 rows (an fp32 model's cache), in the same lane order.
+  void (*dot_f32)(const float* q, const float* k, int64_t stride, int64_t count, int64_t n, float* out);
+  void (*axpy_f32)(const float* w, const float* v, int64_t stride, int64_t count, int64_t n, float* y);
 };
 
 // The variant of this name built into this library, or nullptr (not this architecture, or its compiler

@@ -200,12 +200,16 @@ void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m
 }
 
 // isa.h's 16 lanes in two registers (lanes 0-7 and 8-15), reduced pairwise as the contract says.
-void dot_bf16(const uint16_t* q, const uint16_t* k, int64_t stride, int64_t count, int64_t n, float* out) {
+inline __m256 load8(const uint16_t* p) { return load_bf16x8(p); }
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+
+template <typename T>
+void dot_rows(const T* q, const T* k, int64_t stride, int64_t count, int64_t n, float* out) {
   for (int64_t r = 0; r < count; ++r, k += stride) {
     __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += 16) {
-      lo = _mm256_fmadd_ps(load_bf16x8(q + i), load_bf16x8(k + i), lo);
-      hi = _mm256_fmadd_ps(load_bf16x8(q + i + 8), load_bf16x8(k + i + 8), hi);
+      lo = _mm256_fmadd_ps(load8(q + i), load8(k + i), lo);
+      hi = _mm256_fmadd_ps(load8(q + i + 8), load8(k + i + 8), hi);
     }
     out[r] = sum_lanes(_mm256_add_ps(lo, hi));
   }

@@ -142,10 +142,14 @@ void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m
 }
 
 // isa.h's 16 lanes in one register, reduced pairwise as the contract says.
-void dot_bf16(const uint16_t* q, const uint16_t* k, int64_t stride, int64_t count, int64_t n, float* out) {
+inline __m512 load16(const uint16_t* p) { return load_bf16x16(p); }
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+template <typename T>
+void dot_rows(const T* q, const T* k, int64_t stride, int64_t count, int64_t n, float* out) {
   for (int64_t r = 0; r < count; ++r, k += stride) {
     __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; i += 16) acc = _mm512_fmadd_ps(load_bf16x16(q + i), load_bf16x16(k + i), acc);
+    for (int64_t i = 0; i < n; i += 16) acc = _mm512_fmadd_ps(load16(q + i), load16(k + i), acc);
     const __m256 upper = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
     out[r] = sum_lanes(_mm256_add_ps(_mm512_castps512_ps256(acc), upper));
   }

@@ -113,9 +113,30 @@ void quantize_bf16(const uint16_t* x, int64_t k, int64_t group, int8_t* q, float
   quantize_row(x, k, group, q, alpha, sum);
 }
 
-void axpy_bf16(const float* w, const uint16_t* v, int64_t stride, int64_t count, int64_t n, float* y) {
+template <typename T>
+void axpy_rows(const float* w, const T* v, int64_t stride, int64_t count, int64_t n, float* y) {
   for (int64_t r = 0; r < count; ++r, v += stride)
-    for (int64_t i = 0; i < n; ++i) y[i] = __builtin_fmaf(w[r], bf16_to_float(v[i]), y[i]);
+    for (int64_t i = 0; i < n; ++i) y[i] = __builtin_fmaf(w[r], to_float(v[i]), y[i]);
+}
+
+void axpy_bf16(const float* w, const uint16_t* v, int64_t stride, int64_t count, int64_t n, float* y) {
+  axpy_rows(w, v, stride, count, n, y);
+}
+
+void axpy_f32(const float* w, const float* v, int64_t stride, int64_t count, int64_t n, float* y) {
+  axpy_rows(w, v, stride, count, n, y);
+}
+
+// Defined by each variant (isa.h's lane contract), for bf16 (uint16_t) and fp32 rows.
+template <typename T>
+void dot_rows(const T* q, const T* k, int64_t stride, int64_t count, int64_t n, float* out);
+
+void dot_bf16(const uint16_t* q, const uint16_t* k, int64_t stride, int64_t count, int64_t n, float* out) {
+  dot_rows(q, k, stride, count, n, out);
+}
+
+void dot_f32(const float* q, const float* k, int64_t stride, int64_t count, int64_t n, float* out) {
+  dot_rows(q, k, stride, count, n, out);
 }
 
 void round_bf16(const float* x, int64_t n, uint16_t* out) {
@@ -143,6 +164,6 @@ inline float w8a8_group(float acc, int32_t dot, float scale, float alpha) {
 // Defines the variant's table from the tile kernels its translation unit implements.
 #define EDGE_INFER_ISA_TABLE(symbol, isa_name)                                                             \
   namespace edge_infer {                                                                                   \
-  extern const IsaKernels symbol = {isa_name, quantize_f32, quantize_bf16, w4a8_tile, w8a8_tile,        \
-                                    w16_tile, dot_bf16,     axpy_bf16,     round_bf16};                   \
+  extern const IsaKernels symbol = {isa_name, quantize_f32, quantize_bf16, w4a8_tile, w8a8_tile, w16_tile,  \
+                                    dot_bf16, axpy_bf16,     round_bf16,    dot_f32,   axpy_f32};          \
   }

@@ -107,11 +107,15 @@ void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m
 }
 
 // isa.h's 16 lanes in four registers (lanes 0-3, 4-7, 8-11, 12-15), reduced pairwise as the contract says.
-void dot_bf16(const uint16_t* q, const uint16_t* k, int64_t stride, int64_t count, int64_t n, float* out) {
+inline float32x4_t load4(const uint16_t* p) { return load_bf16x4(p); }
+inline float32x4_t load4(const float* p) { return vld1q_f32(p); }
+
+template <typename T>
+void dot_rows(const T* q, const T* k, int64_t stride, int64_t count, int64_t n, float* out) {
   for (int64_t r = 0; r < count; ++r, k += stride) {
     float32x4_t acc[4] = {vdupq_n_f32(0.f), vdupq_n_f32(0.f), vdupq_n_f32(0.f), vdupq_n_f32(0.f)};
     for (int64_t i = 0; i < n; i += 16)
-      for (int j = 0; j < 4; ++j) acc[j] = vfmaq_f32(acc[j], load_bf16x4(q + i + 4 * j), load_bf16x4(k + i + 4 * j));
+      for (int j = 0; j < 4; ++j) acc[j] = vfmaq_f32(acc[j], load4(q + i + 4 * j), load4(k + i + 4 * j));
     const float32x4_t four = vaddq_f32(vaddq_f32(acc[0], acc[2]), vaddq_f32(acc[1], acc[3]));
     const float32x2_t two = vadd_f32(vget_low_f32(four), vget_high_f32(four));
     out[r] = vget_lane_f32(two, 0) + vget_lane_f32(two, 1);

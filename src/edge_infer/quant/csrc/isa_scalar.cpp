@@ -56,11 +56,12 @@ void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m
 }
 
 // isa.h's 16 lanes, one float each, in the contract's order.
-void dot_bf16(const uint16_t* q, const uint16_t* k, int64_t stride, int64_t count, int64_t n, float* out) {
+template <typename T>
+void dot_rows(const T* q, const T* k, int64_t stride, int64_t count, int64_t n, float* out) {
   for (int64_t r = 0; r < count; ++r, k += stride) {
     float lanes[16] = {};
     for (int64_t i = 0; i < n; i += 16)
-      for (int j = 0; j < 16; ++j) lanes[j] = __builtin_fmaf(bf16_to_float(q[i + j]), bf16_to_float(k[i + j]), lanes[j]);
+      for (int j = 0; j < 16; ++j) lanes[j] = __builtin_fmaf(to_float(q[i + j]), to_float(k[i + j]), lanes[j]);
     for (int width = 8; width >= 1; width /= 2)
       for (int j = 0; j < width; ++j) lanes[j] += lanes[j + width];
     out[r] = lanes[0];
