@@ -38,6 +38,15 @@ def require(kernel: str) -> str:
     return variant.name
 
 
+def vector_variant() -> str | None:
+    """The variant for the library's other vector loops (Code2Wav's SnakeBeta) on this CPU, or None where the
+    int8 kernels cannot run (their callers then keep their PyTorch operators: same results, slower)."""
+    try:
+        return require("cpu-w4a8")
+    except KernelUnavailableError:
+        return None
+
+
 @functools.lru_cache(maxsize=1)
 def built_variants() -> tuple[str, ...]:
     """The ISA variants in the library, loading it (and building it first if needed)."""

@@ -266,6 +266,31 @@ void run_f32_vector_case(const std::vector<const IsaKernels*>& variants, Rng& rn
   }
 }
 
+// Code2Wav's SnakeBeta: the reference within float rounding of x + sin^2(alpha x) * inv_beta taken in double,
+// every variant bit-identical to it (a NaN and an argument past the range reduction included).
+void run_snake_case(const std::vector<const IsaKernels*>& variants, Rng& rng, int n) {
+  std::vector<float> x(n);
+  const float scale = std::pow(10.f, static_cast<float>(rng.below(5)) - 1.f);
+  for (float& v : x) v = (rng.uniform() * 2.f - 1.f) * scale;
+  if (n > 20) x[3] = NAN, x[17] = 3e7f;
+  const float alpha = 0.5f + rng.uniform(), inv_beta = 0.5f + rng.uniform();
+  std::vector<float> want(n);
+  variants[0]->snake_f32(x.data(), n, alpha, inv_beta, want.data());
+  for (int i = 0; i < n; ++i) {
+    const double s = std::sin(static_cast<double>(x[i] * alpha));
+    const double exact = static_cast<double>(x[i]) + s * s * inv_beta;
+    if (!(std::fabs(want[i] - exact) <= std::fabs(x[i]) * 0x1p-22 + 4e-6) && !(std::isnan(want[i]) && std::isnan(x[i])))
+      fail(variants[0]->name, "snake rounding", i, want[i], static_cast<float>(exact));
+  }
+  for (float v : want) mix(v);
+  for (size_t v = 1; v < variants.size(); ++v) {
+    std::vector<float> got(n);
+    variants[v]->snake_f32(x.data(), n, alpha, inv_beta, got.data());
+    for (int i = 0; i < n; ++i)
+      if (!same(got[i], want[i])) fail(variants[v]->name, "snake", i, got[i], want[i]);
+  }
+}
+
 // The attention helpers: the same fp32 sums on every variant.
 void run_vector_case(const std::vector<const IsaKernels*>& variants, Rng& rng) {
   const int n = 16 * (1 + rng.below(16)), count = 1 + rng.below(16), stride = n + 16 * rng.below(3);
@@ -306,6 +331,7 @@ void run_vector_case(const std::vector<const IsaKernels*>& variants, Rng& rng) {
       if (!same(y[i], y_ref[i])) fail(variants[v]->name, "axpy_bf16", i, y[i], y_ref[i]);
   }
   run_f32_vector_case(variants, rng, n, count, stride);
+  run_snake_case(variants, rng, n + rng.below(16));
 }
 
 }  // namespace

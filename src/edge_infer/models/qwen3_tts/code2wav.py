@@ -249,13 +249,17 @@ class SnakeBeta(nn.Module):
         super().__init__()
         self.alpha = nn.Parameter(torch.zeros(dim))
         self.beta = nn.Parameter(torch.zeros(dim))
+        # The native kernel's ISA variant (``Code2Wav.pack``): fp32 in one vectorized pass instead of four.
+        self.kernel_variant: str | None = None
 
     def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:  # pointwise: no state
-        alpha = torch.exp(self.alpha)[None, :, None]
-        inverse_beta = 1.0 / (torch.exp(self.beta)[None, :, None] + SNAKE_EPS)
+        alpha = torch.exp(self.alpha)
+        inverse_beta = 1.0 / (torch.exp(self.beta) + SNAKE_EPS)
+        if self.kernel_variant is not None and x.dtype == torch.float32 and x.shape[0] == 1:
+            return torch.ops.edge_infer.snake(x.contiguous(), alpha, inverse_beta, self.kernel_variant)
         # One new tensor, updated in place: 1.3-4x faster than the formula's four temporaries, same bits.
-        wave = torch.mul(x, alpha).sin_()
-        return wave.square_().mul_(inverse_beta).add_(x)
+        wave = torch.mul(x, alpha[None, :, None]).sin_()
+        return wave.square_().mul_(inverse_beta[None, :, None]).add_(x)
 
 
 class ResidualUnit(nn.Module):
@@ -325,10 +329,18 @@ class Code2Wav(nn.Module):
         )
 
     def pack(self) -> "Code2Wav":
-        """Rearrange loaded weights into the layouts the layers decode fastest with (once, after loading)."""
+        """Rearrange loaded weights into the layouts the layers decode fastest with (once, after loading), and
+        give an fp32 decoder's SnakeBeta layers the native kernel where this CPU runs it."""
+        snake_variant = None
+        if self.pre_conv.conv.weight.dtype == torch.float32:
+            from edge_infer.quant.native import vector_variant
+
+            snake_variant = vector_variant()
         for module in self.modules():
             if isinstance(module, CausalTransposedConv):
                 module.pack()
+            elif isinstance(module, SnakeBeta):
+                module.kernel_variant = snake_variant
         return self
 
     def new_state(self) -> DecodeState:

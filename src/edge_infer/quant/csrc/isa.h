@@ -62,6 +62,8 @@ struct IsaKernels {
   // dot_bf16 and axpy_bf16 over fp32 rows (an fp32 model's cache), in the same lane order.
   void (*dot_f32)(const float* q, const float* k, int64_t stride, int64_t count, int64_t n, float* out);
   void (*axpy_f32)(const float* w, const float* v, int64_t stride, int64_t count, int64_t n, float* y);
+  // Code2Wav's SnakeBeta over one channel's n samples: out = x + sin^2(alpha x) * inv_beta (out must not be x).
+  void (*snake_f32)(const float* x, int64_t n, float alpha, float inv_beta, float* out);
 };
 
 // The variant of this name built into this library, or nullptr (not this architecture, or its compiler

@@ -148,6 +148,43 @@ void round_bf16(const float* x, int64_t n, uint16_t* out) {
   }
 }
 
+// sin^2 y for |y| <= kSnakeReduceLimit, in operations the compiler vectorizes. sin^2 has period pi, so y is
+// reduced to r = y - n pi in [-pi/2, pi/2] (n = round(y / pi), pi in three float parts, each step one fused
+// multiply-add: exact for the n this limit allows) and sin r taken from its Taylor series to r^13, whose
+// remainder is under 7e-10 there; the result is within a few float roundings of sin^2 y.
+constexpr float kSnakeReduceLimit = 4194304.f;  // 2^22: y / pi + kRoundMagic still rounds to an integer
+inline float sin_squared(float y) {
+  const float n = (y * 0.318309886f + kRoundMagic) - kRoundMagic;
+  float r = __builtin_fmaf(-n, 3.14159274f, y);
+  r = __builtin_fmaf(-n, -8.74227766e-08f, r);
+  r = __builtin_fmaf(-n, -3.43030930e-15f, r);
+  const float r2 = r * r;
+  float p = __builtin_fmaf(r2, 1.6059044e-10f, -2.5052108e-08f);  // 1/13!, -1/11!
+  p = __builtin_fmaf(p, r2, 2.7557319e-06f);                       // 1/9!
+  p = __builtin_fmaf(p, r2, -1.98412698e-04f);                     // -1/7!
+  p = __builtin_fmaf(p, r2, 8.33333333e-03f);                      // 1/5!
+  p = __builtin_fmaf(p, r2, -1.66666667e-01f);                     // -1/3!
+  const float sin_r = __builtin_fmaf(p * r2, r, r);
+  return sin_r * sin_r;
+}
+
+void snake_f32(const float* x, int64_t n, float alpha, float inv_beta, float* out) {
+  uint32_t beyond = 0;  // any argument past the reduction's range (NaN and infinity included: their bits are larger)
+  for (int64_t i = 0; i < n; ++i) {
+    const float y = x[i] * alpha;
+    beyond |= magnitude_bits(y) > 0x4A800000u ? 1u : 0u;  // the bits of kSnakeReduceLimit
+    out[i] = sin_squared(y) * inv_beta + x[i];
+  }
+  if (!beyond) return;
+  for (int64_t i = 0; i < n; ++i) {  // those take the library's sine, as the PyTorch formula does
+    const float y = x[i] * alpha;
+    if (magnitude_bits(y) > 0x4A800000u) {
+      const float s = __builtin_sinf(y);
+      out[i] = s * s * inv_beta + x[i];
+    }
+  }
+}
+
 // The float part of one group for one output row: dot is the exact int32 sum of q * code.
 inline float w4a8_group(float acc, int32_t dot, float scale, float zero, float alpha, float total) {
   acc = __builtin_fmaf(static_cast<float>(dot), scale * alpha, acc);
@@ -165,5 +202,6 @@ inline float w8a8_group(float acc, int32_t dot, float scale, float alpha) {
 #define EDGE_INFER_ISA_TABLE(symbol, isa_name)                                                             \
   namespace edge_infer {                                                                                   \
   extern const IsaKernels symbol = {isa_name, quantize_f32, quantize_bf16, w4a8_tile, w8a8_tile, w16_tile,  \
-                                    dot_bf16, axpy_bf16,     round_bf16,    dot_f32,   axpy_f32};          \
+                                    dot_bf16, axpy_bf16,     round_bf16,    dot_f32,   axpy_f32,           \
+                                    snake_f32};                                                            \
   }
