@@ -28,7 +28,8 @@ class LiveTensorPeak(TorchDispatchMode):
     def __init__(self, ignore: list[torch.Tensor]) -> None:
         super().__init__()
         self.live = self.peak = 0
-        self.seen = {t.untyped_storage().data_ptr() for t in ignore}
+        # (oneDNN-packed weights have no storage to name; they are weights, not activations, either way.)
+        self.seen = {t.untyped_storage().data_ptr() for t in ignore if not t.is_mkldnn}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
