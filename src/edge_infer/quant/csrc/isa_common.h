@@ -148,11 +148,12 @@ void round_bf16(const float* x, int64_t n, uint16_t* out) {
   }
 }
 
-// sin^2 y for |y| <= kSnakeReduceLimit, in operations the compiler vectorizes. sin^2 has period pi, so y is
+// sin^2 y for |y| <= 2^22, in operations the compiler vectorizes. sin^2 has period pi, so y is
 // reduced to r = y - n pi in [-pi/2, pi/2] (n = round(y / pi), pi in three float parts, each step one fused
 // multiply-add: exact for the n this limit allows) and sin r taken from its Taylor series to r^13, whose
 // remainder is under 7e-10 there; the result is within a few float roundings of sin^2 y.
-constexpr float kSnakeReduceLimit = 4194304.f;  // 2^22: y / pi + kRoundMagic still rounds to an integer
+// The bits of 2^22 (magnitude_bits): up to there y / pi + kRoundMagic still rounds to an integer.
+constexpr uint32_t kSnakeReduceLimitBits = 0x4A800000u;
 inline float sin_squared(float y) {
   const float n = (y * 0.318309886f + kRoundMagic) - kRoundMagic;
   float r = __builtin_fmaf(-n, 3.14159274f, y);
@@ -172,13 +173,13 @@ void snake_f32(const float* x, int64_t n, float alpha, float inv_beta, float* ou
   uint32_t beyond = 0;  // any argument past the reduction's range (NaN and infinity included: their bits are larger)
   for (int64_t i = 0; i < n; ++i) {
     const float y = x[i] * alpha;
-    beyond |= magnitude_bits(y) > 0x4A800000u ? 1u : 0u;  // the bits of kSnakeReduceLimit
+    beyond |= magnitude_bits(y) > kSnakeReduceLimitBits ? 1u : 0u;
     out[i] = sin_squared(y) * inv_beta + x[i];
   }
   if (!beyond) return;
   for (int64_t i = 0; i < n; ++i) {  // those take the library's sine, as the PyTorch formula does
     const float y = x[i] * alpha;
-    if (magnitude_bits(y) > 0x4A800000u) {
+    if (magnitude_bits(y) > kSnakeReduceLimitBits) {
       const float s = __builtin_sinf(y);
       out[i] = s * s * inv_beta + x[i];
     }
