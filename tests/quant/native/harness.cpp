@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "isa.h"
@@ -236,33 +237,57 @@ void run_w16_case(const std::vector<const IsaKernels*>& variants, bool fp16, int
   }
 }
 
-// The attention helpers over an fp32 cache: the same sums, in the same lane order, as over a bf16 one.
-void run_f32_vector_case(const std::vector<const IsaKernels*>& variants, Rng& rng, int n, int count, int stride) {
-  std::vector<float> q(n), rows(count * stride), w(count);
-  for (float& v : q) v = rng.uniform() * 4.f;
-  for (float& v : rows) v = rng.uniform();
+// The attention loops over a cache of bf16 or fp32 rows: what the reference's element type is made of.
+struct Bf16Rows {
+  using T = uint16_t;
+  static constexpr const char* name = "bf16";
+  static T make(float v) { return to_bf16(v); }
+  static double value(T v) { return from_bf16(v); }
+  static constexpr auto dot = &IsaKernels::dot_bf16;
+  static constexpr auto axpy = &IsaKernels::axpy_bf16;
+};
+struct F32Rows {
+  using T = float;
+  static constexpr const char* name = "f32";
+  static T make(float v) { return v; }
+  static double value(T v) { return v; }
+  static constexpr auto dot = &IsaKernels::dot_f32;
+  static constexpr auto axpy = &IsaKernels::axpy_f32;
+};
+
+// The reference's dot products within fp32 rounding of double precision; every variant's dot products and
+// weighted sums bit-identical to the reference's.
+template <typename R>
+void check_attention_loops(const std::vector<const IsaKernels*>& variants, Rng& rng, int n, int count, int stride) {
+  using T = typename R::T;
+  const std::string dot_name = std::string("dot_") + R::name, axpy_name = std::string("axpy_") + R::name;
+  std::vector<T> q(n), rows(count * stride);
+  for (auto& v : q) v = R::make(rng.uniform() * 4.f);
+  for (auto& v : rows) v = R::make(rng.uniform());
+  std::vector<float> w(count);
   for (float& v : w) v = rng.uniform();
   std::vector<float> want(count), y_ref(n, 0.5f);
-  variants[0]->dot_f32(q.data(), rows.data(), stride, count, n, want.data());
-  variants[0]->axpy_f32(w.data(), rows.data(), stride, count, n, y_ref.data());
+  (variants[0]->*R::dot)(q.data(), rows.data(), stride, count, n, want.data());
+  (variants[0]->*R::axpy)(w.data(), rows.data(), stride, count, n, y_ref.data());
   for (int r = 0; r < count; ++r) {
     double exact = 0.0, magnitude = 0.0;
     for (int i = 0; i < n; ++i) {
-      exact += static_cast<double>(q[i]) * rows[r * stride + i];
-      magnitude += std::fabs(static_cast<double>(q[i]) * rows[r * stride + i]);
+      exact += R::value(q[i]) * R::value(rows[r * stride + i]);
+      magnitude += std::fabs(R::value(q[i]) * R::value(rows[r * stride + i]));
     }
-    if (std::fabs(want[r] - exact) > magnitude * n * 0x1p-24) fail(variants[0]->name, "dot_f32 rounding", r, want[r], exact);
+    if (std::fabs(want[r] - exact) > magnitude * n * 0x1p-24)
+      fail(variants[0]->name, (dot_name + " rounding").c_str(), r, want[r], exact);
   }
   for (float v : want) mix(v);
   for (float v : y_ref) mix(v);
   for (size_t v = 1; v < variants.size(); ++v) {
     std::vector<float> got(count), y(n, 0.5f);
-    variants[v]->dot_f32(q.data(), rows.data(), stride, count, n, got.data());
-    variants[v]->axpy_f32(w.data(), rows.data(), stride, count, n, y.data());
+    (variants[v]->*R::dot)(q.data(), rows.data(), stride, count, n, got.data());
+    (variants[v]->*R::axpy)(w.data(), rows.data(), stride, count, n, y.data());
     for (int r = 0; r < count; ++r)
-      if (!same(got[r], want[r])) fail(variants[v]->name, "dot_f32", r, got[r], want[r]);
+      if (!same(got[r], want[r])) fail(variants[v]->name, dot_name.c_str(), r, got[r], want[r]);
     for (int i = 0; i < n; ++i)
-      if (!same(y[i], y_ref[i])) fail(variants[v]->name, "axpy_f32", i, y[i], y_ref[i]);
+      if (!same(y[i], y_ref[i])) fail(variants[v]->name, axpy_name.c_str(), i, y[i], y_ref[i]);
   }
 }
 
@@ -291,28 +316,14 @@ void run_snake_case(const std::vector<const IsaKernels*>& variants, Rng& rng, in
   }
 }
 
-// The attention helpers: the same fp32 sums on every variant.
+// The vector helpers (attention loops over both cache types, bf16 rounding, SnakeBeta): the same bits on every
+// variant.
 void run_vector_case(const std::vector<const IsaKernels*>& variants, Rng& rng) {
   const int n = 16 * (1 + rng.below(16)), count = 1 + rng.below(16), stride = n + 16 * rng.below(3);
-  std::vector<uint16_t> q(n), rows(count * stride);
-  for (auto& v : q) v = to_bf16(rng.uniform() * 4.f);
-  for (auto& v : rows) v = to_bf16(rng.uniform());
-  std::vector<float> w(count);
-  for (float& v : w) v = rng.uniform();
-  std::vector<float> want(count), y_ref(n, 0.5f);
-  variants[0]->dot_bf16(q.data(), rows.data(), stride, count, n, want.data());
-  variants[0]->axpy_bf16(w.data(), rows.data(), stride, count, n, y_ref.data());
-  for (int r = 0; r < count; ++r) {  // the reference's dot products against double precision
-    double exact = 0.0, magnitude = 0.0;
-    for (int i = 0; i < n; ++i) {
-      exact += static_cast<double>(from_bf16(q[i])) * from_bf16(rows[r * stride + i]);
-      magnitude += std::fabs(static_cast<double>(from_bf16(q[i])) * from_bf16(rows[r * stride + i]));
-    }
-    if (std::fabs(want[r] - exact) > magnitude * n * 0x1p-24) fail(variants[0]->name, "dot_bf16 rounding", r, want[r], exact);
-  }
-  for (float v : want) mix(v);
-  for (float v : y_ref) mix(v);
-  std::vector<float> to_round(y_ref);
+  check_attention_loops<Bf16Rows>(variants, rng, n, count, stride);
+  check_attention_loops<F32Rows>(variants, rng, n, count, stride);
+  std::vector<float> to_round(n);
+  for (float& v : to_round) v = rng.uniform() * 8.f;
   to_round[0] = NAN;
   std::vector<uint16_t> rounded_ref(n);
   variants[0]->round_bf16(to_round.data(), n, rounded_ref.data());
@@ -322,15 +333,7 @@ void run_vector_case(const std::vector<const IsaKernels*>& variants, Rng& rng) {
     std::vector<uint16_t> rounded(n);
     variants[v]->round_bf16(to_round.data(), n, rounded.data());
     if (rounded != rounded_ref) fail(variants[v]->name, "round_bf16", 0, 0, 0);
-    std::vector<float> got(count), y(n, 0.5f);
-    variants[v]->dot_bf16(q.data(), rows.data(), stride, count, n, got.data());
-    variants[v]->axpy_bf16(w.data(), rows.data(), stride, count, n, y.data());
-    for (int r = 0; r < count; ++r)
-      if (!same(got[r], want[r])) fail(variants[v]->name, "dot_bf16", r, got[r], want[r]);
-    for (int i = 0; i < n; ++i)
-      if (!same(y[i], y_ref[i])) fail(variants[v]->name, "axpy_bf16", i, y[i], y_ref[i]);
   }
-  run_f32_vector_case(variants, rng, n, count, stride);
   run_snake_case(variants, rng, n + rng.below(16));
 }
 

@@ -127,16 +127,17 @@ void check_cache_indices(const int64_t* slot, const int64_t* table, const int64_
   }
 }
 
-template <typename T>
-at::Tensor decode_layer_as(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache,
-                           const at::Tensor& v_cache, const at::Tensor& slots, const at::Tensor& block_table,
-                           const at::Tensor& ctx_lens, const at::Tensor& input_norm, const at::Tensor& post_norm,
-                           const c10::optional<at::Tensor>& q_norm, const c10::optional<at::Tensor>& k_norm,
-                           const at::Tensor& qkv_packed, const at::Tensor& qkv_sz, const c10::optional<at::Tensor>& qkv_bias,
-                           const at::Tensor& o_packed, const at::Tensor& o_sz, const at::Tensor& gate_up_packed,
-                           const at::Tensor& gate_up_sz, const at::Tensor& down_packed, const at::Tensor& down_sz,
-                           int64_t bits, int64_t group, int64_t heads, int64_t kv_heads, int64_t intermediate, double eps_d,
-                           double scale_d, const std::string& isa_name) {
+at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache,
+                        const at::Tensor& v_cache, const at::Tensor& slots, const at::Tensor& block_table,
+                        const at::Tensor& ctx_lens, const at::Tensor& input_norm, const at::Tensor& post_norm,
+                        const c10::optional<at::Tensor>& q_norm, const c10::optional<at::Tensor>& k_norm,
+                        const at::Tensor& qkv_packed, const at::Tensor& qkv_sz, const c10::optional<at::Tensor>& qkv_bias,
+                        const at::Tensor& o_packed, const at::Tensor& o_sz, const at::Tensor& gate_up_packed,
+                        const at::Tensor& gate_up_sz, const at::Tensor& down_packed, const at::Tensor& down_sz,
+                        int64_t bits, int64_t group, int64_t heads, int64_t kv_heads, int64_t intermediate, double eps_d,
+                        double scale_d, const std::string& isa_name) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
+              "decode_layer: activations must be bf16 or fp32, got ", x.scalar_type());
   const at::ScalarType dtype = x.scalar_type();
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "decode_layer: x must be a contiguous [M, hidden] tensor");
   TORCH_CHECK(k_cache.scalar_type() == dtype && v_cache.scalar_type() == dtype && k_cache.dim() == 4 &&
@@ -169,84 +170,73 @@ at::Tensor decode_layer_as(const at::Tensor& x, const at::Tensor& cos, const at:
   }
   if (qkv_bias.has_value()) check_vector("qkv_bias", *qkv_bias, qkv_n, dtype);
   const float eps = static_cast<float>(eps_d), scale = static_cast<float>(scale_d);
-  const T* xp = x.data_ptr<T>();
   const int64_t* slot = slots.data_ptr<int64_t>();
   const int64_t* table = block_table.data_ptr<int64_t>();
   const int64_t* ctx = ctx_lens.data_ptr<int64_t>();
   const int64_t max_blocks = block_table.size(1);
   check_cache_indices(slot, table, ctx, m, max_blocks, k_cache.size(0), k_cache.size(1));
+  // The layer in the activations' type T, written once for both.
+  const auto run = [&](auto type_tag) -> at::Tensor {
+    using T = decltype(type_tag);
+    const T* xp = x.data_ptr<T>();
+    // Attention block: norm, q/k/v, per-head norms, RoPE, cache write, attention, output projection.
+    std::vector<T> h(m * qkv.k, T(0.f)), proj;
+    for (int64_t i = 0; i < m; ++i)
+      rms_norm(xp + i * hidden, input_norm.data_ptr<T>(), hidden, eps, h.data() + i * qkv.k);
+    matmul(isa, h, m, qkv, proj);
+    T* kc = k_cache.data_ptr<T>();
+    T* vc = v_cache.data_ptr<T>();
+    for (int64_t i = 0; i < m; ++i) {
+      T* row = proj.data() + i * qkv_n;
+      if (qkv_bias.has_value()) {
+        const T* b = qkv_bias->data_ptr<T>();
+        for (int64_t j = 0; j < qkv_n; ++j) row[j] = static_cast<T>(static_cast<float>(row[j]) + static_cast<float>(b[j]));
+      }
+      if (q_norm.has_value()) {
+        for (int64_t hd = 0; hd < heads; ++hd) rms_norm(row + hd * d, q_norm->data_ptr<T>(), d, eps, row + hd * d);
+        for (int64_t hd = 0; hd < kv_heads; ++hd)
+          rms_norm(row + q_size + hd * d, k_norm->data_ptr<T>(), d, eps, row + q_size + hd * d);
+      }
+      rotate(row, heads + kv_heads, d, cos.data_ptr<T>() + i * d, sin.data_ptr<T>() + i * d);
+      std::copy(row + q_size, row + q_size + kv_size, kc + slot[i] * kv_size);
+      std::copy(row + q_size + kv_size, row + qkv_n, vc + slot[i] * kv_size);
+    }
+    std::vector<T> attn(m * o.k, T(0.f));
+    const Cache<T> cache{kc, vc, k_cache.size(1), kv_heads, d};
+    int64_t keys = 0;
+    for (int64_t i = 0; i < m; ++i) keys += ctx[i];
+    // Short contexts (the code predictor's) are not worth waking the other threads for.
+    const int64_t grain = keys * heads * d < (1 << 18) ? m * heads : 1;
+    at::parallel_for(0, m * heads, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t w = begin; w < end; ++w) {
+        const int64_t i = w / heads, hd = w % heads;
+        attend_head(isa, proj.data() + i * qkv_n + hd * d, cache, table + i * max_blocks, ctx[i], hd / (heads / kv_heads),
+                    scale, attn.data() + i * o.k + hd * d);
+      }
+    });
+    matmul(isa, attn, m, o, proj);
+    at::Tensor out = at::empty_like(x);
+    T* y = out.data_ptr<T>();
+    for (int64_t j = 0; j < m * hidden; ++j) y[j] = static_cast<T>(static_cast<float>(xp[j]) + static_cast<float>(proj[j]));
 
-  // Attention block: norm, q/k/v, per-head norms, RoPE, cache write, attention, output projection.
-  std::vector<T> h(m * qkv.k, T(0.f)), proj;
-  for (int64_t i = 0; i < m; ++i)
-    rms_norm(xp + i * hidden, input_norm.data_ptr<T>(), hidden, eps, h.data() + i * qkv.k);
-  matmul(isa, h, m, qkv, proj);
-  T* kc = k_cache.data_ptr<T>();
-  T* vc = v_cache.data_ptr<T>();
-  for (int64_t i = 0; i < m; ++i) {
-    T* row = proj.data() + i * qkv_n;
-    if (qkv_bias.has_value()) {
-      const T* b = qkv_bias->data_ptr<T>();
-      for (int64_t j = 0; j < qkv_n; ++j) row[j] = static_cast<T>(static_cast<float>(row[j]) + static_cast<float>(b[j]));
+    // MLP block: norm, gate/up, silu(gate) * up, down, residual.
+    std::vector<T> h2(m * gate_up.k, T(0.f));
+    for (int64_t i = 0; i < m; ++i)
+      rms_norm(y + i * hidden, post_norm.data_ptr<T>(), hidden, eps, h2.data() + i * gate_up.k);
+    matmul(isa, h2, m, gate_up, proj);
+    std::vector<T> act(m * down.k, T(0.f));
+    for (int64_t i = 0; i < m; ++i) {
+      const T* gate = proj.data() + i * 2 * intermediate;
+      for (int64_t j = 0; j < intermediate; ++j) {
+        const float g = static_cast<float>(gate[j]);
+        act[i * down.k + j] = static_cast<T>(rounded<T>(g / (1.f + std::exp(-g))) * static_cast<float>(gate[intermediate + j]));
+      }
     }
-    if (q_norm.has_value()) {
-      for (int64_t hd = 0; hd < heads; ++hd) rms_norm(row + hd * d, q_norm->data_ptr<T>(), d, eps, row + hd * d);
-      for (int64_t hd = 0; hd < kv_heads; ++hd)
-        rms_norm(row + q_size + hd * d, k_norm->data_ptr<T>(), d, eps, row + q_size + hd * d);
-    }
-    rotate(row, heads + kv_heads, d, cos.data_ptr<T>() + i * d, sin.data_ptr<T>() + i * d);
-    std::copy(row + q_size, row + q_size + kv_size, kc + slot[i] * kv_size);
-    std::copy(row + q_size + kv_size, row + qkv_n, vc + slot[i] * kv_size);
-  }
-  std::vector<T> attn(m * o.k, T(0.f));
-  const Cache<T> cache{kc, vc, k_cache.size(1), kv_heads, d};
-  int64_t keys = 0;
-  for (int64_t i = 0; i < m; ++i) keys += ctx[i];
-  // Short contexts (the code predictor's) are not worth waking the other threads for.
-  const int64_t grain = keys * heads * d < (1 << 18) ? m * heads : 1;
-  at::parallel_for(0, m * heads, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t w = begin; w < end; ++w) {
-      const int64_t i = w / heads, hd = w % heads;
-      attend_head(isa, proj.data() + i * qkv_n + hd * d, cache, table + i * max_blocks, ctx[i], hd / (heads / kv_heads),
-                  scale, attn.data() + i * o.k + hd * d);
-    }
-  });
-  matmul(isa, attn, m, o, proj);
-  at::Tensor out = at::empty_like(x);
-  T* y = out.data_ptr<T>();
-  for (int64_t j = 0; j < m * hidden; ++j) y[j] = static_cast<T>(static_cast<float>(xp[j]) + static_cast<float>(proj[j]));
-
-  // MLP block: norm, gate/up, silu(gate) * up, down, residual.
-  std::vector<T> h2(m * gate_up.k, T(0.f));
-  for (int64_t i = 0; i < m; ++i)
-    rms_norm(y + i * hidden, post_norm.data_ptr<T>(), hidden, eps, h2.data() + i * gate_up.k);
-  matmul(isa, h2, m, gate_up, proj);
-  std::vector<T> act(m * down.k, T(0.f));
-  for (int64_t i = 0; i < m; ++i) {
-    const T* gate = proj.data() + i * 2 * intermediate;
-    for (int64_t j = 0; j < intermediate; ++j) {
-      const float g = static_cast<float>(gate[j]);
-      act[i * down.k + j] = static_cast<T>(rounded<T>(g / (1.f + std::exp(-g))) * static_cast<float>(gate[intermediate + j]));
-    }
-  }
-  matmul(isa, act, m, down, proj);
-  for (int64_t j = 0; j < m * hidden; ++j) y[j] = static_cast<T>(static_cast<float>(y[j]) + static_cast<float>(proj[j]));
-  return out;
-}
-
-at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache,
-                        const at::Tensor& v_cache, const at::Tensor& slots, const at::Tensor& block_table,
-                        const at::Tensor& ctx_lens, const at::Tensor& input_norm, const at::Tensor& post_norm,
-                        const c10::optional<at::Tensor>& q_norm, const c10::optional<at::Tensor>& k_norm,
-                        const at::Tensor& qkv_packed, const at::Tensor& qkv_sz, const c10::optional<at::Tensor>& qkv_bias,
-                        const at::Tensor& o_packed, const at::Tensor& o_sz, const at::Tensor& gate_up_packed,
-                        const at::Tensor& gate_up_sz, const at::Tensor& down_packed, const at::Tensor& down_sz,
-                        int64_t bits, int64_t group, int64_t heads, int64_t kv_heads, int64_t intermediate, double eps_d,
-                        double scale_d, const std::string& isa_name) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
-              "decode_layer: activations must be bf16 or fp32, got ", x.scalar_type());
-  const auto run = x.scalar_type() == at::kFloat ? &decode_layer_as<float> : &decode_layer_as<bf16>;
-  return run(x, cos, sin, k_cache, v_cache, slots, block_table, ctx_lens, input_norm, post_norm, q_norm, k_norm, qkv_packed, qkv_sz, qkv_bias, o_packed, o_sz, gate_up_packed, gate_up_sz, down_packed, down_sz, bits, group, heads, kv_heads, intermediate, eps_d, scale_d, isa_name);
+    matmul(isa, act, m, down, proj);
+    for (int64_t j = 0; j < m * hidden; ++j) y[j] = static_cast<T>(static_cast<float>(y[j]) + static_cast<float>(proj[j]));
+    return out;
+  };
+  return x.scalar_type() == at::kFloat ? run(float{}) : run(bf16{});
 }
 
 }  // namespace
