@@ -47,7 +47,7 @@ EVAL_SEED = 98765
 # windows, which at these sizes is most of it), merged 2x2 into the decoder's width.
 TOWER = dict(depth=4, hidden_size=128, intermediate_size=256, num_heads=2, fullatt_block_indexes=[3])
 # Pictures are resized to at most 112x112 pixels' area: 8x8 patches, 16 tokens for a square picture.
-PIXELS = dict(min_pixels=56 * 56, max_pixels=112 * 112)
+PIXELS = dict(min_pixels=56 * 56, max_pixels=224 * 224)
 # M-RoPE's frequency pairs per axis (time, height, width), in Qwen's 1:1.5:1.5 ratio for a head of 64.
 MROPE_SECTION = [8, 12, 12]
 
@@ -69,7 +69,7 @@ class Settings:
 
 
 FULL = Settings(steps=400, batch_size=16, replay_rows=4, replay_len=320, replay_pool=512, lr_tower=1e-3,
-                lr_decoder=1e-3, kl_weight=1.0, warmup_steps=20, eval_examples=400, tower_steps=600, tower_batch=32)
+                lr_decoder=1e-3, kl_weight=1.0, warmup_steps=20, eval_examples=400, tower_steps=2000, tower_batch=32)
 QUICK = Settings(steps=6, batch_size=4, replay_rows=2, replay_len=64, replay_pool=8, lr_tower=1e-3,
                  lr_decoder=1e-3, kl_weight=1.0, warmup_steps=2, eval_examples=40, tower_steps=6, tower_batch=4)
 
