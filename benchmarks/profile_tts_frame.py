@@ -49,6 +49,7 @@ def profile(args: argparse.Namespace) -> dict:
     from edge_infer.models.qwen3_tts.config import load_code2wav_config
     from edge_infer.models.qwen3_tts.prompt import VoiceRequest
     from edge_infer.models.qwen3_tts.tokenizer import TextTokenizer
+    from edge_infer.quant.native import vector_variant
     from edge_infer.runtime.config import load_deploy_config
     from edge_infer.tts.planning import talker_engine_config
     from edge_infer.models.qwen3_tts.config import SamplingParams
@@ -80,7 +81,7 @@ def profile(args: argparse.Namespace) -> dict:
     del engine
 
     code2wav_config = load_code2wav_config(model)
-    code2wav = load_code2wav(model, code2wav_config, TORCH_DTYPES[args.dtype])
+    code2wav = load_code2wav(model, code2wav_config, TORCH_DTYPES[args.dtype], vector_variant())
     code2wav_ms = {}
     for chunk in CODE2WAV_CHUNKS:
         state = code2wav.new_state()

@@ -41,7 +41,7 @@ def test_nan_infinity_and_arguments_past_the_reduction_take_the_library_sine():
     assert torch.equal(kernel.nan_to_num(), formula.nan_to_num())
 
 
-def test_an_fp32_decoder_runs_its_snakes_in_the_kernel_and_a_bf16_one_in_pytorch(tmp_path):
+def test_an_fp32_decoder_given_the_variant_runs_its_snakes_in_the_kernel_and_a_bf16_one_in_pytorch(tmp_path):
     from edge_infer.models.qwen3_tts.code2wav import load_code2wav
     from edge_infer.models.qwen3_tts.config import load_code2wav_config
     from edge_infer.models.qwen3_tts.synth import write_random_checkpoint
@@ -49,5 +49,6 @@ def test_an_fp32_decoder_runs_its_snakes_in_the_kernel_and_a_bf16_one_in_pytorch
     model = write_random_checkpoint(tmp_path / "tts", "tiny")
     config = load_code2wav_config(model)
     for dtype, expected in ((torch.float32, vector_variant()), (torch.bfloat16, None)):
-        snakes = [m for m in load_code2wav(model, config, dtype).modules() if isinstance(m, SnakeBeta)]
+        decoder = load_code2wav(model, config, dtype, snake_variant=vector_variant())
+        snakes = [m for m in decoder.modules() if isinstance(m, SnakeBeta)]
         assert snakes and all(m.kernel_variant == expected for m in snakes)

@@ -173,3 +173,12 @@ def test_talker_refuses_bad_requests_with_the_reason(talker: TalkerExecutor, tex
         talker.end_input("bad")
     talker.abort("bad")
     assert not talker.has_work()
+
+
+def test_the_code2wav_stage_decodes_with_the_native_snake_where_the_kernels_run() -> None:
+    from edge_infer.models.qwen3_tts.code2wav import SnakeBeta
+    from edge_infer.quant.native import vector_variant
+
+    snakes = [m for m in code2wav().model.modules() if isinstance(m, SnakeBeta)]
+    assert snakes and all(m.kernel_variant == vector_variant() for m in snakes)
+

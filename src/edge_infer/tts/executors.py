@@ -180,13 +180,14 @@ class Code2WavExecutor(StageExecutor):
         from edge_infer.models.loader import TORCH_DTYPES
         from edge_infer.models.qwen3_tts.code2wav import StreamingDecoder, load_code2wav
         from edge_infer.models.qwen3_tts.config import load_code2wav_config
+        from edge_infer.quant.native import vector_variant
 
         self.torch = torch
         self.opts: Code2WavOptions = self.options(stage)
         torch.set_num_threads(stage_threads(self.opts.num_threads, share=2))
         settings = code2wav_settings(stage)
         self.config = load_code2wav_config(settings.model)
-        self.model = load_code2wav(settings.model, self.config, TORCH_DTYPES[settings.dtype])
+        self.model = load_code2wav(settings.model, self.config, TORCH_DTYPES[settings.dtype], vector_variant())
         self.StreamingDecoder = StreamingDecoder
         self.metadata = {"sample_rate": self.config.sample_rate, "channels": 1}
         self.streams: dict[str, _Stream] = {}

@@ -354,14 +354,14 @@ class Code2Wav(nn.Module):
             + [SnakeBeta(dims[-1]), CausalConv(dims[-1], 1, DECODER_KERNEL)]
         )
 
-    def pack(self) -> "Code2Wav":
-        """Rearrange loaded weights into the layouts the layers decode fastest with (once, after loading), and
-        give an fp32 decoder's SnakeBeta layers the native kernel where this CPU runs it."""
-        snake_variant = None
-        if self.pre_conv.conv.weight.dtype == torch.float32:
-            from edge_infer.quant.native import vector_variant
+    def pack(self, snake_variant: str | None = None) -> "Code2Wav":
+        """Rearrange loaded weights into the layouts the layers decode fastest with (once, after loading).
 
-            snake_variant = vector_variant()
+        ``snake_variant``: the native library's ISA variant (``quant.native.vector_variant``, chosen by the
+        caller: models sit below quant) for an fp32 decoder's SnakeBeta layers; None keeps PyTorch's operators.
+        """
+        if self.pre_conv.conv.weight.dtype != torch.float32:
+            snake_variant = None
         for module in self.modules():
             if isinstance(module, CausalTransposedConv):
                 module.pack()
@@ -392,10 +392,11 @@ class Code2Wav(nn.Module):
         return hidden[0, 0].clamp(-1.0, 1.0)
 
 
-def load_code2wav(model_dir: str | Path, config: Code2WavConfig, dtype: torch.dtype = torch.float32) -> Code2Wav:
-    """Code2Wav from the checkpoint's ``speech_tokenizer/`` (its ``decoder.*`` tensors)."""
+def load_code2wav(model_dir: str | Path, config: Code2WavConfig, dtype: torch.dtype = torch.float32,
+                  snake_variant: str | None = None) -> Code2Wav:
+    """Code2Wav from the checkpoint's ``speech_tokenizer/`` (its ``decoder.*`` tensors), packed (``Code2Wav.pack``)."""
     return load_module(lambda: Code2Wav(config), Path(model_dir) / SPEECH_TOKENIZER_DIR, dtype,
-                       prefix="decoder.", ignore=NOT_FOR_DECODING).pack()
+                       prefix="decoder.", ignore=NOT_FOR_DECODING).pack(snake_variant)
 
 
 def receptive_field_frames(config: Code2WavConfig) -> int:
