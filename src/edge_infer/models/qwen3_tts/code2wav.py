@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edge_infer.models.layers.linear import onednn_bf16_available
 from edge_infer.models.loader import load_module
 from edge_infer.models.qwen3_tts.code2wav_shapes import (
     CONVNEXT_KERNEL, DECODER_KERNEL, NOT_FOR_DECODING, PRE_CONV_KERNEL, RESIDUAL_DILATIONS, decoder_dims,
@@ -164,6 +165,14 @@ class CausalConv(nn.Module):
         return F.linear(rows, weight.reshape(cout, cin * kernel), conv.bias).t()[None]
 
 
+def onednn_packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's blocked linear runs ``dtype`` here: fp32 wherever oneDNN is built in, bf16 only where this
+    CPU has it (oneDNN refuses to reorder bf16 weights without AVX-512 or AVX-NE-CONVERT)."""
+    if dtype == torch.bfloat16:
+        return onednn_bf16_available()
+    return dtype == torch.float32 and torch.backends.mkldnn.is_available()
+
+
 class CausalTransposedConv(nn.Module):
     """Upsample by ``stride``; the tail that would reach past the input's end is cut.
 
@@ -206,7 +215,7 @@ class CausalTransposedConv(nn.Module):
         if self.phases is not None or self.product is not None:
             return
         if not self.polyphase:
-            if torch.backends.mkldnn.is_available():
+            if onednn_packs(self.conv.weight.dtype):
                 weight = self.conv.weight  # [cin, cout, kernel]
                 self.cout = weight.shape[1]
                 rows = weight.reshape(weight.shape[0], -1).t().contiguous()
