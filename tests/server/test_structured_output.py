@@ -143,6 +143,16 @@ def test_an_unusable_schema_is_a_400_and_the_server_serves_on(any_server):
     assert client.chat.completions.create(model=_model(any_server), messages=ASK, max_tokens=3).choices[0].message
 
 
+@pytest.mark.parametrize("grammar", ["", "  \n"])
+def test_an_empty_grammar_is_a_400_naming_it(any_server, grammar):
+    """Found by the fuzzer (tests/server/test_fuzz.py): an empty guided_grammar was a 500."""
+    client = any_server.client()
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model=_model(any_server), messages=ASK, extra_body={"guided_grammar": grammar})
+    assert "grammar for structured output is empty" in exc.value.body["message"]
+    assert client.chat.completions.create(model=_model(any_server), messages=ASK, max_tokens=3).choices[0].message
+
+
 def test_instructor_gets_its_response_model_in_tools_and_json_schema_modes(demo_server):
     import instructor
 

@@ -110,8 +110,7 @@ def compile_grammar(spec: StructuredOutputsParams) -> str:
         raise InvalidRequestError(f"the structured-output spec could not be read: {exc}") from exc
     problem = LLMatcher.validate_grammar(grammar)
     if problem:
-        kind = next(k for k in ("json", "regex", "choice", "grammar", "json_object") if getattr(spec, k))
-        raise InvalidRequestError(f"the {kind.replace('_', ' ')} for structured output is not usable: "
+        raise InvalidRequestError(f"the {spec.kind.replace('_', ' ')} for structured output is not usable: "
                                   f"{problem.strip()}")
     return grammar
 

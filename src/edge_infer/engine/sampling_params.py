@@ -26,14 +26,24 @@ class StructuredOutputsParams:
     def __post_init__(self) -> None:
         if self.choice is not None:
             object.__setattr__(self, "choice", tuple(self.choice))
-        given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
-        given += ["json_object"] if self.json_object else []
+        given = self._given()
         if len(given) != 1:
             raise InvalidRequestError(
                 "structured output takes exactly one of json, json_object, regex, choice and grammar, got "
                 + (", ".join(given) if given else "none"))
         if self.choice is not None and (not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
             raise InvalidRequestError("choice must be a non-empty list of non-empty strings")
+        if self.grammar is not None and not self.grammar.strip():
+            raise InvalidRequestError("the grammar for structured output is empty; send its rules (Lark or GBNF)")
+
+    def _given(self) -> list[str]:
+        given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        return given + (["json_object"] if self.json_object else [])
+
+    @property
+    def kind(self) -> str:
+        """Which one was given: json, json_object, regex, choice or grammar."""
+        return self._given()[0]
 
 
 @dataclass
