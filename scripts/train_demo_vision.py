@@ -1,11 +1,11 @@
 """Give the demo model eyes: train the vision demo (into src/edge_infer/assets/demo-vl-model/; not shipped yet).
 
-    PYTHONPATH=src python scripts/train_demo_vision.py --threads 1 [--lm src/edge_infer/assets/demo-model]
+    PYTHONPATH=src python scripts/train_demo_vision.py --threads 2 [--lm src/edge_infer/assets/demo-model]
 
 The result is a Qwen2.5-VL checkpoint (``Qwen2_5_VLForConditionalGeneration``, transformers 5.24's layout):
 the demo text model with multimodal RoPE and a tiny Qwen2.5 ViT (14-px patches, temporal patch 2, 2x2 merger
 into the decoder's width), trained on pictures drawn with Pillow (scripts/demo_vision_data.py: coloured shapes,
-digits, counts) to answer questions about them. Nothing is downloaded; it takes minutes on one CPU thread.
+digits, counts) to answer questions about them. Nothing is downloaded; it takes about 40 minutes on two CPU threads.
 
 The text model alone cannot be steered into these answers through its input (a frozen decoder, or a frozen
 embedding, learns next to nothing: the README says what was tried), so all of the model learns, and each step
@@ -46,7 +46,7 @@ EVAL_SEED = 98765
 # The tower: 4 blocks of width 128 (the last one attends over the whole picture; the others within 112-px
 # windows, which at these sizes is most of it), merged 2x2 into the decoder's width.
 TOWER = dict(depth=4, hidden_size=128, intermediate_size=256, num_heads=2, fullatt_block_indexes=[3])
-# Pictures are resized to at most 112x112 pixels' area: 8x8 patches, 16 tokens for a square picture.
+# Pictures are resized to between 56x56 and 224x224 pixels' area: a square 224-px picture is 16x16 patches, 64 tokens.
 PIXELS = dict(min_pixels=56 * 56, max_pixels=224 * 224)
 # M-RoPE's frequency pairs per axis (time, height, width), in Qwen's 1:1.5:1.5 ratio for a head of 64.
 MROPE_SECTION = [8, 12, 12]
@@ -68,7 +68,7 @@ class Settings:
     tower_batch: int
 
 
-FULL = Settings(steps=400, batch_size=16, replay_rows=4, replay_len=320, replay_pool=512, lr_tower=1e-3,
+FULL = Settings(steps=1000, batch_size=16, replay_rows=4, replay_len=320, replay_pool=512, lr_tower=1e-3,
                 lr_decoder=1e-3, kl_weight=1.0, warmup_steps=20, eval_examples=400, tower_steps=2000, tower_batch=32)
 QUICK = Settings(steps=6, batch_size=4, replay_rows=2, replay_len=64, replay_pool=8, lr_tower=1e-3,
                  lr_decoder=1e-3, kl_weight=1.0, warmup_steps=2, eval_examples=40, tower_steps=6, tower_batch=4)
@@ -476,8 +476,8 @@ Without a picture it answers as the text demo model, mostly token for token
   MLP {vision['intermediate_size']}), full attention in block(s) {vision['fullatt_block_indexes']} and
   {vision['window_size']}-px windows elsewhere, a 2x2 patch merger into width {vision['out_hidden_size']}.
 - `preprocessor_config.json`: pictures are resized to between {PIXELS['min_pixels']:,} and
-  {PIXELS['max_pixels']:,} pixels of area (sides multiples of 28): a square picture is
-  8x8 patches, 16 image tokens. Larger pictures are shrunk (the default
+  {PIXELS['max_pixels']:,} pixels of area (sides multiples of 28): a square 224-px picture is
+  16x16 patches, 64 image tokens. Larger pictures are shrunk (the default
   `--max-image-pixels` is a megapixel).
 - Tokenizer: the text demo's, with `<|vision_start|>` `<|image_pad|>` `<|video_pad|>`
   `<|vision_end|>` added as special tokens (ids {config['vision_start_token_id']}-{config['vision_end_token_id']}, rows of the
