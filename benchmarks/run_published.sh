@@ -6,7 +6,8 @@
 # Run it on quiet cores: every grid refuses busy cores and holds the host
 # lock. First (once) it writes the synthetic checkpoints and their GGUFs
 # (bf16 export, Q8_0, Q4_K_M and Q4_0 through llama.cpp's quantizer) under
-# benchmarks/models/ and an AVX2-only llama.cpp build under benchmarks/llamacpp-avx2/, then runs every spec in benchmarks/specs/ into
+# benchmarks/models/ and llama.cpp builds without AVX-512 under benchmarks/llamacpp-avx2/
+# and (where the CPU has AVX-VNNI) benchmarks/llamacpp-avx-vnni/, then runs every spec in benchmarks/specs/ into
 # benchmarks/results/<spec>.json, profiles batch-1 decode steps into
 # benchmarks/results/profiles/ and speech frames into benchmarks/results/tts-frames/. An arm that fails is kept in its result as a
 # failed pass and makes this script exit 1 after everything else has run.
@@ -29,20 +30,26 @@ prepare() {  # family preset
     $EDGE_INFER bench llamacpp prepare "$models/$2" "$models/gguf"
   fi
 }
-# The AVX2-only llama.cpp the *-isa grids' "-avx2" arms import (PYTHONPATH): the
-# same llama-cpp-python version as the baseline extra, compiled without AVX-512.
-# --no-cache-dir: pip would otherwise reuse a wheel of the same version built
-# with other flags (a native AVX-512/AMX one), whatever CMAKE_ARGS says.
-if [ ! -d benchmarks/llamacpp-avx2/llama_cpp ]; then
-  version=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))')
-  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DLLAVA_BUILD=OFF" \
-    "$PYTHON" -m pip install --no-cache-dir --no-deps --no-binary llama-cpp-python --target benchmarks/llamacpp-avx2 "llama-cpp-python==$version"
-fi
-if PYTHONPATH=benchmarks/llamacpp-avx2 "$PYTHON" -c 'import llama_cpp; print(llama_cpp.llama_print_system_info().decode())' \
-    | grep -q 'AVX512 = 1\|AMX_INT8 = 1'; then
-  echo "benchmarks/llamacpp-avx2 holds an AVX-512 build, not the AVX2-only one: remove it and run again" >&2
-  exit 2
-fi
+# llama.cpp for one ISA level (PYTHONPATH=DIR in the *-isa grids' "-avx2" arms and the
+# *-avx-vnni grids): the same llama-cpp-python version as the baseline extra, compiled
+# without AVX-512. --no-cache-dir: pip would otherwise reuse a wheel of the same version
+# built with other flags (a native AVX-512/AMX one), whatever CMAKE_ARGS says.
+build_llamacpp() {  # dir extra-cmake-flags
+  if [ ! -d "$1/llama_cpp" ]; then
+    version=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))')
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DLLAVA_BUILD=OFF $2" \
+      "$PYTHON" -m pip install --no-cache-dir --no-deps --no-binary llama-cpp-python --target "$1" "llama-cpp-python==$version"
+  fi
+  if PYTHONPATH=$1 "$PYTHON" -c 'import llama_cpp; print(llama_cpp.llama_print_system_info().decode())' \
+      | grep -q 'AVX512 = 1\|AMX_INT8 = 1'; then
+    echo "$1 holds an AVX-512 build, not the one without it: remove it and run again" >&2
+    exit 2
+  fi
+}
+build_llamacpp benchmarks/llamacpp-avx2 ""
+# The AVX-VNNI level (Alder Lake-N, N100 boxes) can only be measured on a CPU that has it.
+if grep -qw 'avx_vnni' /proc/cpuinfo; then have_avx_vnni=1; else have_avx_vnni=0; fi
+if [ $have_avx_vnni = 1 ]; then build_llamacpp benchmarks/llamacpp-avx-vnni "-DGGML_AVX_VNNI=ON"; fi
 prepare qwen2 qwen2.5-0.5b
 prepare llama llama-3.2-1b
 if [ ! -f "$models/qwen3-tts-0.6b/config.json" ]; then  # speech: no GGUF
@@ -55,6 +62,10 @@ fi
 status=0
 for spec in ${SPECS:-benchmarks/specs/*.json}; do  # SPECS: a subset, e.g. SPECS="benchmarks/specs/pp-tg-*.json"
   name=$(basename "$spec" .json)
+  if [[ $name == *-avx-vnni && $have_avx_vnni = 0 ]]; then
+    echo "== $name skipped: this CPU lacks avx_vnni, the level its arms measure" >&2
+    continue
+  fi
   echo "== $name" >&2
   $EDGE_INFER bench grid --spec "$spec" --out "benchmarks/results/$name.json" "$@" || status=1
 done

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from edge_infer.bench.harness.grid import rotation
+from edge_infer.hardware.cpu import FEATURES, MASK_ENV, detect
 
 from .conftest import code_arm, metrics_arm
 
@@ -175,3 +176,15 @@ def test_cores_outside_affinity_are_refused(write_spec, grid, capsys):
 def test_spec_cores_may_be_a_list(write_spec, grid):
     rc, result = grid(write_spec([metrics_arm("A", {"step_ms": [1.0]})], cores=[0]), "--passes", "1")
     assert result.settings.cores == [0] and result.provenance.target_cores == [0]
+
+
+def test_an_arm_masked_to_a_level_this_cpu_lacks_is_refused_before_any_pass(write_spec, grid, capsys):
+    cpu = detect()
+    absent = [f for f in FEATURES[cpu.arch] if f not in cpu.features]
+    if not absent:
+        pytest.skip("this CPU has every feature the capability model names, so no mask can ask for more")
+    arms = [metrics_arm("native", {"step_ms": [1.0]}), metrics_arm("higher", {"step_ms": [1.0]}, {MASK_ENV: absent[0]})]
+    rc, result = grid(write_spec(arms), "--passes", "1")
+    err = capsys.readouterr().err
+    assert rc == 2 and result is None
+    assert f"arm 'higher' runs as {MASK_ENV}={absent[0]}, but this CPU lacks {absent[0]}" in err

@@ -40,7 +40,7 @@ def detect_in_child(mask: str | None) -> dict:
     """detect() in a fresh process, with ``mask`` as EDGE_INFER_CPU_FEATURES (None: unmasked)."""
     code = ("import json, os; from edge_infer.hardware.cpu import detect; c = detect(); "
             "print(json.dumps({**c.to_dict(), 'aten': os.environ.get('ATEN_CPU_CAPABILITY'), "
-            "'mkl': os.environ.get('MKL_ENABLE_INSTRUCTIONS')}))")
+            "'mkl': os.environ.get('MKL_ENABLE_INSTRUCTIONS'), 'onednn': os.environ.get('ONEDNN_MAX_CPU_ISA')}))")
     env = {k: v for k, v in os.environ.items() if k != MASK_ENV}
     if mask is not None:
         env[MASK_ENV] = mask
@@ -54,6 +54,16 @@ def test_a_mask_only_takes_features_away_and_tells_pytorch_too():
     if real["arch"] == "x86_64":
         assert masked["aten"] == os.environ.get("ATEN_CPU_CAPABILITY", "avx2")
         assert masked["mkl"] == os.environ.get("MKL_ENABLE_INSTRUCTIONS", "AVX2")
+        assert masked["onednn"] == os.environ.get("ONEDNN_MAX_CPU_ISA", "AVX2")
+
+
+def test_an_avx_vnni_mask_keeps_onednn_on_its_vnni_paths():
+    real = detect_in_child(None)
+    if real["arch"] != "x86_64" or "avx_vnni" not in real["features"]:
+        pytest.skip("this CPU lacks avx_vnni, which the avx-vnni profile keeps")
+    masked = detect_in_child("avx-vnni")
+    assert "avx_vnni" in masked["features"] and "avx512f" not in masked["features"]
+    assert masked["onednn"] == os.environ.get("ONEDNN_MAX_CPU_ISA", "AVX2_VNNI")
 
 
 def test_a_mask_naming_an_unknown_feature_is_an_error_that_lists_the_known_ones():

@@ -128,26 +128,37 @@ def detect() -> CpuCapabilities:
     return _apply_mask(caps, mask) if mask else caps
 
 
-def _apply_mask(caps: CpuCapabilities, mask: str) -> CpuCapabilities:
+def mask_features(mask: str, arch: str) -> frozenset[str]:
+    """The features a mask keeps where the CPU has them: a profile's, or the listed ones."""
     if mask in PROFILES:
-        allowed = frozenset(PROFILES[mask][1])
-    else:
-        allowed = frozenset(_CPUINFO_ALIASES.get(f, f) for f in mask.replace(" ", ",").split(",") if f)
-        unknown = sorted(allowed - set(FEATURES.get(caps.arch, ())))
-        if unknown:
-            raise ValueError(
-                f"{MASK_ENV}={mask!r} names {', '.join(unknown)}, not features of {caps.arch}; use a profile "
-                f"({', '.join(PROFILES)}) or features from: {', '.join(FEATURES.get(caps.arch, ()))}"
-            )
-    kept = caps.features & allowed
+        return frozenset(PROFILES[mask][1])
+    allowed = frozenset(_CPUINFO_ALIASES.get(f, f) for f in mask.replace(" ", ",").split(",") if f)
+    unknown = sorted(allowed - set(FEATURES.get(arch, ())))
+    if unknown:
+        raise ValueError(
+            f"{MASK_ENV}={mask!r} names {', '.join(unknown)}, not features of {arch}; use a profile "
+            f"({', '.join(PROFILES)}) or features from: {', '.join(FEATURES.get(arch, ()))}"
+        )
+    return allowed
+
+
+def _apply_mask(caps: CpuCapabilities, mask: str) -> CpuCapabilities:
+    kept = caps.features & mask_features(mask, caps.arch)
     hidden = tuple(f for f in FEATURES.get(caps.arch, ()) if f in caps.features - kept)
     if caps.arch == "x86_64" and "avx512f" not in kept:
         # Tell PyTorch's and oneDNN's dispatch too, for processes that have not started them yet.
         os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2" if "avx2" in kept else "default")
-        os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2" if "avx2" in kept else "SSE41")
+        os.environ.setdefault("ONEDNN_MAX_CPU_ISA", _onednn_isa(kept))
         # MKL (PyTorch's fp32 matmul) dispatches on its own: on an Intel CPU it would keep its AVX-512 paths.
         os.environ.setdefault("MKL_ENABLE_INSTRUCTIONS", "AVX2" if "avx2" in kept else "SSE4_2")
     return replace(caps, features=kept, masked=hidden, source=f"detected, masked by {MASK_ENV}={mask}")
+
+
+def _onednn_isa(kept: frozenset[str]) -> str:
+    """oneDNN's ceiling for a CPU without AVX-512: AVX-VNNI boxes get its VEX int8 paths, as they would natively."""
+    if "avx2" not in kept:
+        return "SSE41"
+    return "AVX2_VNNI" if "avx_vnni" in kept else "AVX2"
 
 
 def _normalize_arch(machine: str) -> str:

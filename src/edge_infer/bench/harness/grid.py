@@ -24,6 +24,7 @@ from edge_infer.bench.harness.results import (
 )
 from edge_infer.bench.harness.runner import PassContext, run_arm
 from edge_infer.bench.harness.spec import GridSpec, SpecError, load_spec
+from edge_infer.hardware.cpu import MASK_ENV, detect, mask_features
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 
@@ -108,6 +109,7 @@ def _settings(args: argparse.Namespace, spec: GridSpec) -> GridSettings:
     outside = [c for c in cores if c not in allowed]
     if outside:
         raise ValueError(f"cores {outside} are not available to this process (allowed: {allowed}); pick --cores among them")
+    _refuse_unhonoured_masks(spec)
     keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys else []
     headline = args.metric or spec.metric or (keys[0] if keys else None)
     if headline and keys and headline not in keys:
@@ -121,6 +123,19 @@ def _settings(args: argparse.Namespace, spec: GridSpec) -> GridSettings:
         allow_busy=args.allow_busy, lock=None if args.no_lock else str(default_lock_path()),
         settle_s=args.settle_s, timeout_s=args.timeout,
     )
+
+
+def _refuse_unhonoured_masks(spec: GridSpec) -> None:
+    """A mask can only take features away: an arm masked to a level this CPU lacks would measure a lower one."""
+    cpu = detect()
+    for arm in spec.arms:
+        mask = str(arm.env.get(MASK_ENV, "")).strip()
+        lacking = sorted(mask_features(mask, cpu.arch) - cpu.features) if mask else []
+        if lacking:
+            raise ValueError(
+                f"arm {arm.tag!r} runs as {MASK_ENV}={mask}, but this CPU lacks {', '.join(lacking)}: it would measure "
+                "a lower ISA level under that arm's name; run this spec on a CPU that has it"
+            )
 
 
 def run(args: argparse.Namespace) -> int:
