@@ -208,3 +208,27 @@ def test_a_w4a8_talker_runs_its_frame_steps_in_fused_layers(w4a8_checkpoint: Pat
     assert all(0 <= code < codebook for f in frames.values() for frame in f for code in frame[1:])
     # Both requests were identical and greedy: batched in the fused layers, they stay identical.
     assert frames["a"] == frames["b"]
+
+
+def test_every_code_predictor_pass_runs_in_the_fused_layer_with_the_pytorch_layers_codes(w4a8_checkpoint: Path) -> None:
+    """The frame's first predictor pass (two positions: the Talker's hidden state and code 0) is a decode step too."""
+    from edge_infer.config import QuantConfig
+
+    codes = {}
+    for fused in (True, False):
+        eng = load_talker_engine(EngineConfig(
+            model=str(w4a8_checkpoint), dtype="float32", max_model_len=128, max_num_seqs=2, max_num_batched_tokens=64,
+            kv_cache_memory_bytes=1 << 20, quant=QuantConfig(int8_activations=True),
+        ))
+        predictor = eng.talker.predictor
+        predictor.fused_decode = None if fused else False
+        layer_calls = []
+        predictor.layers[0].register_forward_hook(lambda *_: layer_calls.append(1))
+        voice = VoiceRequest(CASES[GREEDY[0]]["input_ids"], CASES[GREEDY[0]]["speaker"])
+        for request_id in ("a", "b"):
+            eng.add(request_id, voice, SamplingParams(do_sample=False, subtalker_do_sample=False, max_frames=5,
+                                                      ignore_eos=True))
+        codes[fused] = drain(eng)
+        assert predictor.fused_decode is fused
+        assert (len(layer_calls) == 0) is fused  # fused: no pass of the predictor went through the PyTorch layers
+    assert codes[True] == codes[False]
