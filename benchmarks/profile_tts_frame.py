@@ -51,7 +51,7 @@ def profile(args: argparse.Namespace) -> dict:
     from edge_infer.models.qwen3_tts.tokenizer import TextTokenizer
     from edge_infer.quant.native import vector_variant
     from edge_infer.runtime.config import load_deploy_config
-    from edge_infer.tts.planning import talker_engine_config
+    from edge_infer.tts.planning import code2wav_settings, talker_engine_config
     from edge_infer.models.qwen3_tts.config import SamplingParams
     from edge_infer.tts.talker_engine import load_talker_engine
 
@@ -59,7 +59,8 @@ def profile(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     model = str(Path(args.model).resolve())
     stage = {"model": model, "engine": {"dtype": args.dtype, "quantization": args.quantization, "max_num_seqs": 1}}
-    config = load_deploy_config("qwen3_tts", {"0": stage, "1": {"model": model}})
+    # Both stages resolve --dtype as the pipeline does (auto: fp32 Code2Wav where bf16 is not native).
+    config = load_deploy_config("qwen3_tts", {"0": stage, "1": {"model": model, "engine": {"dtype": args.dtype}}})
     engine = load_talker_engine(talker_engine_config(config.stage(0)))
     voice = VoiceRequest(TextTokenizer.from_dir(model).assistant_ids("Where does the time of one frame go?"),
                          speaker=sorted(engine.config.talker.speakers)[0])
@@ -73,6 +74,7 @@ def profile(args: argparse.Namespace) -> dict:
     fused_ms = sum(ms for key, ms in ops.items() if key in FUSED_OPS)
     in_ops_ms = sum(ops.values())
     talker, predictor = engine.talker.decoder, engine.talker.predictor
+    talker_dtype = str(talker.dtype).removeprefix("torch.")
     residual = predictor.num_residual
     # Per frame: the decoder's layers and codec head once, the predictor's layers once per residual code,
     # and each of its heads once.
@@ -81,7 +83,8 @@ def profile(args: argparse.Namespace) -> dict:
     del engine
 
     code2wav_config = load_code2wav_config(model)
-    code2wav = load_code2wav(model, code2wav_config, TORCH_DTYPES[args.dtype], vector_variant())
+    code2wav_dtype = code2wav_settings(config.stage(1)).dtype
+    code2wav = load_code2wav(model, code2wav_config, TORCH_DTYPES[code2wav_dtype], vector_variant())
     code2wav_ms = {}
     for chunk in CODE2WAV_CHUNKS:
         state = code2wav.new_state()
@@ -96,7 +99,8 @@ def profile(args: argparse.Namespace) -> dict:
     result = {
         "kind": "edge-infer.profile.tts-frame",
         "model": args.model,
-        "settings": {"dtype": args.dtype, "quantization": args.quantization, "threads": torch.get_num_threads(),
+        "settings": {"dtype": args.dtype, "talker_dtype": talker_dtype, "code2wav_dtype": code2wav_dtype,
+                     "quantization": args.quantization, "threads": torch.get_num_threads(),
                      "frames": args.frames, "warmup_frames": WARMUP_FRAMES, "batch": 1},
         "talker_ms_per_frame": round(talker_ms, 2),
         "weight_products_ms_per_frame": round(weight_ms, 2),
@@ -136,7 +140,8 @@ def table(directory: Path) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", nargs="?")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                        help="both stages' dtype, resolved as the pipeline does (default auto: what users get)")
     parser.add_argument("--quantization", choices=["cpu_int4", "cpu_w4a8"], default=None)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--frames", type=int, default=FRAMES,

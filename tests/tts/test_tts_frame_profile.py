@@ -21,6 +21,7 @@ def test_frame_profile_accounts_for_the_talker_and_code2wav(tmp_path: Path) -> N
     assert run.returncode == 0, run.stderr[-2000:]
     p = json.loads(out.read_text())
     assert p["settings"]["threads"] == 1 and p["settings"]["frames"] == 4 and p["provenance"]["finished_at"]
+    assert p["settings"]["talker_dtype"] == p["settings"]["code2wav_dtype"] == "float32"
     parts = p["weight_products_ms_per_frame"] + p["other_operators_ms_per_frame"]
     assert 0 < p["weight_products_ms_per_frame"] < parts
     # The profiler's own cost can push the operators' sum past the unprofiled wall time; not far past.
