@@ -203,9 +203,23 @@ void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m
 inline __m256 load8(const uint16_t* p) { return load_bf16x8(p); }
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 
+// Four keys at a time: their accumulator chains overlap, and each query load serves four keys.
 template <typename T>
 void dot_rows(const T* q, const T* k, int64_t stride, int64_t count, int64_t n, float* out) {
-  for (int64_t r = 0; r < count; ++r, k += stride) {
+  int64_t r = 0;
+  for (; r + 4 <= count; r += 4, k += 4 * stride) {
+    __m256 lo[4], hi[4];
+    for (int j = 0; j < 4; ++j) lo[j] = hi[j] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+      const __m256 q_lo = load8(q + i), q_hi = load8(q + i + 8);
+      for (int j = 0; j < 4; ++j) {
+        lo[j] = _mm256_fmadd_ps(q_lo, load8(k + j * stride + i), lo[j]);
+        hi[j] = _mm256_fmadd_ps(q_hi, load8(k + j * stride + i + 8), hi[j]);
+      }
+    }
+    for (int j = 0; j < 4; ++j) out[r + j] = sum_lanes(_mm256_add_ps(lo[j], hi[j]));
+  }
+  for (; r < count; ++r, k += stride) {
     __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += 16) {
       lo = _mm256_fmadd_ps(load8(q + i), load8(k + i), lo);
@@ -213,6 +227,27 @@ void dot_rows(const T* q, const T* k, int64_t stride, int64_t count, int64_t n, 
     }
     out[r] = sum_lanes(_mm256_add_ps(lo, hi));
   }
+}
+
+// kVecs * 8 values of y in registers through every row (not loaded and stored once per row), each a chain
+// of fused multiply-adds in row order.
+template <int kVecs, typename T>
+void axpy_slice(const float* w, const T* v, int64_t stride, int64_t count, float* y) {
+  __m256 acc[kVecs];
+  for (int r = 0; r < kVecs; ++r) acc[r] = _mm256_loadu_ps(y + 8 * r);
+  for (int64_t j = 0; j < count; ++j, v += stride) {
+    const __m256 a = _mm256_set1_ps(w[j]);
+    for (int r = 0; r < kVecs; ++r) acc[r] = _mm256_fmadd_ps(a, load8(v + 8 * r), acc[r]);
+  }
+  for (int r = 0; r < kVecs; ++r) _mm256_storeu_ps(y + 8 * r, acc[r]);
+}
+
+// Slices of 64 values: eight independent chains hide the multiply-add's latency.
+template <typename T>
+void axpy_rows(const float* w, const T* v, int64_t stride, int64_t count, int64_t n, float* y) {
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) axpy_slice<8>(w, v + i, stride, count, y + i);
+  for (; i < n; i += 16) axpy_slice<2>(w, v + i, stride, count, y + i);
 }
 
 }  // namespace

@@ -145,14 +145,51 @@ void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m
 inline __m512 load16(const uint16_t* p) { return load_bf16x16(p); }
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 
+inline float sum_lanes(__m512 acc) {
+  const __m256 upper = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
+  return sum_lanes(_mm256_add_ps(_mm512_castps512_ps256(acc), upper));
+}
+
+// Four keys at a time: their accumulator chains overlap, and each query load serves four keys.
 template <typename T>
 void dot_rows(const T* q, const T* k, int64_t stride, int64_t count, int64_t n, float* out) {
-  for (int64_t r = 0; r < count; ++r, k += stride) {
+  int64_t r = 0;
+  for (; r + 4 <= count; r += 4, k += 4 * stride) {
+    __m512 acc[4];
+    for (int j = 0; j < 4; ++j) acc[j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+      const __m512 qi = load16(q + i);
+      for (int j = 0; j < 4; ++j) acc[j] = _mm512_fmadd_ps(qi, load16(k + j * stride + i), acc[j]);
+    }
+    for (int j = 0; j < 4; ++j) out[r + j] = sum_lanes(acc[j]);
+  }
+  for (; r < count; ++r, k += stride) {
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += 16) acc = _mm512_fmadd_ps(load16(q + i), load16(k + i), acc);
-    const __m256 upper = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
-    out[r] = sum_lanes(_mm256_add_ps(_mm512_castps512_ps256(acc), upper));
+    out[r] = sum_lanes(acc);
   }
+}
+
+// kVecs * 16 values of y in registers through every row (not loaded and stored once per row), each a chain
+// of fused multiply-adds in row order.
+template <int kVecs, typename T>
+void axpy_slice(const float* w, const T* v, int64_t stride, int64_t count, float* y) {
+  __m512 acc[kVecs];
+  for (int r = 0; r < kVecs; ++r) acc[r] = _mm512_loadu_ps(y + 16 * r);
+  for (int64_t j = 0; j < count; ++j, v += stride) {
+    const __m512 a = _mm512_set1_ps(w[j]);
+    for (int r = 0; r < kVecs; ++r) acc[r] = _mm512_fmadd_ps(a, load16(v + 16 * r), acc[r]);
+  }
+  for (int r = 0; r < kVecs; ++r) _mm512_storeu_ps(y + 16 * r, acc[r]);
+}
+
+// Slices of 128 values where they fit (eight independent chains hide the multiply-add's latency), then 16.
+template <typename T>
+void axpy_rows(const float* w, const T* v, int64_t stride, int64_t count, int64_t n, float* y) {
+  int64_t i = 0;
+  for (; i + 128 <= n; i += 128) axpy_slice<8>(w, v + i, stride, count, y + i);
+  for (; i + 64 <= n; i += 64) axpy_slice<4>(w, v + i, stride, count, y + i);
+  for (; i < n; i += 16) axpy_slice<1>(w, v + i, stride, count, y + i);
 }
 
 }  // namespace

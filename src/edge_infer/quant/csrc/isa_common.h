@@ -113,10 +113,18 @@ void quantize_bf16(const uint16_t* x, int64_t k, int64_t group, int8_t* q, float
   quantize_row(x, k, group, q, alpha, sum);
 }
 
+// Defined by each variant (isa.h's lane contract), for bf16 (uint16_t) and fp32 rows.
 template <typename T>
-void axpy_rows(const float* w, const T* v, int64_t stride, int64_t count, int64_t n, float* y) {
-  for (int64_t r = 0; r < count; ++r, v += stride)
-    for (int64_t i = 0; i < n; ++i) y[i] = __builtin_fmaf(w[r], to_float(v[i]), y[i]);
+void dot_rows(const T* q, const T* k, int64_t stride, int64_t count, int64_t n, float* out);
+template <typename T>
+void axpy_rows(const float* w, const T* v, int64_t stride, int64_t count, int64_t n, float* y);
+
+void dot_bf16(const uint16_t* q, const uint16_t* k, int64_t stride, int64_t count, int64_t n, float* out) {
+  dot_rows(q, k, stride, count, n, out);
+}
+
+void dot_f32(const float* q, const float* k, int64_t stride, int64_t count, int64_t n, float* out) {
+  dot_rows(q, k, stride, count, n, out);
 }
 
 void axpy_bf16(const float* w, const uint16_t* v, int64_t stride, int64_t count, int64_t n, float* y) {
@@ -125,18 +133,6 @@ void axpy_bf16(const float* w, const uint16_t* v, int64_t stride, int64_t count,
 
 void axpy_f32(const float* w, const float* v, int64_t stride, int64_t count, int64_t n, float* y) {
   axpy_rows(w, v, stride, count, n, y);
-}
-
-// Defined by each variant (isa.h's lane contract), for bf16 (uint16_t) and fp32 rows.
-template <typename T>
-void dot_rows(const T* q, const T* k, int64_t stride, int64_t count, int64_t n, float* out);
-
-void dot_bf16(const uint16_t* q, const uint16_t* k, int64_t stride, int64_t count, int64_t n, float* out) {
-  dot_rows(q, k, stride, count, n, out);
-}
-
-void dot_f32(const float* q, const float* k, int64_t stride, int64_t count, int64_t n, float* out) {
-  dot_rows(q, k, stride, count, n, out);
 }
 
 void round_bf16(const float* x, int64_t n, uint16_t* out) {

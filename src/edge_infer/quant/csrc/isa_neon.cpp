@@ -110,16 +110,56 @@ void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m
 inline float32x4_t load4(const uint16_t* p) { return load_bf16x4(p); }
 inline float32x4_t load4(const float* p) { return vld1q_f32(p); }
 
+// Lanes 0-3, 4-7, 8-11, 12-15 reduced as the contract says: l + l+8, l + l+4, l + l+2, 0 + 1.
+inline float sum_lanes(const float32x4_t acc[4]) {
+  const float32x4_t four = vaddq_f32(vaddq_f32(acc[0], acc[2]), vaddq_f32(acc[1], acc[3]));
+  const float32x2_t two = vadd_f32(vget_low_f32(four), vget_high_f32(four));
+  return vget_lane_f32(two, 0) + vget_lane_f32(two, 1);
+}
+
+// Two keys at a time: their accumulator chains overlap, and each query load serves both.
 template <typename T>
 void dot_rows(const T* q, const T* k, int64_t stride, int64_t count, int64_t n, float* out) {
-  for (int64_t r = 0; r < count; ++r, k += stride) {
+  int64_t r = 0;
+  for (; r + 2 <= count; r += 2, k += 2 * stride) {
+    float32x4_t a[4], b[4];
+    for (int j = 0; j < 4; ++j) a[j] = b[j] = vdupq_n_f32(0.f);
+    for (int64_t i = 0; i < n; i += 16)
+      for (int j = 0; j < 4; ++j) {
+        const float32x4_t qj = load4(q + i + 4 * j);
+        a[j] = vfmaq_f32(a[j], qj, load4(k + i + 4 * j));
+        b[j] = vfmaq_f32(b[j], qj, load4(k + stride + i + 4 * j));
+      }
+    out[r] = sum_lanes(a);
+    out[r + 1] = sum_lanes(b);
+  }
+  for (; r < count; ++r, k += stride) {
     float32x4_t acc[4] = {vdupq_n_f32(0.f), vdupq_n_f32(0.f), vdupq_n_f32(0.f), vdupq_n_f32(0.f)};
     for (int64_t i = 0; i < n; i += 16)
       for (int j = 0; j < 4; ++j) acc[j] = vfmaq_f32(acc[j], load4(q + i + 4 * j), load4(k + i + 4 * j));
-    const float32x4_t four = vaddq_f32(vaddq_f32(acc[0], acc[2]), vaddq_f32(acc[1], acc[3]));
-    const float32x2_t two = vadd_f32(vget_low_f32(four), vget_high_f32(four));
-    out[r] = vget_lane_f32(two, 0) + vget_lane_f32(two, 1);
+    out[r] = sum_lanes(acc);
   }
+}
+
+// kVecs * 4 values of y in registers through every row (not loaded and stored once per row), each a chain
+// of fused multiply-adds in row order.
+template <int kVecs, typename T>
+void axpy_slice(const float* w, const T* v, int64_t stride, int64_t count, float* y) {
+  float32x4_t acc[kVecs];
+  for (int r = 0; r < kVecs; ++r) acc[r] = vld1q_f32(y + 4 * r);
+  for (int64_t j = 0; j < count; ++j, v += stride) {
+    const float32x4_t a = vdupq_n_f32(w[j]);
+    for (int r = 0; r < kVecs; ++r) acc[r] = vfmaq_f32(acc[r], a, load4(v + 4 * r));
+  }
+  for (int r = 0; r < kVecs; ++r) vst1q_f32(y + 4 * r, acc[r]);
+}
+
+// Slices of 64 values: sixteen independent chains hide the multiply-add's latency.
+template <typename T>
+void axpy_rows(const float* w, const T* v, int64_t stride, int64_t count, int64_t n, float* y) {
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) axpy_slice<16>(w, v + i, stride, count, y + i);
+  for (; i < n; i += 16) axpy_slice<4>(w, v + i, stride, count, y + i);
 }
 
 }  // namespace

@@ -68,6 +68,13 @@ void dot_rows(const T* q, const T* k, int64_t stride, int64_t count, int64_t n, 
   }
 }
 
+// y += w[j] * v_j, one fused multiply-add per value, rows in order.
+template <typename T>
+void axpy_rows(const float* w, const T* v, int64_t stride, int64_t count, int64_t n, float* y) {
+  for (int64_t r = 0; r < count; ++r, v += stride)
+    for (int64_t i = 0; i < n; ++i) y[i] = __builtin_fmaf(w[r], to_float(v[i]), y[i]);
+}
+
 }  // namespace
 }  // namespace edge_infer
 
