@@ -8,6 +8,7 @@
 // checksum of the reference's outputs (the same on every machine: the tests compare x86 with ARM);
 // exits non-zero after the first failures. Built by tests/quant/test_isa_variants.py, natively and, for ARM,
 // cross-compiled and run under qemu-aarch64.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -316,8 +317,37 @@ void run_snake_case(const std::vector<const IsaKernels*>& variants, Rng& rng, in
   }
 }
 
-// The vector helpers (attention loops over both cache types, bf16 rounding, SnakeBeta): the same bits on every
-// variant.
+// Attention weights: the reference within a few float roundings of the softmax taken in double (scores far under
+// the largest give 0, a NaN score NaN everywhere), every variant bit-identical to it.
+void run_softmax_case(const std::vector<const IsaKernels*>& variants, Rng& rng, int n) {
+  std::vector<float> scores(n);
+  const float spread = std::pow(10.f, static_cast<float>(rng.below(4)));  // up to scores 1000 apart
+  for (float& v : scores) v = (rng.uniform() * 2.f - 1.f) * spread;
+  const bool poisoned = n > 8 && rng.below(4) == 0;
+  if (poisoned) scores[n / 2] = NAN;
+  const float scale = 0.125f;
+  std::vector<float> want = scores;
+  variants[0]->softmax_f32(want.data(), n, scale);
+  double top = -INFINITY, total = 0.0;
+  for (float v : scores) top = std::max(top, static_cast<double>(v * scale));
+  for (float v : scores) total += std::exp(static_cast<double>(v * scale) - top);
+  for (int j = 0; j < n; ++j) {
+    const double x = static_cast<double>(scores[j] * scale) - top, exact = std::exp(x) / total;
+    // The float subtraction's rounding (half an ulp of x) carries into e^x: a relative error of |x| 2^-24.
+    const bool ok = poisoned ? std::isnan(want[j]) : std::fabs(want[j] - exact) <= exact * (1e-6 - x * 0x1p-24) + 1e-37;
+    if (!ok) fail(variants[0]->name, "softmax rounding", j, want[j], static_cast<float>(exact));
+  }
+  for (float v : want) mix(v);
+  for (size_t v = 1; v < variants.size(); ++v) {
+    std::vector<float> got = scores;
+    variants[v]->softmax_f32(got.data(), n, scale);
+    for (int j = 0; j < n; ++j)
+      if (!same(got[j], want[j])) fail(variants[v]->name, "softmax", j, got[j], want[j]);
+  }
+}
+
+// The vector helpers (attention loops over both cache types, attention weights, bf16 rounding, SnakeBeta): the
+// same bits on every variant.
 void run_vector_case(const std::vector<const IsaKernels*>& variants, Rng& rng) {
   const int n = 16 * (1 + rng.below(16)), count = 1 + rng.below(16), stride = n + 16 * rng.below(3);
   check_attention_loops<Bf16Rows>(variants, rng, n, count, stride);
@@ -334,6 +364,7 @@ void run_vector_case(const std::vector<const IsaKernels*>& variants, Rng& rng) {
     variants[v]->round_bf16(to_round.data(), n, rounded.data());
     if (rounded != rounded_ref) fail(variants[v]->name, "round_bf16", 0, 0, 0);
   }
+  run_softmax_case(variants, rng, 1 + rng.below(600));
   run_snake_case(variants, rng, n + rng.below(16));
 }
 

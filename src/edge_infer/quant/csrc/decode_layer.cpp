@@ -20,7 +20,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <vector>
 
 namespace edge_infer {
@@ -81,7 +80,8 @@ struct Cache {
 };
 
 // One query head over the ``ctx`` keys of its sequence's blocks, softmax and weighted sum in fp32
-// (PyTorch's flash kernel rounds the probabilities to bf16 first: the two differ in the last bits).
+// (PyTorch's flash kernel rounds the probabilities to bf16 first and has its own exp: the two differ in the
+// last bits).
 template <typename T>
 void attend_head(const IsaKernels& isa, const T* q, const Cache<T>& c, const int64_t* blocks, int64_t ctx,
                  int64_t kv_head, float scale, T* out) {
@@ -89,11 +89,7 @@ void attend_head(const IsaKernels& isa, const T* q, const Cache<T>& c, const int
   for (int64_t j0 = 0; j0 < ctx; j0 += c.block_size)  // one cache block's keys per call
     dot(isa, q, c.row(c.k, blocks[j0 / c.block_size], kv_head), c.stride(), std::min(c.block_size, ctx - j0), c.d,
         p.data() + j0);
-  float top = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < ctx; ++j) top = std::max(top, p[j] *= scale);
-  float total = 0.f;
-  for (int64_t j = 0; j < ctx; ++j) total += (p[j] = std::exp(p[j] - top));
-  for (int64_t j = 0; j < ctx; ++j) p[j] /= total;
+  isa.softmax_f32(p.data(), ctx, scale);
   std::vector<float> acc(c.d, 0.f);
   for (int64_t j0 = 0; j0 < ctx; j0 += c.block_size)
     axpy(isa, p.data() + j0, c.row(c.v, blocks[j0 / c.block_size], kv_head), c.stride(),

@@ -62,6 +62,11 @@ struct IsaKernels {
   // dot_bf16 and axpy_bf16 over fp32 rows (an fp32 model's cache), in the same lane order.
   void (*dot_f32)(const float* q, const float* k, int64_t stride, int64_t count, int64_t n, float* out);
   void (*axpy_f32)(const float* w, const float* v, int64_t stride, int64_t count, int64_t n, float* y);
+  // The attention weights of one query head, in place: p = softmax(p * scale) in fp32. The largest scaled
+  // score is taken off before the exponential (a polynomial every variant computes alike, within 1 ulp of
+  // exp), and the sum runs over 16 lanes (lane l takes p[j] for j = l mod 16, in order) reduced as the
+  // dot product's. A NaN score makes every weight NaN.
+  void (*softmax_f32)(float* p, int64_t n, float scale);
   // Code2Wav's SnakeBeta over one channel's n samples: out = x + sin^2(alpha x) * inv_beta (out must not be x).
   void (*snake_f32)(const float* x, int64_t n, float alpha, float inv_beta, float* out);
 };

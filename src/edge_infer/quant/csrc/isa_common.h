@@ -144,6 +144,51 @@ void round_bf16(const float* x, int64_t n, uint16_t* out) {
   }
 }
 
+// e^x for -87 <= x <= 0 (a score minus the largest): x = n ln 2 + r with |r| <= ln 2 / 2 (ln 2 in two float
+// parts), e^r from its Taylor series to r^7 (remainder under 5e-9 there), times 2^n built in the exponent bits
+// (n + 127, 1..127, lands in the low mantissa bits of n + 2^23 + 127: no float-to-int conversion). A NaN stays
+// NaN. No branch or select inside, so that a loop of it vectorizes.
+inline float exp_nonpositive(float x) {
+  const float n = (x * 1.44269504f + kRoundMagic) - kRoundMagic;
+  float r = __builtin_fmaf(-n, 0.693145752f, x);
+  r = __builtin_fmaf(-n, 1.42860677e-06f, r);
+  float p = __builtin_fmaf(r, 1.98412698e-04f, 1.38888889e-03f);  // 1/7!, 1/6!
+  p = __builtin_fmaf(p, r, 8.33333333e-03f);                       // 1/5!
+  p = __builtin_fmaf(p, r, 4.16666667e-02f);                       // 1/4!
+  p = __builtin_fmaf(p, r, 1.66666667e-01f);                       // 1/3!
+  p = __builtin_fmaf(p, r, 0.5f);
+  p = __builtin_fmaf(p, r, 1.f);
+  p = __builtin_fmaf(p, r, 1.f);
+  const uint32_t two_n = (__builtin_bit_cast(uint32_t, n + 8388735.f) & 0x7FFFFFu) << 23;
+  return p * __builtin_bit_cast(float, two_n);
+}
+
+// Each step its own loop: the compiler vectorizes a select or a reduction only alone.
+void softmax_f32(float* p, int64_t n, float scale) {
+  for (int64_t j = 0; j < n; ++j) p[j] *= scale;
+  float lanes[16];  // the largest per lane (NaN scores skipped: they poison the sum below)
+  for (int l = 0; l < 16; ++l) lanes[l] = -__builtin_inff();
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16)
+    for (int l = 0; l < 16; ++l) lanes[l] = lanes[l] < p[j + l] ? p[j + l] : lanes[l];
+  for (int l = 0; j + l < n; ++l) lanes[l] = lanes[l] < p[j + l] ? p[j + l] : lanes[l];
+  float top = lanes[0];
+  for (int l = 1; l < 16; ++l) top = top < lanes[l] ? lanes[l] : top;
+  // Clamped at -87 (e^-87 is near the smallest normal float: as good as 0 beside the largest score's 1).
+  for (j = 0; j < n; ++j) {
+    const float x = p[j] - top;
+    p[j] = x < -87.f ? -87.f : x;
+  }
+  for (j = 0; j < n; ++j) p[j] = exp_nonpositive(p[j]);
+  for (int l = 0; l < 16; ++l) lanes[l] = 0.f;
+  for (j = 0; j + 16 <= n; j += 16)
+    for (int l = 0; l < 16; ++l) lanes[l] += p[j + l];
+  for (int l = 0; j + l < n; ++l) lanes[l] += p[j + l];
+  for (int width = 8; width >= 1; width /= 2)
+    for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+  for (j = 0; j < n; ++j) p[j] /= lanes[0];
+}
+
 // sin^2 y for |y| <= 2^22, in operations the compiler vectorizes. sin^2 has period pi, so y is
 // reduced to r = y - n pi in [-pi/2, pi/2] (n = round(y / pi), pi in three float parts, each step one fused
 // multiply-add: exact for the n this limit allows) and sin r taken from its Taylor series to r^13, whose
@@ -200,5 +245,5 @@ inline float w8a8_group(float acc, int32_t dot, float scale, float alpha) {
   namespace edge_infer {                                                                                   \
   extern const IsaKernels symbol = {isa_name, quantize_f32, quantize_bf16, w4a8_tile, w8a8_tile, w16_tile,  \
                                     dot_bf16, axpy_bf16,     round_bf16,    dot_f32,   axpy_f32,           \
-                                    snake_f32};                                                            \
+                                    softmax_f32, snake_f32};                                                            \
   }
