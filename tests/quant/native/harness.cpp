@@ -246,6 +246,7 @@ struct Bf16Rows {
   static double value(T v) { return from_bf16(v); }
   static constexpr auto dot = &IsaKernels::dot_bf16;
   static constexpr auto axpy = &IsaKernels::axpy_bf16;
+  static constexpr auto silu_mul = &IsaKernels::silu_mul_bf16;
 };
 struct F32Rows {
   using T = float;
@@ -254,6 +255,7 @@ struct F32Rows {
   static double value(T v) { return v; }
   static constexpr auto dot = &IsaKernels::dot_f32;
   static constexpr auto axpy = &IsaKernels::axpy_f32;
+  static constexpr auto silu_mul = &IsaKernels::silu_mul_f32;
 };
 
 // The reference's dot products within fp32 rounding of double precision; every variant's dot products and
@@ -346,8 +348,37 @@ void run_softmax_case(const std::vector<const IsaKernels*>& variants, Rng& rng, 
   }
 }
 
-// The vector helpers (attention loops over both cache types, attention weights, bf16 rounding, SnakeBeta): the
-// same bits on every variant.
+// SwiGLU's activation: the reference within float rounding of gate / (1 + e^-gate) * up taken in double (for bf16
+// rows, within the two bf16 roundings), a NaN gate NaN; every variant bit-identical to it.
+template <typename R>
+void check_silu_mul(const std::vector<const IsaKernels*>& variants, Rng& rng, int n) {
+  using T = typename R::T;
+  std::vector<T> gate(n), up(n), want(n);
+  for (int i = 0; i < n; ++i) {
+    gate[i] = R::make((rng.uniform() * 2.f - 1.f) * (i % 7 == 0 ? 120.f : 6.f));  // some past the clamp
+    up[i] = R::make(rng.uniform() * 4.f - 2.f);
+  }
+  if (n > 5) gate[5] = R::make(NAN);
+  (variants[0]->*R::silu_mul)(gate.data(), up.data(), n, want.data());
+  const double bound = sizeof(T) == 2 ? 0x1p-7 : 0x1p-21;  // two roundings to T, the exponential's ulp
+  for (int i = 0; i < n; ++i) {
+    const double g = R::value(gate[i]), exact = g / (1.0 + std::exp(-g)) * R::value(up[i]);
+    const double got = R::value(want[i]);
+    const bool ok = std::isnan(g) ? std::isnan(got) : std::fabs(got - exact) <= std::fabs(exact) * bound + 1e-30;
+    if (!ok) fail(variants[0]->name, "silu_mul rounding", i, static_cast<float>(got), static_cast<float>(exact));
+    mix(static_cast<float>(got));
+  }
+  for (size_t v = 1; v < variants.size(); ++v) {
+    std::vector<T> got(n);
+    (variants[v]->*R::silu_mul)(gate.data(), up.data(), n, got.data());
+    for (int i = 0; i < n; ++i)
+      if (!same(static_cast<float>(R::value(got[i])), static_cast<float>(R::value(want[i]))))
+        fail(variants[v]->name, "silu_mul", i, static_cast<float>(R::value(got[i])), static_cast<float>(R::value(want[i])));
+  }
+}
+
+// The vector helpers (attention loops over both cache types, attention weights, SwiGLU's activation, bf16
+// rounding, SnakeBeta): the same bits on every variant.
 void run_vector_case(const std::vector<const IsaKernels*>& variants, Rng& rng) {
   const int n = 16 * (1 + rng.below(16)), count = 1 + rng.below(16), stride = n + 16 * rng.below(3);
   check_attention_loops<Bf16Rows>(variants, rng, n, count, stride);
@@ -365,6 +396,8 @@ void run_vector_case(const std::vector<const IsaKernels*>& variants, Rng& rng) {
     if (rounded != rounded_ref) fail(variants[v]->name, "round_bf16", 0, 0, 0);
   }
   run_softmax_case(variants, rng, 1 + rng.below(600));
+  check_silu_mul<Bf16Rows>(variants, rng, 1 + rng.below(700));
+  check_silu_mul<F32Rows>(variants, rng, 1 + rng.below(700));
   run_snake_case(variants, rng, n + rng.below(16));
 }
 

@@ -67,6 +67,14 @@ void axpy(const IsaKernels& isa, const float* w, const float* v, int64_t stride,
   isa.axpy_f32(w, v, stride, count, n, y);
 }
 
+void silu_mul(const IsaKernels& isa, const bf16* gate, const bf16* up, int64_t n, bf16* out) {
+  isa.silu_mul_bf16(reinterpret_cast<const uint16_t*>(gate), reinterpret_cast<const uint16_t*>(up), n,
+                    reinterpret_cast<uint16_t*>(out));
+}
+void silu_mul(const IsaKernels& isa, const float* gate, const float* up, int64_t n, float* out) {
+  isa.silu_mul_f32(gate, up, n, out);
+}
+
 template <typename T>
 struct Cache {
   const T* k;
@@ -223,10 +231,7 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Te
     std::vector<T> act(m * down.k, T(0.f));
     for (int64_t i = 0; i < m; ++i) {
       const T* gate = proj.data() + i * 2 * intermediate;
-      for (int64_t j = 0; j < intermediate; ++j) {
-        const float g = static_cast<float>(gate[j]);
-        act[i * down.k + j] = static_cast<T>(rounded<T>(g / (1.f + std::exp(-g))) * static_cast<float>(gate[intermediate + j]));
-      }
+      silu_mul(isa, gate, gate + intermediate, intermediate, act.data() + i * down.k);
     }
     matmul(isa, act, m, down, proj);
     for (int64_t j = 0; j < m * hidden; ++j) y[j] = static_cast<T>(static_cast<float>(y[j]) + static_cast<float>(proj[j]));

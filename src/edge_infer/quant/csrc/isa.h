@@ -67,6 +67,10 @@ struct IsaKernels {
   // exp), and the sum runs over 16 lanes (lane l takes p[j] for j = l mod 16, in order) reduced as the
   // dot product's. A NaN score makes every weight NaN.
   void (*softmax_f32)(float* p, int64_t n, float scale);
+  // SwiGLU's activation over n values: out = silu(gate) * up, silu rounded to the rows' type before the
+  // product (bf16 rounds, fp32 does not), e^-gate from the softmax's polynomial (clamped to [e^-87, e^88]).
+  void (*silu_mul_bf16)(const uint16_t* gate, const uint16_t* up, int64_t n, uint16_t* out);
+  void (*silu_mul_f32)(const float* gate, const float* up, int64_t n, float* out);
   // Code2Wav's SnakeBeta over one channel's n samples: out = x + sin^2(alpha x) * inv_beta (out must not be x).
   void (*snake_f32)(const float* x, int64_t n, float alpha, float inv_beta, float* out);
 };

@@ -135,20 +135,32 @@ void axpy_f32(const float* w, const float* v, int64_t stride, int64_t count, int
   axpy_rows(w, v, stride, count, n, y);
 }
 
-void round_bf16(const float* x, int64_t n, uint16_t* out) {
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    __builtin_memcpy(&bits, x + i, sizeof bits);
-    const uint16_t rounded = static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-    out[i] = x[i] != x[i] ? static_cast<uint16_t>(0x7FC0) : rounded;
-  }
+// x rounded to bf16, to nearest even; NaN stays NaN (0x7FC0, as PyTorch converts it).
+inline uint16_t to_bf16(float x) {
+  uint32_t bits;
+  __builtin_memcpy(&bits, &x, sizeof bits);
+  const uint16_t rounded = static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+  return x != x ? static_cast<uint16_t>(0x7FC0) : rounded;
 }
 
-// e^x for -87 <= x <= 0 (a score minus the largest): x = n ln 2 + r with |r| <= ln 2 / 2 (ln 2 in two float
-// parts), e^r from its Taylor series to r^7 (remainder under 5e-9 there), times 2^n built in the exponent bits
-// (n + 127, 1..127, lands in the low mantissa bits of n + 2^23 + 127: no float-to-int conversion). A NaN stays
-// NaN. No branch or select inside, so that a loop of it vectorizes.
-inline float exp_nonpositive(float x) {
+// A float as a row of T holds it: bf16 (uint16_t) rounds, fp32 is the value itself.
+template <typename T>
+inline T from_float(float x);
+template <>
+inline float from_float<float>(float x) { return x; }
+template <>
+inline uint16_t from_float<uint16_t>(float x) { return to_bf16(x); }
+
+void round_bf16(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(x[i]);
+}
+
+// e^x for -87 <= x <= 88: x = n ln 2 + r with |r| <= ln 2 / 2 (ln 2 in two float parts), e^r from its Taylor
+// series to r^7 (remainder under 5e-9 there; within 0.92 ulp of exp over [-87, 0]), times 2^n built in the
+// exponent bits (n + 127, 1..254, lands in the low mantissa bits of n + 2^23 + 127: no float-to-int
+// conversion). A NaN stays NaN. No branch or select inside, so that a loop of it vectorizes; callers clamp
+// in a loop of their own (the compiler vectorizes a select only without fused multiply-adds beside it).
+inline float exp_within(float x) {
   const float n = (x * 1.44269504f + kRoundMagic) - kRoundMagic;
   float r = __builtin_fmaf(-n, 0.693145752f, x);
   r = __builtin_fmaf(-n, 1.42860677e-06f, r);
@@ -179,7 +191,7 @@ void softmax_f32(float* p, int64_t n, float scale) {
     const float x = p[j] - top;
     p[j] = x < -87.f ? -87.f : x;
   }
-  for (j = 0; j < n; ++j) p[j] = exp_nonpositive(p[j]);
+  for (j = 0; j < n; ++j) p[j] = exp_within(p[j]);
   for (int l = 0; l < 16; ++l) lanes[l] = 0.f;
   for (j = 0; j + 16 <= n; j += 16)
     for (int l = 0; l < 16; ++l) lanes[l] += p[j + l];
@@ -188,6 +200,32 @@ void softmax_f32(float* p, int64_t n, float scale) {
     for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
   for (j = 0; j < n; ++j) p[j] /= lanes[0];
 }
+
+// SwiGLU's activation as models/llama.py computes it in T: silu(gate) = gate / (1 + e^-gate) rounded to T,
+// times up, rounded to T. e^-gate is clamped to [e^-87, e^88]: beyond, silu is gate itself or under 1e-36.
+constexpr int64_t kSiluChunk = 256;
+template <typename T>
+void silu_mul_rows(const T* gate, const T* up, int64_t n, T* out) {
+  float e[kSiluChunk];
+  for (int64_t i0 = 0; i0 < n; i0 += kSiluChunk) {
+    const int64_t len = n - i0 < kSiluChunk ? n - i0 : kSiluChunk;
+    for (int64_t i = 0; i < len; ++i) {
+      const float x = -to_float(gate[i0 + i]);
+      e[i] = x < -87.f ? -87.f : (x > 88.f ? 88.f : x);
+    }
+    for (int64_t i = 0; i < len; ++i) e[i] = exp_within(e[i]);
+    for (int64_t i = 0; i < len; ++i) {
+      const float g = to_float(gate[i0 + i]);
+      out[i0 + i] = from_float<T>(to_float(from_float<T>(g / (1.f + e[i]))) * to_float(up[i0 + i]));
+    }
+  }
+}
+
+void silu_mul_bf16(const uint16_t* gate, const uint16_t* up, int64_t n, uint16_t* out) {
+  silu_mul_rows(gate, up, n, out);
+}
+
+void silu_mul_f32(const float* gate, const float* up, int64_t n, float* out) { silu_mul_rows(gate, up, n, out); }
 
 // sin^2 y for |y| <= 2^22, in operations the compiler vectorizes. sin^2 has period pi, so y is
 // reduced to r = y - n pi in [-pi/2, pi/2] (n = round(y / pi), pi in three float parts, each step one fused
@@ -245,5 +283,5 @@ inline float w8a8_group(float acc, int32_t dot, float scale, float alpha) {
   namespace edge_infer {                                                                                   \
   extern const IsaKernels symbol = {isa_name, quantize_f32, quantize_bf16, w4a8_tile, w8a8_tile, w16_tile,  \
                                     dot_bf16, axpy_bf16,     round_bf16,    dot_f32,   axpy_f32,           \
-                                    softmax_f32, snake_f32};                                                            \
+                                    softmax_f32, silu_mul_bf16, silu_mul_f32, snake_f32};                     \
   }
