@@ -50,7 +50,9 @@ def test_init_memory_measures_sane_figures_and_the_plan_reached_the_engine(tiny,
 
 @pytest.mark.slow
 def test_pp_tg_prints_llama_bench_rates_and_what_was_loaded(tiny):
-    done = run_cli("bench", "pp-tg", str(tiny), "--pp", "32", "--tg", "16", "--reps", "2", "--dtype", "float32")
+    # A depth over --pp: the decode test's prompt is prefilled in chunks of --pp tokens.
+    done = run_cli("bench", "pp-tg", str(tiny), "--pp", "32", "--tg", "16", "--reps", "2", "--dtype", "float32",
+                   "--depth", "40")
     assert done.returncode == 0, done.stderr
     r = last_json(done.stdout)
     assert set(numeric_metrics(r)) == PP_TG_METRICS
@@ -60,6 +62,7 @@ def test_pp_tg_prints_llama_bench_rates_and_what_was_loaded(tiny):
     assert r["loaded"]["dtype"] == "float32"
     assert r["settings"]["max_num_seqs"] == 1 and r["settings"]["max_num_batched_tokens"] == 32
     assert r["settings"]["prefix_caching"] is False
+    assert r["settings"]["depth"] == 40 and r["settings"]["max_model_len"] == 40 + 16 + 1
     # Decode reads every resident weight except an untied embedding table, of which it reads one row.
     cfg = json.loads((tiny / "config.json").read_text())
     untied_table = 0 if cfg.get("tie_word_embeddings") else (cfg["vocab_size"] - 1) * cfg["hidden_size"] * 4

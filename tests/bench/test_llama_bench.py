@@ -28,6 +28,23 @@ def test_measure_runs_warmup_then_pp_tg1_tg_per_rep_from_the_same_one_token_prom
     assert all(0 <= t < 100 for ids, _ in calls for t in ids)
 
 
+def test_depth_puts_context_before_the_decode_test_only():
+    """llama-bench's -d for tg: both tg runs share a prompt of depth + 1 tokens, so their difference is tg - 1
+    decode steps at that depth; the prefill test and its length stay as they were."""
+    calls: list[tuple[tuple[int, ...], int]] = []
+
+    def generate(ids: list[int], n: int) -> float:
+        calls.append((tuple(ids), n))
+        return 0.01 * n
+
+    s = PpTgSettings(pp=32, tg=8, reps=2, depth=100)
+    measure(generate, vocab_size=1000, s=s)
+    assert [(len(ids), n) for ids, n in calls] == [(32, 1), (101, 2)] + [(32, 1), (101, 1), (101, 8)] * 2
+    assert calls[3][0] == calls[4][0]
+    assert s.context_tokens == 100 + 8 + 1
+    assert PpTgSettings(pp=512, tg=8, depth=100).context_tokens == 513
+
+
 def test_prompts_are_reproducible_so_both_engines_see_the_same_ids():
     assert prompt_ids(64, 1000, 0, 1, "pp") == prompt_ids(64, 1000, 0, 1, "pp")
     assert prompt_ids(64, 1000, 0, 1, "pp") != prompt_ids(64, 1000, 1, 1, "pp")
@@ -50,7 +67,8 @@ def test_rates_refuse_when_no_repetition_yields_a_decode_rate():
         rates([RepTimes(pp_s=0.1, tg1_s=0.2, tg_s=0.2)], PpTgSettings(pp=10, tg=2, reps=1))
 
 
-@pytest.mark.parametrize("kwargs, message", [({"tg": 1}, "--tg"), ({"pp": 0}, "--pp"), ({"reps": 0}, "--reps")])
+@pytest.mark.parametrize("kwargs, message", [({"tg": 1}, "--tg"), ({"pp": 0}, "--pp"), ({"reps": 0}, "--reps"),
+                                             ({"depth": -1}, "--depth")])
 def test_settings_name_the_bad_option(kwargs, message):
     with pytest.raises(ValueError, match=message):
         PpTgSettings(**kwargs).validate()

@@ -53,14 +53,14 @@ def test_quantized_ggufs_run_as_grid_arms_with_edge_infers_keys(root):
     files = last_json(done.stdout)["files"]
     assert set(files) == {"bf16", "Q8_0", "Q4_K_M", "Q4_0"}
 
-    done = run_cli("bench", "llamacpp", "pp-tg", files["Q4_K_M"], "--pp", "16", "--tg", "32", "--reps", "3")
+    done = run_cli("bench", "llamacpp", "pp-tg", files["Q4_K_M"], "--pp", "16", "--tg", "32", "--reps", "3", "--depth", "20")
     assert done.returncode == 0, done.stderr[-2000:]
     r = last_json(done.stdout)
     assert set(numeric_metrics(r)) == PP_TG_METRICS
     assert r["pp_tps"] > 0 and r["tg_tps"] > 0 and r["engine"] == "llama.cpp"
     assert r["loaded"]["file_type"] == "Q4_K - Medium"
     assert r["loaded"]["n_threads"] == len(os.sched_getaffinity(0))
-    assert r["loaded"]["n_batch"] == 16
+    assert r["loaded"]["n_batch"] == 16 and r["loaded"]["n_ctx"] >= 20 + 32 + 1 and r["settings"]["depth"] == 20
     # A tied head: decode reads every tensor, which is what llama.cpp says it loaded.
     assert r["loaded"]["decode_read_bytes"] == r["loaded"]["model_bytes"]
     assert r["tg_read_gb_per_s"] == round(r["tg_tps"] * r["loaded"]["decode_read_bytes"] / 1e9, 3)

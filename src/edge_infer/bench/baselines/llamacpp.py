@@ -129,7 +129,7 @@ def _pp_tg(args: argparse.Namespace) -> dict[str, Any]:
         "engine": "llama.cpp",
         "model": str(args.gguf),
         "loaded": loaded,
-        "settings": {"pp": s.pp, "tg": s.tg, "reps": s.reps, "seed": s.seed, "prefix_cache": False, "detokenize": False},
+        "settings": {"pp": s.pp, "tg": s.tg, "depth": s.depth, "reps": s.reps, "seed": s.seed, "prefix_cache": False, "detokenize": False},
         "notes": ["weights are memory-mapped (use_mmap): they occupy RssFile, not RssAnon"] if settings.use_mmap else [],
     }
 

@@ -32,8 +32,11 @@ class PpTgSettings:
     tg: int = 128
     reps: int = 3
     seed: int = 0
+    depth: int = 0  # tokens of context before the decode test (llama-bench's -d, for tg only)
 
     def validate(self) -> None:
+        if self.depth < 0:
+            raise ValueError(f"--depth must be 0 or more, got {self.depth}")
         if self.pp < 1:
             raise ValueError(f"--pp must be at least 1, got {self.pp}")
         if self.tg < 2:
@@ -44,7 +47,7 @@ class PpTgSettings:
     @property
     def context_tokens(self) -> int:
         """Context one sequence needs: the longer of the two tests."""
-        return max(self.pp + 1, self.tg + 1)
+        return max(self.pp + 1, self.depth + self.tg + 1)
 
 
 @dataclass(frozen=True)
@@ -60,10 +63,13 @@ def add_pp_tg_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tg", type=int, default=128, help="tokens generated in the decode test (default 128)")
     g.add_argument("--reps", type=int, default=3, help="repetitions; the best and the median are reported (default 3)")
     g.add_argument("--seed", type=int, default=0, help="seed of the random prompt token ids (default 0)")
+    g.add_argument("--depth", type=int, default=0, metavar="D",
+                   help="decode after D tokens of context (llama-bench's -d, here for the tg test only): its prompt "
+                        "is D + 1 tokens, whose prefill the one-token run takes off (default 0)")
 
 
 def settings_from(args: argparse.Namespace) -> PpTgSettings:
-    s = PpTgSettings(pp=args.pp, tg=args.tg, reps=args.reps, seed=args.seed)
+    s = PpTgSettings(pp=args.pp, tg=args.tg, reps=args.reps, seed=args.seed, depth=args.depth)
     s.validate()
     return s
 
@@ -75,13 +81,14 @@ def prompt_ids(n: int, vocab_size: int, seed: int, rep: int, test: str) -> list[
 
 
 def measure(generate: GenerateFn, vocab_size: int, s: PpTgSettings) -> list[RepTimes]:
-    """Warm up once, then time `reps` repetitions of pp, tg-1 and tg."""
+    """Warm up once, then time `reps` repetitions of pp, tg-1 and tg (tg-1 and tg from the same prompt of
+    1 + depth tokens: the difference is tg - 1 decode steps at contexts depth + 1 onward)."""
     generate(prompt_ids(s.pp, vocab_size, s.seed, -1, "pp"), 1)
-    generate(prompt_ids(1, vocab_size, s.seed, -1, "tg"), 2)
+    generate(prompt_ids(1 + s.depth, vocab_size, s.seed, -1, "tg"), 2)
     reps = []
     for rep in range(s.reps):
         pp_s = generate(prompt_ids(s.pp, vocab_size, s.seed, rep, "pp"), 1)
-        one = prompt_ids(1, vocab_size, s.seed, rep, "tg")
+        one = prompt_ids(1 + s.depth, vocab_size, s.seed, rep, "tg")
         tg1_s = generate(one, 1)
         tg_s = generate(one, s.tg)
         reps.append(RepTimes(pp_s, tg1_s, tg_s))

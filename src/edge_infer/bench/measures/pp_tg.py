@@ -90,7 +90,7 @@ def measure(model: str | None, settings: dict[str, Any], s: llama_bench.PpTgSett
         },
         "settings": {
             **plan.settings,
-            "pp": s.pp, "tg": s.tg, "reps": s.reps, "seed": s.seed,
+            "pp": s.pp, "tg": s.tg, "depth": s.depth, "reps": s.reps, "seed": s.seed,
             "worker": worker, "detokenize": False,
         },
     }
