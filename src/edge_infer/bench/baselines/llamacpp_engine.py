@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edge_infer.bench.harness.llama_bench import Timed
+
 # llama.cpp's quantization file types (llama_ftype) by their usual names.
 QUANT_TYPES = {"Q8_0": 7, "Q4_K_M": 15, "Q4_0": 2}  # llama_ftype values
 BASELINE_HINT = (
@@ -90,8 +92,9 @@ class LlamaCppModel:
         )
         self.n_vocab = self.llm.n_vocab()
 
-    def greedy(self, ids: list[int], n: int) -> list[int]:
-        """Process `ids` from an empty context, then produce `n` tokens greedily."""
+    def greedy(self, ids: list[int], n: int, token_times: list[float] | None = None) -> list[int]:
+        """Process `ids` from an empty context, then produce `n` tokens greedily (appending each one's
+        perf_counter time to ``token_times`` when given)."""
         import numpy as np
 
         self.llm.reset()
@@ -101,6 +104,8 @@ class LlamaCppModel:
             self.llm.eval(feed)
             logits = np.ctypeslib.as_array(self._lc.llama_get_logits_ith(self.llm.ctx, -1), shape=(self.n_vocab,))
             out.append(int(logits.argmax()))
+            if token_times is not None:
+                token_times.append(time.perf_counter())
             if len(out) == n:
                 return out
             feed = out[-1:]
@@ -122,10 +127,11 @@ class LlamaCppModel:
         logits = np.ctypeslib.as_array(self._lc.llama_get_logits_ith(self.llm.ctx, -1), shape=(self.n_vocab,))
         return int(logits.argmax()), keep
 
-    def timed_generate(self, ids: list[int], n: int) -> float:
+    def timed_generate(self, ids: list[int], n: int) -> Timed:
         start = time.perf_counter()
-        self.greedy(ids, n)
-        return time.perf_counter() - start
+        times: list[float] = []
+        self.greedy(ids, n, times)
+        return Timed(times[-1] - start, times[-1] - times[0])
 
     def loaded(self) -> dict[str, Any]:
         """What llama.cpp reports it loaded, to confirm the arm ran the file type it claims."""

@@ -23,7 +23,14 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-GenerateFn = Callable[[list[int], int], float]
+@dataclass(frozen=True)
+class Timed:
+    """One generation: seconds to its whole output, and of those the ones after its first token."""
+    total_s: float
+    after_first_s: float
+
+
+GenerateFn = Callable[[list[int], int], Timed]
 
 
 @dataclass(frozen=True)
@@ -40,7 +47,7 @@ class PpTgSettings:
         if self.pp < 1:
             raise ValueError(f"--pp must be at least 1, got {self.pp}")
         if self.tg < 2:
-            raise ValueError(f"--tg must be at least 2 (the one-token prefill is subtracted), got {self.tg}")
+            raise ValueError(f"--tg must be at least 2 (the rate is taken after the first token), got {self.tg}")
         if self.reps < 1:
             raise ValueError(f"--reps must be at least 1, got {self.reps}")
 
@@ -53,8 +60,8 @@ class PpTgSettings:
 @dataclass(frozen=True)
 class RepTimes:
     pp_s: float
-    tg1_s: float
-    tg_s: float
+    tg_s: float  # the whole tg generation, its prompt's prefill included
+    tg_decode_s: float  # its tg - 1 steps after the first token
 
 
 def add_pp_tg_args(parser: argparse.ArgumentParser) -> None:
@@ -65,7 +72,7 @@ def add_pp_tg_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="seed of the random prompt token ids (default 0)")
     g.add_argument("--depth", type=int, default=0, metavar="D",
                    help="decode after D tokens of context (llama-bench's -d, here for the tg test only): its prompt "
-                        "is D + 1 tokens, whose prefill the one-token run takes off (default 0)")
+                        "is D + 1 tokens, prefilled before the first token, out of the rate (default 0)")
 
 
 def settings_from(args: argparse.Namespace) -> PpTgSettings:
@@ -81,32 +88,30 @@ def prompt_ids(n: int, vocab_size: int, seed: int, rep: int, test: str) -> list[
 
 
 def measure(generate: GenerateFn, vocab_size: int, s: PpTgSettings) -> list[RepTimes]:
-    """Warm up once, then time `reps` repetitions of pp, tg-1 and tg (tg-1 and tg from the same prompt of
-    1 + depth tokens: the difference is tg - 1 decode steps at contexts depth + 1 onward)."""
+    """Warm up once, then time `reps` repetitions of pp and tg. tg's rate comes from the steps after its first
+    token within the one generation, so its prompt (1 + depth tokens) and that prompt's timing noise stay out."""
     generate(prompt_ids(s.pp, vocab_size, s.seed, -1, "pp"), 1)
     generate(prompt_ids(1 + s.depth, vocab_size, s.seed, -1, "tg"), 2)
     reps = []
     for rep in range(s.reps):
-        pp_s = generate(prompt_ids(s.pp, vocab_size, s.seed, rep, "pp"), 1)
-        one = prompt_ids(1 + s.depth, vocab_size, s.seed, rep, "tg")
-        tg1_s = generate(one, 1)
-        tg_s = generate(one, s.tg)
-        reps.append(RepTimes(pp_s, tg1_s, tg_s))
+        pp = generate(prompt_ids(s.pp, vocab_size, s.seed, rep, "pp"), 1)
+        tg = generate(prompt_ids(1 + s.depth, vocab_size, s.seed, rep, "tg"), s.tg)
+        reps.append(RepTimes(pp.total_s, tg.total_s, tg.after_first_s))
     return reps
 
 
 def rates(reps: list[RepTimes], s: PpTgSettings) -> dict[str, Any]:
     """The metrics (best and median rates) and the raw times behind them.
 
-    A repetition whose tg time does not exceed its one-token time cannot
-    give a decode rate; it is counted, not turned into infinity, and a run
-    where no repetition gives one is an error.
+    tg_tps is (tg - 1) / the time after the first token. A repetition with no
+    time after its first token (a clock too coarse) cannot give a rate; it is
+    counted, not turned into infinity, and a run where none gives one is an error.
     """
     pp_rates = [s.pp / r.pp_s for r in reps]
-    tg_rates = [(s.tg - 1) / (r.tg_s - r.tg1_s) for r in reps if r.tg_s > r.tg1_s]
+    tg_rates = [(s.tg - 1) / r.tg_decode_s for r in reps if r.tg_decode_s > 0]
     if not tg_rates:
         raise ValueError(
-            f"no repetition took longer for {s.tg} tokens than for 1, so no decode rate can be computed; raise --tg"
+            f"no repetition spent any time after its first of {s.tg} tokens, so no decode rate can be computed; raise --tg"
         )
     out: dict[str, Any] = {
         "pp_tps": round(max(pp_rates), 3),

@@ -53,7 +53,7 @@ def measure(model: str | None, settings: dict[str, Any], s: llama_bench.PpTgSett
     llm = LLM(model_dir, worker=worker, skip_tokenizer_init=True, **settings)
     init_s = time.perf_counter() - t0
     try:
-        def generate(ids: list[int], n: int) -> float:
+        def generate(ids: list[int], n: int) -> llama_bench.Timed:
             params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
             start = time.perf_counter()
             out = llm.generate({"prompt_token_ids": ids}, params)[0]
@@ -61,7 +61,7 @@ def measure(model: str | None, settings: dict[str, Any], s: llama_bench.PpTgSett
             got = len(out.outputs[0].token_ids)
             if out.error or got != n:
                 raise RuntimeError(f"a generation asked for {n} tokens produced {got} ({out.error or out.outputs[0].finish_reason})")
-            return elapsed
+            return llama_bench.Timed(elapsed, out.metrics.finished_time - out.metrics.first_token_time)
 
         reps = llama_bench.measure(generate, vocab, s)
         anon, file_backed = tree_rss_anon_bytes(), tree_rss_file_bytes()
