@@ -199,8 +199,8 @@ def test_fused_decode_is_as_accurate_as_the_pytorch_path(fused_model, make_core,
 @pytest.mark.parametrize("method", METHODS)
 def test_fused_decode_of_an_fp32_model_equals_the_pytorch_layer_to_fp32_rounding(fused_model, make_core, method):
     """fp32 is what a CPU without native bf16 computes in (AVX2): its decode steps run in the fused layer too, and
-    differ from the PyTorch layer only in the order of fp32 sums (norms, softmax), over a paged context as on the
-    first tokens."""
+    differ from the PyTorch layer only in the order of fp32 sums (norms, softmax) and in the exp polynomial (softmax,
+    SiLU), over a paged context as on the first tokens."""
     _, path = fused_model
     model = make_core(path, method, dtype="float32").model
     pytorch, fused = paged_decode(model, False), paged_decode(model, True)
