@@ -69,11 +69,16 @@ void store(const IsaKernels& isa, const float* x, int64_t n, at::BFloat16* out) 
 void for_each_tile(int64_t tiles, const std::function<void(int64_t begin, int64_t end)>& run) {
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), tiles);
   if (threads <= 1) return run(0, tiles);
-  const int64_t chunk = std::max<int64_t>(1, tiles / (threads * kChunksPerThread));
   std::atomic<int64_t> next{0};
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    for (int64_t begin = next.fetch_add(chunk); begin < tiles; begin = next.fetch_add(chunk))
-      run(begin, std::min(begin + chunk, tiles));
+    int64_t begin = next.load();
+    while (begin < tiles) {
+      const int64_t take = std::max<int64_t>(1, (tiles - begin) / (kShareDivisor * threads));
+      if (next.compare_exchange_weak(begin, begin + take)) {  // else ``begin`` is reloaded: try again from there
+        run(begin, std::min(begin + take, tiles));
+        begin = next.load();
+      }
+    }
   });
 }
 
