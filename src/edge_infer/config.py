@@ -94,6 +94,9 @@ class EngineConfig:
     encoder_threads: int | None = None
     # The towers' weight path (ENCODER_QUANTIZATION_CHOICES); encoder_quant() resolves it.
     encoder_quantization: str = "none"
+    # A thinker's worker: freed tensor blocks kept for reuse up to this many bytes beyond the live high-water
+    # mark (the plan's "block cache" item; quant/native.cache_large_blocks). 0: none kept.
+    block_cache_bytes: int = 0
     # A thinker's media towers loaded with its decoder. False: the decoder alone, every media item must come with
     # its embeddings (an encoder stage computes them: runtime/encoder_executor.py).
     load_encoders: bool = True

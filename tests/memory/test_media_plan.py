@@ -19,6 +19,7 @@ from edge_infer.memory.encoder_sizing import audio_input_bytes, tower_weight_byt
 from edge_infer.memory.media_shapes import audio_frames, largest_resize, media_shapes
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.encoder_config import VisionConfig
+from edge_infer.quant.native_build import missing_toolchain
 from media.test_media_config import QWEN25_OMNI
 
 MEDIA_ITEMS = {"vision encoder weights", "audio encoder weights", "encoder activations", "sequence media",
@@ -116,6 +117,19 @@ def test_encoder_activations_are_sized_for_the_largest_item(omni):
     note = next(i.note for i in p.items if i.name == "encoder activations")
     assert "patch grid 1x" in note and "1000 mel frames" in note
     assert "image(s) of up to" in p.settings["media_sized_for"]
+
+
+def test_the_workers_block_cache_is_planned_as_one_encodes_activations(omni):
+    """The worker keeps freed blocks for reuse up to one encode's activations beyond its live peak
+    (quant/csrc/block_cache.cpp): an item of its own, and the budget the engine is configured with."""
+    p = plan(omni)
+    cache = p.item("block cache")
+    if missing_toolchain() is not None:
+        assert cache == 0 and p.engine_config.block_cache_bytes == 0
+    else:
+        assert cache == p.item("encoder activations") > 0 and p.engine_config.block_cache_bytes == cache
+    assert plan(omni, media_limits={"max_images": 1, "max_image_pixels": 224 * 224, "max_audio_seconds": 1,
+                                    "max_video_frames": 0}).item("block cache") <= cache
 
 
 def test_sequence_media_are_each_items_input_or_its_embeddings(omni):

@@ -188,7 +188,7 @@ def test_the_plan_gives_the_towers_to_the_encoder_stage_and_none_to_the_thinker(
     from edge_infer.memory.plan import plan_text_session
 
     whole = plan_text_session(model, **{**ENGINE, "max_num_seqs": 2})
-    encode = whole.item("encoder activations") + whole.item("media preprocessing")
+    encode = sum(whole.item(n) for n in ("encoder activations", "block cache", "media preprocessing"))
     assert encode > 0 and encoder.buffers_bytes >= encode
     assert thinker.buffers_bytes == whole.steady_bytes - whole.weight_bytes - whole.item("kv cache") \
         - whole.item("runtime overhead") - encode

@@ -243,6 +243,7 @@ class EngineCore:
         not encoded yet (on the encoder threads)."""
         seq = item.seq
         start, end = seq.num_computed, seq.num_computed + item.num_new
+        encoded = seq.encode_s
         for k, m in enumerate(seq.media):
             if seq.media_embeds[k] is None and np.searchsorted(m.positions, start) < np.searchsorted(m.positions, end):
                 if m.encoded:  # embeddings computed elsewhere (an encoder stage): placed as they are
@@ -254,6 +255,8 @@ class EngineCore:
                     seq.encode_s += time.perf_counter() - began
                     self.stats.media_encoded += 1
                 seq.media[k] = replace(m, features=None)  # the embeddings replace the input (memory/media_plan.py)
+        if seq.encode_s != encoded:
+            malloc_trim()  # an encode's freed blocks go back now, not when the engine idles
 
     def abort(self, request_ids: list[str]) -> list[TokenDelta]:
         out = []

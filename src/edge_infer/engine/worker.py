@@ -83,9 +83,15 @@ def core_loop(config: EngineConfig, commands: Connection, output_conn: Connectio
 
 
 def _serve_commands(core: Any, commands: Connection, outputs: _Outputs) -> None:
+    from edge_infer.memory.measure import malloc_trim
+
+    stepped = False
     while True:
         try:
             if not core.has_work():
+                if stepped:  # what the steps freed goes back to the OS while the engine waits
+                    malloc_trim()
+                    stepped = False
                 commands.poll(None)  # idle: block until a command arrives (or EOF)
             while commands.poll(0):
                 command = commands.recv()
@@ -106,6 +112,7 @@ def _serve_commands(core: Any, commands: Connection, outputs: _Outputs) -> None:
         if core.has_work():
             outputs.step_started = time.monotonic()
             deltas = core.step()
+            stepped = True
             outputs.step_started = None
             if deltas:
                 outputs.send(msg.Deltas(deltas, core.current_stats()))
@@ -131,9 +138,12 @@ def worker_main(command_fd: int, output_fd: int) -> None:
 def _pin_allocator_for_encoders(config: EngineConfig) -> None:
     """A thinker's worker has large blocks mapped directly from the start (memory.measure.pin_mmap_threshold),
     so what a media encode adds to RssAnon is the live tensors the plan sizes, and it is given back when the
-    encode ends. Text engines keep glibc's default: their activation calibration was measured with it."""
-    from edge_infer.memory.measure import pin_mmap_threshold
+    encode ends; PyTorch's large blocks are reused by size within the plan's "block cache" item
+    (quant/native.cache_large_blocks), not faulted in afresh for every tensor. Text engines keep glibc's default: their activation calibration
+    was measured with it."""
+    from edge_infer.memory.measure import MMAP_THRESHOLD, pin_mmap_threshold
     from edge_infer.models.config import ModelConfig
+    from edge_infer.quant import native
 
     try:
         thinker = ModelConfig.from_dir(config.model).multimodal is not None
@@ -141,6 +151,8 @@ def _pin_allocator_for_encoders(config: EngineConfig) -> None:
         return  # EngineCore reports an unreadable checkpoint
     if thinker:
         pin_mmap_threshold()
+        if config.block_cache_bytes:
+            native.cache_large_blocks(MMAP_THRESHOLD, config.block_cache_bytes)
 
 
 _INIT_ERRORS = {

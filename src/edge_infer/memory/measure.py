@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 
 def _status_kb(pid: int, key: str) -> int:
@@ -127,13 +127,21 @@ def _malloc_trim_function() -> Any:
     return getattr(ctypes.CDLL(None), "malloc_trim", None)
 
 
+# Caches of freed blocks held outside glibc's heap, released with it (quant/native.cache_large_blocks).
+RELEASE_HOOKS: list[Callable[[], object]] = []
+
+
 def malloc_trim() -> int:
-    """Return freed heap arenas to the OS; the RssAnon bytes released (0 if unavailable)."""
+    """Return freed heap arenas (and the blocks RELEASE_HOOKS cache) to the OS; the RssAnon bytes released
+    (0 if unavailable)."""
     trim = _malloc_trim_function()
-    if trim is None:
+    if trim is None and not RELEASE_HOOKS:
         return 0
     before = rss_anon_bytes()
-    trim(0)
+    for release in RELEASE_HOOKS:
+        release()
+    if trim is not None:
+        trim(0)
     return max(0, before - rss_anon_bytes())
 
 
@@ -156,7 +164,9 @@ def pin_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
     where every tensor is above 32 MiB), and stayed there after the encode. With the threshold pinned from
     the start it grows by its live tensors plus a fixed part (1.02-1.10x at 1024-9216 patches), which the
     plan sizes, and gives them back when it ends. Setting it pins glibc's trim threshold too. A thinker's
-    engine worker calls it before loading (engine/worker.py); text engines keep glibc's default.
+    engine worker calls it before loading (engine/worker.py), with PyTorch's large blocks reused by size
+    (quant/native.cache_large_blocks) so that they are not faulted in afresh each time; text engines keep
+    glibc's default.
     """
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
     return bool(mallopt is not None and mallopt(_M_MMAP_THRESHOLD, threshold))

@@ -27,6 +27,7 @@ from edge_infer.memory.plan import PlanItem
 from edge_infer.memory.sizing import CHECKPOINT_DTYPE_BYTES, MiB
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.encoder_config import AudioConfig, VisionConfig
+from edge_infer.quant.native_build import missing_toolchain
 
 # The per-request limits whose defaults fit_limits may lower (the others are counts and durations).
 SIZE_LIMITS = frozenset({"max_image_pixels", "max_video_frames", "max_audio_seconds"})
@@ -90,8 +91,10 @@ def plan_media(model_dir: str | Path, cfg: ModelConfig, tensors: dict, dtype: st
                                       tower_load_transient_bytes(tower, d, encoder_quant, src_bytes))
     held = held_media_bytes(shapes, vision, audio, cfg.hidden_size, d)
     preparing = preprocessing_bytes(shapes, vision, audio, media, fitted.max_image_pixels, MEDIA_PREP_THREADS)
+    activations = _activation_item(shapes, vision, audio, d)
     plan.items += [
-        _activation_item(shapes, vision, audio, d),
+        activations,
+        _block_cache_item(activations.bytes),
         _item("sequence media", max_num_seqs * held,
               f"{held / MiB:,.1f} MiB per sequence at the limits x {max_num_seqs}: each item's fp32 input until it "
               f"is encoded, then its {dtype} embeddings until the sequence finishes (the larger, per item); a "
@@ -168,6 +171,17 @@ def _activation_item(shapes: MediaShapes, vision: VisionConfig | None, audio: Au
     size, what = max(parts)
     others = "".join(f"; {w}: {b / MiB:,.1f} MiB" for b, w in parts if w != what)
     return _item("encoder activations", size, f"one encode at a time, sized for {what}{others}")
+
+
+def _block_cache_item(encode_bytes: int) -> PlanItem:
+    """Freed blocks the worker keeps for the next tensors of their sizes: as many bytes as one encode's live
+    tensors (quant/csrc/block_cache.cpp; none where edge-infer's native library cannot be built)."""
+    missing = missing_toolchain()
+    if missing is not None:
+        return _item("block cache", 0, f"none: every large block is mapped on its own ({missing})")
+    return _item("block cache", encode_bytes, "freed tensor blocks kept for reuse by size, up to one encode's "
+                 "activations, so that encodes and steps do not fault their memory in afresh; given back after "
+                 "each encode and when idle")
 
 
 def _too_many_tokens(shapes: MediaShapes, limits: MediaLimits, max_model_len: int) -> str:

@@ -43,7 +43,7 @@ DEFAULT_KV_SHARE = 0.5
 WEIGHT_ITEMS = frozenset({"weights", "vision encoder weights", "audio encoder weights"})
 # What the process that runs a thinker's towers holds: their weights, one encode and the frontend's preparing of
 # requests (an encoder stage, or the text engine when it loads the towers itself).
-TOWER_ITEMS = frozenset({"vision encoder weights", "audio encoder weights", "encoder activations",
+TOWER_ITEMS = frozenset({"vision encoder weights", "audio encoder weights", "encoder activations", "block cache",
                          "media preprocessing"})
 # What is resident while the weights load: the load peak's items.
 LOAD_ITEMS = WEIGHT_ITEMS | {"runtime overhead", "load transient"}
@@ -228,6 +228,7 @@ def plan_text_session(
             num_threads=num_threads, seed=seed, eos_token_ids=tuple(eos_token_ids), packed_head=r.packed_head,
             prefix_caching=prefix_caching, kv_cache_dtype=kv_cache_dtype, encoder_threads=encoder_threads,
             encoder_quantization=r.encoder_quantization,
+            block_cache_bytes=plan.item("block cache") if media is not None else 0,
         )
     return plan
 

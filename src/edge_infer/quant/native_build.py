@@ -58,7 +58,7 @@ ISA_SOURCES = {
     ),
 }
 REGISTRY = "isa_registry.cpp"
-BINDING_SOURCES = ("linear.cpp", "decode_layer.cpp", "snake.cpp")
+BINDING_SOURCES = ("linear.cpp", "decode_layer.cpp", "snake.cpp", "block_cache.cpp")
 LIBRARY_NAME = "edge_infer_native.so"
 VARIANTS_FILE = "variants.json"  # the variants the build holds, readable without loading the library
 

@@ -72,7 +72,7 @@ def _plan(stage: StageConfig) -> TextPlan:
         media_limits=e.media_limits,
     )
     if TextEngineExecutor.options(stage).load_encoders is False and plan.engine_config is not None:
-        plan.engine_config = replace(plan.engine_config, load_encoders=False)
+        plan.engine_config = replace(plan.engine_config, load_encoders=False, block_cache_bytes=0)
     return plan
 
 

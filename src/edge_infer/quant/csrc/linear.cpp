@@ -85,11 +85,13 @@ void for_each_tile(int64_t tiles, const std::function<void(int64_t begin, int64_
 template <typename T>
 void int8_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64_t m, T* out) {
   const int64_t k = w.k, groups = k / w.group, tiles = (w.n + kTileRows - 1) / kTileRows;
-  std::vector<int8_t> q(m * k);
-  std::vector<float> alpha(m * groups);
-  std::vector<int32_t> sum(m * groups);
-  for (int64_t i = 0; i < m; ++i)
-    quantize(isa, x + i * k, k, w.group, q.data() + i * k, alpha.data() + i * groups, sum.data() + i * groups);
+  // Scratch from PyTorch's allocator, not the C++ heap: a thinker's worker reuses its blocks (block_cache.cpp).
+  const at::Tensor q_rows = at::empty({m * k}, at::kChar), alpha_rows = at::empty({m * groups}, at::kFloat),
+                   sum_rows = at::empty({m * groups}, at::kInt);
+  int8_t* q = q_rows.data_ptr<int8_t>();
+  float* alpha = alpha_rows.data_ptr<float>();
+  int32_t* sum = sum_rows.data_ptr<int32_t>();
+  for (int64_t i = 0; i < m; ++i) quantize(isa, x + i * k, k, w.group, q + i * k, alpha + i * groups, sum + i * groups);
   const int64_t tile_codes = kTileRows * k / (w.bits == 4 ? 2 : 1);  // bytes of one tile's codes
   const int64_t tile_scales = groups * (w.bits == 4 ? 2 : 1) * kTileRows;
   // Each thread takes whole row tiles and runs every activation row through a tile while it is in cache.
@@ -101,7 +103,7 @@ void int8_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64
       const int64_t rows = std::min(kTileRows, w.n - t * kTileRows);
       for (int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
         const int64_t block = std::min(kRowBlock, m - i0);
-        const Int8Rows a{q.data() + i0 * k, alpha.data() + i0 * groups, sum.data() + i0 * groups, k, w.group};
+        const Int8Rows a{q + i0 * k, alpha + i0 * groups, sum + i0 * groups, k, w.group};
         if (w.bits == 4)
           isa.w4a8_tile(codes, scales, a, block, scratch);
         else
