@@ -16,13 +16,14 @@ pytestmark = pytest.mark.skipif(missing_toolchain() is not None, reason=str(miss
 
 PROBE = r"""
 import json, torch
-from edge_infer.memory.measure import malloc_trim, pin_mmap_threshold, rss_anon_bytes
+from edge_infer.memory.measure import RELEASE_HOOKS, malloc_trim, pin_mmap_threshold, rss_anon_bytes
 from edge_infer.quant import native
 
 MiB = 1 << 20
 BUDGET = 8 * MiB
 pin_mmap_threshold()
 assert native.cache_large_blocks(256 << 10, BUDGET)
+RELEASE_HOOKS.append(native.release_cached_blocks)  # as a thinker's worker does
 
 def stats():
     return dict(zip(["live", "cached", "high", "reused", "mapped"], torch.ops.edge_infer.block_cache_stats()))

@@ -141,7 +141,7 @@ def _pin_allocator_for_encoders(config: EngineConfig) -> None:
     encode ends; PyTorch's large blocks are reused by size within the plan's "block cache" item
     (quant/native.cache_large_blocks), not faulted in afresh for every tensor. Text engines keep glibc's default: their activation calibration
     was measured with it."""
-    from edge_infer.memory.measure import MMAP_THRESHOLD, pin_mmap_threshold
+    from edge_infer.memory.measure import MMAP_THRESHOLD, RELEASE_HOOKS, pin_mmap_threshold
     from edge_infer.models.config import ModelConfig
     from edge_infer.quant import native
 
@@ -151,8 +151,8 @@ def _pin_allocator_for_encoders(config: EngineConfig) -> None:
         return  # EngineCore reports an unreadable checkpoint
     if thinker:
         pin_mmap_threshold()
-        if config.block_cache_bytes:
-            native.cache_large_blocks(MMAP_THRESHOLD, config.block_cache_bytes)
+        if config.block_cache_bytes and native.cache_large_blocks(MMAP_THRESHOLD, config.block_cache_bytes):
+            RELEASE_HOOKS.append(native.release_cached_blocks)  # given back with glibc's heap (malloc_trim)
 
 
 _INIT_ERRORS = {

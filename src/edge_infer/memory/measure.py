@@ -127,7 +127,8 @@ def _malloc_trim_function() -> Any:
     return getattr(ctypes.CDLL(None), "malloc_trim", None)
 
 
-# Caches of freed blocks held outside glibc's heap, released with it (quant/native.cache_large_blocks).
+# Caches of freed blocks held outside glibc's heap, released with it (a thinker's worker adds its block cache:
+# engine/worker.py, quant/native.cache_large_blocks).
 RELEASE_HOOKS: list[Callable[[], object]] = []
 
 

@@ -59,14 +59,15 @@ def built_variants() -> tuple[str, ...]:
 
 def cache_large_blocks(min_bytes: int, budget: int) -> bool:
     """PyTorch's CPU tensors of ``min_bytes`` or more, for the rest of this process, from blocks kept by size
-    for reuse (csrc/block_cache.cpp: cached bytes beyond the live bytes' high-water mark at most ``budget``),
-    released with glibc's heap (``memory.measure.malloc_trim``). False, changing nothing, where the library
-    can be neither loaded nor built: each large block is then mapped on its own."""
-    from edge_infer.memory import measure
-
+    for reuse (csrc/block_cache.cpp: cached bytes beyond the live bytes' high-water mark at most ``budget``)
+    until ``release_cached_blocks``. False, changing nothing, where the library can be neither loaded nor
+    built: each large block is then mapped on its own."""
     if native_build.missing_toolchain() is not None:
         return False
     built_variants()  # loads the library
-    if torch.ops.edge_infer.cache_large_blocks(min_bytes, budget) and not measure.RELEASE_HOOKS:
-        measure.RELEASE_HOOKS.append(torch.ops.edge_infer.release_cached_blocks)
-    return True
+    return bool(torch.ops.edge_infer.cache_large_blocks(min_bytes, budget))
+
+
+def release_cached_blocks() -> int:
+    """Unmap every block the cache holds free; the bytes given back (0 without a cache)."""
+    return int(torch.ops.edge_infer.release_cached_blocks())
