@@ -4,7 +4,7 @@
 # Each pp-tg result is reported with ratios against its llama.cpp arm
 # (bf16 grids: llamacpp-bf16; int4 and w4a8 grids: llamacpp-q4_k_m; avx-vnni grids: its
 # AVX-VNNI build's llamacpp-q4_k_m-avx-vnni), each media result
-# against its transformers-bf16 arm; plots (when
+# against its transformers-bf16 arm (under the AVX2 mask transformers-fp32-avx2, its fast dtype there); plots (when
 # matplotlib is installed) go to benchmarks/results/plots/<result>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +24,7 @@ control_for() {
     tg-depth-*-avx-vnni) echo llamacpp-q4_0-avx-vnni-d1024 ;;
     agent-*) echo bf16 ;;
     media-*-1t) echo transformers-bf16-1t ;;
+    media-*-avx2) echo transformers-fp32-avx2 ;;
     media-*) echo transformers-bf16 ;;
     *) echo "" ;;
   esac
