@@ -77,6 +77,26 @@ def test_a_kernel_this_cpu_cannot_run_is_refused_with_the_nearest(omni, capsys):
     assert "encoder linears" in out
 
 
+@pytest.mark.parametrize("cpu, quantization, dtype, expected", [
+    ("avx2", "cpu_w4a8", "auto", "same"),         # bf16 for the int8 decoder, emulated: towers on its kernel
+    ("avx2", "cpu_w8a8", "bfloat16", "same"),
+    ("avx2", "cpu_w4a8", "float32", "none"),      # fp32 towers are native
+    ("avx2", None, "auto", "none"),
+    ("avx512-bf16", "cpu_w4a8", "auto", "none"),  # native bf16: oneDNN's bf16 towers are as fast
+])
+def test_auto_towers_take_the_decoders_int8_kernel_where_dense_bf16_would_be_emulated(omni, cpu, quantization, dtype,
+                                                                                        expected):
+    plan = plan_text_session(omni, cpu=profile(cpu), **{**SETTINGS, "dtype": dtype, "quantization": quantization})
+    assert plan.admitted, plan.reasons
+    assert plan.settings["encoder_quantization"] == expected
+    assert any(n.startswith(f"encoder_quantization auto -> {expected}") for n in plan.notes), plan.notes
+    towers = {c.kind: c.kernel for c in plan.kernels.choices}["encoder linears"]
+    assert towers == quantization.replace("_", "-") if expected == "same" else towers in ("dense", "onednn-bf16")
+    explicit = plan_text_session(omni, cpu=profile(cpu), encoder_quantization="none",
+                                 **{**SETTINGS, "dtype": dtype, "quantization": quantization})
+    assert explicit.settings["encoder_quantization"] == "none"  # a choice given wins
+
+
 def test_settings_that_do_not_apply_say_so(omni, hf_checkpoints):
     with pytest.raises(InvalidRequestError, match="encoder_quantization 'int3' is not supported; use one of none, same"):
         plan_text_session(omni, encoder_quantization="int3", **SETTINGS)

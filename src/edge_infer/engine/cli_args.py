@@ -42,10 +42,11 @@ def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True
     g.add_argument("--num-threads", type=int, default=None, help="compute threads (default: the CPUs this process may use)")
     g.add_argument("--encoder-threads", type=int, default=None,
                    help="threads of the image and audio encoders of a multimodal model (default: --num-threads)")
-    g.add_argument("--encoder-quantization", default="none", choices=ENCODER_QUANTIZATION_CHOICES,
+    g.add_argument("--encoder-quantization", default="auto", choices=ENCODER_QUANTIZATION_CHOICES,
                    help="weights of the image and audio encoders of a multimodal model: none (dense, in --dtype), "
                         "same (the decoder's --quantization) or a method as for --quantization; refused where this "
-                        "CPU cannot run it")
+                        "CPU cannot run it. auto (default): none, or same where dense bf16 towers would be "
+                        "emulated (no native bf16) beside an int8-activation decoder")
     g.add_argument("--weight-backend", default="auto", choices=["auto", "onednn", "dense", "w16"], help=argparse.SUPPRESS)
     g.add_argument("--worker", default="process", choices=["process", "thread"], help=argparse.SUPPRESS)
     _add_media_limit_args(parser)

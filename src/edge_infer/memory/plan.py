@@ -19,7 +19,7 @@ from edge_infer.config import (
 )
 from edge_infer.errors import InvalidRequestError
 from edge_infer.hardware.cpu import CpuCapabilities, detect
-from edge_infer.hardware.kernels import KernelSelection, encoder_kernels, select_kernels
+from edge_infer.hardware.kernels import KernelSelection, auto_encoder_quantization, encoder_kernels, select_kernels
 from edge_infer.hardware.memory import available_memory_bytes
 from edge_infer.media.limits import MediaLimits
 from edge_infer.memory.sizing import (
@@ -293,7 +293,12 @@ def _resolve(cfg: ModelConfig, model_dir: str, quantization: str | QuantConfig |
             kernels = select_kernels(cpu, dtype, None, tied=cfg.tie_word_embeddings, packed_head=packed_head,
                                      weight_backend="dense", dtype_explicit=dtype_explicit)
             notes.append(f"the checkpoint's {stored_16bit} weights are held in float32, twice their bytes: {why}")
-    encoder_choice = encoder_quantization or "none"
+    encoder_choice = encoder_quantization or "auto"
+    if encoder_choice == "auto" and cfg.multimodal is not None:
+        encoder_choice, why = auto_encoder_quantization(cpu, dtype, quant.name if quant else None)
+        notes.append(f"encoder_quantization auto -> {encoder_choice}: {why}")
+    elif encoder_choice == "auto":
+        encoder_choice = "none"
     encoder_quant = _resolve_towers(cfg, encoder_choice, quant, cpu, dtype, weight_backend, built, kernels, notes,
                                     reasons)
 
