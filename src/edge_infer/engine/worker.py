@@ -139,8 +139,8 @@ def _pin_allocator_for_encoders(config: EngineConfig) -> None:
     """A thinker's worker has large blocks mapped directly from the start (memory.measure.pin_mmap_threshold),
     so what a media encode adds to RssAnon is the live tensors the plan sizes, and it is given back when the
     encode ends; PyTorch's large blocks are reused by size within the plan's "block cache" item
-    (quant/native.cache_large_blocks), not faulted in afresh for every tensor. Text engines keep glibc's default: their activation calibration
-    was measured with it."""
+    (quant/native.cache_large_blocks), not faulted in afresh for every tensor. Text engines keep glibc's
+    default: their activation calibration was measured with it."""
     from edge_infer.memory.measure import MMAP_THRESHOLD, RELEASE_HOOKS, pin_mmap_threshold
     from edge_infer.models.config import ModelConfig
     from edge_infer.quant import native
