@@ -7,14 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from mm_fakes import vision_features
+from mm_fakes import media_inputs, vision_features
+from mm_prompts import Prompt, mm_config
 from testutil import runnable_variants
 from edge_infer.cli import main
-from edge_infer.config import EngineConfig
+from edge_infer.config import EngineConfig, QuantConfig
 from edge_infer.engine.core import EngineCore
 from edge_infer.errors import InvalidRequestError
 from edge_infer.hardware.cpu import profile
 from edge_infer.memory.plan import plan_text_session
+from edge_infer.quant.export import quantize_checkpoint
 
 SETTINGS = dict(dtype="float32", max_model_len=128, max_num_seqs=2, max_num_batched_tokens=32,
                 kv_cache_memory_bytes=1 << 20, available_bytes=8 << 30)
@@ -115,3 +117,21 @@ def test_the_towers_load_in_the_engine_dtype(omni):
         assert {t.dtype for t in plain} == {torch.bfloat16}
     out = core.model.encode("image", vision_features(np.random.default_rng(1), (1, 4, 4)))
     assert out.dtype == torch.bfloat16 and out.shape == (4, core.model.cfg.hidden_size)
+
+
+@pytest.mark.parametrize("quantization", ["cpu_int4", "cpu_w8a8"])
+def test_a_quantized_thinker_checkpoint_loads_to_the_model_quantizing_on_load_gives(omni, tmp_path, quantization):
+    """`edge-infer quantize` of a thinker stores the decoder's linears as codes and copies the towers as they are; with
+    --encoder-quantization same both load on the decoder's kernel, as from the float checkpoint."""
+    out = quantize_checkpoint(omni, tmp_path / "q", QuantConfig.named(quantization)).out_dir
+    _, on_load = planned_core(omni, "same", quantization=quantization)
+    plan, exported = planned_core(out, "same")  # the method read from config.json
+    assert plan.engine_config.quant == QuantConfig.named(quantization)
+    assert exported.ready_info.linear_kernels == on_load.ready_info.linear_kernels
+    assert exported.ready_info.linear_kernels["encoder linears"].split(" ")[0] == quantization.replace("_", "-")
+    assert plan.weight_bytes == exported.ready_info.weight_bytes == exported.model.resident_bytes()
+    prompt = Prompt(mm_config("qwen2_5_omni")).text([5, 6]).image((1, 4, 6)).text([7]).audio(60).text([8, 9])
+    media = media_inputs(prompt, seed=4)
+    assert torch.equal(exported.score(prompt.ids, media), on_load.score(prompt.ids, media))
+    _, dense_towers = planned_core(out, "none")
+    assert dense_towers.ready_info.linear_kernels["encoder linears"] == "dense"
