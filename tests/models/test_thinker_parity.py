@@ -1,6 +1,7 @@
 """Qwen2.5-VL and Qwen2.5-Omni thinkers against transformers 5.24 (fp32, tiny odd shapes), whole models with their
 real vision and audio towers: logits within 1e-3 and 40 greedy tokens equal, for text-only prompts and for prompts
-with images, several images, a video, audio, image+audio+text, and (Omni) a video with its audio interleaved.
+with an image, several images and a silent video (both families), audio, image+audio+text, and (Omni) a video with
+its audio interleaved.
 
 The media are files made here (PNG images, a WAV clip, an MP4 with an AAC track) turned into features by
 edge_infer.media, and the same features go to both models; for images transformers' own processor
@@ -102,14 +103,13 @@ def prompts(family: str, mm) -> dict[str, tuple[list[int], list[MediaInput], boo
     """(prompt ids, media, audio in video) by name. The video is short enough that VL's text after it is where
     transformers 5.24 puts it (models/mrope.py)."""
     out: dict[str, tuple[Prompt, list, bool]] = {"text": (Prompt(mm).text([5, 17, 99, 3, 250, 41, 7, 11, 12]), [], False)}
-    if family == "qwen2_5_vl":
-        a, b, c = image(90, 60, 1), image(40, 130, 2), image(70, 70, 3)
-        out["image"] = (Prompt(mm).text([5, 17, 99]).image(a.grid_thw).text([41, 7, 11]), [a], False)
-        out["images"] = (Prompt(mm).text([8]).image(b.grid_thw).text([30, 31]).image(c.grid_thw).text([9, 10, 11]),
-                         [b, c], False)
-        v, _ = video(family, 2)
-        out["video"] = (Prompt(mm).text([12, 13]).video(v.grid_thw, v.second_per_grid).text([14, 15, 16]), [v], False)
-    else:
+    a, b, c = image(90, 60, 1), image(40, 130, 2), image(70, 70, 3)
+    out["image"] = (Prompt(mm).text([5, 17, 99]).image(a.grid_thw).text([41, 7, 11]), [a], False)
+    out["images"] = (Prompt(mm).text([8]).image(b.grid_thw).text([30, 31]).image(c.grid_thw).text([9, 10, 11]),
+                     [b, c], False)
+    v, _ = video(family, 2)
+    out["video"] = (Prompt(mm).text([12, 13]).video(v.grid_thw, v.second_per_grid).text([14, 15, 16]), [v], False)
+    if family == "qwen2_5_omni":
         sound, picture = clip(1.5, 440.0), image(100, 75, 4)
         out["audio"] = (Prompt(mm).text([20, 21]).audio(sound.frames).text([22, 23]), [sound], False)
         out["image+audio+text"] = (Prompt(mm).text([24]).image(picture.grid_thw).text([25, 26]).audio(sound.frames)
@@ -179,9 +179,10 @@ def run(core: EngineCore, prompt: list[int], media: list[MediaInput]) -> list[in
     return out
 
 
-# Each kind of prompt once: VL's images, several images and a video; the Omni thinker's audio and image+audio;
-# the whole Omni checkpoint (towers under thinker.) runs the video with its audio and text alone.
+# Each kind of prompt once per family: an image, several images and a silent video for both; the Omni thinker's
+# audio and image+audio too; the whole Omni checkpoint (towers under thinker.) runs the video with its audio and text.
 CASES = [("qwen2_5_vl", "text"), ("qwen2_5_vl", "image"), ("qwen2_5_vl", "images"), ("qwen2_5_vl", "video"),
+         ("qwen2_5_omni_thinker", "image"), ("qwen2_5_omni_thinker", "images"), ("qwen2_5_omni_thinker", "video"),
          ("qwen2_5_omni_thinker", "audio"), ("qwen2_5_omni_thinker", "image+audio+text"),
          ("qwen2_5_omni", "text"), ("qwen2_5_omni", "video+audio")]
 
