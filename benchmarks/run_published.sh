@@ -18,6 +18,7 @@ if [ -z "${EDGE_INFER:-}" ]; then
 fi
 export EDGE_INFER  # the specs' arms run "${EDGE_INFER:-edge-infer} bench ..."
 PYTHON=$(dirname "$EDGE_INFER")/python; [ -x "$PYTHON" ] || PYTHON=python
+export PYTHON  # the demo-vision grid's arms run "${PYTHON:-python} scripts/train_demo_vision.py ..."
 
 models=benchmarks/models
 mkdir -p "$models/gguf" benchmarks/results/raw

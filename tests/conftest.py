@@ -31,7 +31,7 @@ def tiny_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def demo_model() -> Path:
-    from edge_infer.engine.frontend import demo_model_dir
+    from edge_infer.models.checkpoint import demo_model_dir
 
     return demo_model_dir()
 

@@ -1,9 +1,13 @@
 """Helpers shared by tests (importable: tests/ is on pytest's pythonpath)."""
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
 
 import psutil
+
+REPO = Path(__file__).resolve().parents[1]
 
 FAMILY_CONFIGS = {
     # Odd shapes on purpose: head counts that are not powers of two, MQA, head_dim != hidden / heads.
@@ -30,6 +34,17 @@ FAMILY_CONFIGS = {
         sliding_window=24,
     ),
 }
+
+
+def load_script(name: str):
+    """A module of scripts/ (not a package), loaded by path once."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def write_hf_checkpoint(path: Path, family: str, **overrides) -> Path:

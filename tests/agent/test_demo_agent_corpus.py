@@ -20,7 +20,7 @@ from edge_infer.agent.actions import SYSTEM_PROMPT, TOOLS
 from edge_infer.agent.loop import NO_CHANGE
 from edge_infer.agent.phone import LABELS, SETTINGS_SECTIONS
 from edge_infer.agent.tasks import by_id
-from edge_infer.engine.frontend import demo_model_dir
+from edge_infer.models.checkpoint import demo_model_dir
 from edge_infer.models.tokenizer import Tokenizer
 from edge_infer.server.protocol import ChatCompletionRequest
 from edge_infer.server.serving_chat import template_messages

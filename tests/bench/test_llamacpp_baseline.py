@@ -18,7 +18,7 @@ pytest.importorskip("llama_cpp", reason="the `baseline` extra is not installed: 
 
 from edge_infer.bench.baselines.gguf_export import export_gguf  # noqa: E402
 from edge_infer.bench.baselines.llamacpp_check import run_check  # noqa: E402
-from edge_infer.engine.frontend import demo_model_dir  # noqa: E402
+from edge_infer.models.checkpoint import demo_model_dir  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from edge_infer.cli import main
-from edge_infer.engine.frontend import demo_model_dir
+from edge_infer.models.checkpoint import demo_model_dir
 from edge_infer.hardware import cpu as cpu_mod
 
 # (command line before the model, after it); {out} is a fresh output path.

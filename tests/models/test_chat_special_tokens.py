@@ -7,7 +7,7 @@ import re
 import pytest
 from tokenizers import Tokenizer as HFTokenizer
 
-from edge_infer.engine.frontend import demo_model_dir
+from edge_infer.models.checkpoint import demo_model_dir
 from edge_infer.models.synth import write_checkpoint
 from edge_infer.models.tokenizer import Tokenizer
 

@@ -6,32 +6,18 @@ implementation), so these tests hold whatever edge-infer's own loader does.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
 
-from edge_infer.engine.frontend import demo_model_dir
+from testutil import load_script
+from edge_infer.models.checkpoint import demo_model_dir
 
-REPO = Path(__file__).resolve().parents[2]
 DEMO_MODEL_DIR = demo_model_dir()
-
-
-def _load_corpus_module():
-    # scripts/ is not a package; the training corpus module is loaded by path.
-    spec = importlib.util.spec_from_file_location("demo_corpus", REPO / "scripts" / "demo_corpus.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-demo_corpus = _load_corpus_module()
+demo_corpus = load_script("demo_corpus")
 
 
 @pytest.fixture(scope="module")

@@ -1,26 +1,13 @@
 """The vision demo's training data (scripts/demo_vision_data.py): deterministic, and every answer true of its picture."""
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
+from testutil import load_script
 
-
-def _load(name: str):
-    # scripts/ is not a package; the module is loaded by path.
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-data = _load("demo_vision_data")
+data = load_script("demo_vision_data")
 WORDS = {"a": 1, "two": 2, "three": 3}
 
 

@@ -8,7 +8,7 @@ import torch
 
 from edge_infer.cli import main
 from edge_infer.config import QuantConfig
-from edge_infer.engine.frontend import demo_model_dir
+from edge_infer.models.checkpoint import demo_model_dir
 from edge_infer.quant.export import quantize_checkpoint
 from edge_infer.quant.sizes import TENSOR_GROUP
 from edge_infer.bench.measures.fidelity_metrics import measure_fidelity

@@ -44,10 +44,12 @@ def scrape(base_url: str) -> dict[str, float]:
 
 
 class ServerProcess:
-    def __init__(self, model: Path, *args: str, api_key: str | None = None):
+    def __init__(self, model: Path | None, *args: str, api_key: str | None = None):
+        """``model`` None: no model named, as `make run` serves (the embedded default)."""
         self.port = free_port()
         self.api_key = api_key
-        self.cmd = [sys.executable, "-m", "edge_infer.cli", "serve", str(model), "--port", str(self.port), "--dtype", "float32",
+        named = [str(model)] if model is not None else []
+        self.cmd = [sys.executable, "-m", "edge_infer.cli", "serve", *named, "--port", str(self.port), "--dtype", "float32",
                     # one compute thread: a tiny model on a shared machine is many times faster without thread contention
                     "--num-threads", "1", *args]
         if api_key:

@@ -34,7 +34,7 @@ TOOLS = [
 
 @pytest.fixture(scope="module")
 def demo_server():
-    from edge_infer.engine.frontend import demo_model_dir
+    from edge_infer.models.checkpoint import demo_model_dir
 
     with ServerProcess(demo_model_dir(), "--max-num-seqs", "4", "--max-model-len", "1024") as proc:
         yield proc

@@ -14,7 +14,8 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from edge_infer.engine.frontend import Frontend, demo_model_dir
+from edge_infer.engine.frontend import Frontend
+from edge_infer.models.checkpoint import demo_model_dir
 from edge_infer.engine.protocol import CoreStats
 from edge_infer.engine.streams import RequestStream, StreamEvent
 from edge_infer.server.app import build_app

@@ -61,7 +61,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     a.add_argument("--retries", type=int, default=d.retries, help=f"re-asks of an empty reply (default {d.retries})")
     a.add_argument("--history", type=int, default=d.history, help=f"past actions shown each turn (default {d.history})")
     a.add_argument("--max-elements", type=int, default=d.max_elements, help=f"screen elements shown (default {d.max_elements})")
-    add_engine_args(parser)
+    add_engine_args(parser, default_model="the embedded text demo model, trained on this agent's turns")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -129,8 +129,11 @@ def _server(args: argparse.Namespace):
         return nullcontext(None)
     from edge_infer.agent.serve import ServedModel
     from edge_infer.bench.measures.serve import server_command
+    from edge_infer.models.checkpoint import demo_model_dir
 
-    print("starting edge-infer serve ...", file=sys.stderr, flush=True)
+    # The text demo was trained on the phone agent's turns; the vision demo (serve's default) was not.
+    args.model = args.model or str(demo_model_dir())
+    print(f"starting edge-infer serve {args.model} ...", file=sys.stderr, flush=True)
     return ServedModel(lambda port: server_command(args, port))
 
 

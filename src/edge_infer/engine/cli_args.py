@@ -9,10 +9,11 @@ from edge_infer.config import (
 )
 
 
-def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True) -> None:
+def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True,
+                    default_model: str = "the embedded demo model, which can see pictures") -> None:
     parser.add_argument(
         "model", nargs="?" if model_optional else None, default=None,
-        help="Hugging Face checkpoint directory (default: the embedded demo model)",
+        help=f"Hugging Face checkpoint directory (default: {default_model})",
     )
     g = parser.add_argument_group("engine")
     g.add_argument("--dtype", default="auto", help="auto (what is fast for the chosen kernel on this CPU: edge-infer doctor), bfloat16 or float32")

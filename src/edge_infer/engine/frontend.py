@@ -21,7 +21,7 @@ from edge_infer.media.config import MediaProcessing
 from edge_infer.media.limits import MediaLimits
 from edge_infer.media.sources import MediaPolicy
 from edge_infer.memory.plan import TextPlan, plan_text_session
-from edge_infer.models.checkpoint import demo_model_dir
+from edge_infer.models.checkpoint import vision_demo_model_dir
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.generation_config import GenerationDefaults
 from edge_infer.models.tokenizer import Tokenizer
@@ -35,11 +35,11 @@ PromptInput = Union[str, list[int], dict[str, Any]]
 
 
 def resolve_model(model: str | Path | None) -> str:
-    """A checkpoint directory; None means the embedded demo model."""
+    """A checkpoint directory; None means the embedded vision demo (the text demo with eyes)."""
     if model is None:
-        path = demo_model_dir()
+        path = vision_demo_model_dir()
         if not (path / "config.json").is_file():
-            raise CheckpointError(f"the embedded demo model is missing from {path}; run scripts/train_demo.py")
+            raise CheckpointError(f"the embedded demo model is missing from {path}; run scripts/train_demo_vision.py")
         return str(path)
     path = Path(model).expanduser()
     if not path.is_dir():

@@ -108,6 +108,15 @@ def check_checkpoint(cfg: ModelConfig, model_dir: str | Path, specs: list[Weight
     return index
 
 
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+
+
 def demo_model_dir() -> Path:
-    """The embedded demo model (src/edge_infer/assets/demo-model, trained by scripts/train_demo.py)."""
-    return Path(__file__).resolve().parent.parent / "assets" / "demo-model"
+    """The embedded text demo model (src/edge_infer/assets/demo-model, trained by scripts/train_demo.py)."""
+    return ASSETS / "demo-model"
+
+
+def vision_demo_model_dir() -> Path:
+    """The embedded vision demo (src/edge_infer/assets/demo-vl-model, trained by scripts/train_demo_vision.py): the
+    text demo with a vision tower. The model a command uses when none is named."""
+    return ASSETS / "demo-vl-model"
