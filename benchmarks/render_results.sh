@@ -25,6 +25,8 @@ control_for() {
     agent-*) echo bf16 ;;
     media-*-1t) echo transformers-bf16-1t ;;
     media-*-avx2) echo transformers-fp32-avx2 ;;
+    media-*-at-limits) echo "" ;;  # plan against measured peak, no baseline in it
+    demo-vision) echo towers-dense ;;
     media-*) echo transformers-bf16 ;;
     *) echo "" ;;
   esac
