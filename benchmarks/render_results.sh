@@ -2,8 +2,8 @@
 # Regenerate docs/results.md from benchmarks/results/*.json with `edge-infer bench report`.
 #
 # Each pp-tg result is reported with ratios against its llama.cpp arm
-# (bf16 grids: llamacpp-bf16; int4 and w4a8 grids: llamacpp-q4_k_m; avx-vnni grids: its
-# AVX-VNNI build's llamacpp-q4_k_m-avx-vnni), each media result
+# (bf16 grids: llamacpp-bf16; int4 and w4a8 grids: llamacpp-q4_k_m; avx2 and avx-vnni grids: their
+# build's llamacpp-q4_k_m-avx2 / -avx-vnni), each media result
 # against its transformers-bf16 arm (under the AVX2 mask transformers-fp32-avx2, its fast dtype there); plots (when
 # matplotlib is installed) go to benchmarks/results/plots/<result>/.
 set -euo pipefail
@@ -21,6 +21,7 @@ control_for() {
     pp-tg-*-bf16) echo llamacpp-bf16 ;;
     pp-tg-*-int4 | pp-tg-*-w4a8) echo llamacpp-q4_k_m ;;
     pp-tg-*-avx-vnni) echo llamacpp-q4_k_m-avx-vnni ;;
+    pp-tg-*-avx2) echo llamacpp-q4_k_m-avx2 ;;
     tg-depth-*-avx-vnni) echo llamacpp-q4_0-avx-vnni-d1024 ;;
     agent-*) echo bf16 ;;
     media-*-1t) echo transformers-bf16-1t ;;
