@@ -31,6 +31,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-time", type=float, default=0.3, help="seconds of calls per case and pass (default 0.3)")
     parser.add_argument("--num-threads", type=int, default=None, help="compute threads (default: this process's CPUs)")
     parser.add_argument("--group-size", type=int, default=128)
+    parser.add_argument("--kernel", action="append", default=None, metavar="NAME",
+                        help="measure only this kernel, as the table names it (repeatable; e.g. dense, "
+                             "cpu-w4a8[avx512-vnni]); default: every kernel this CPU runs")
     parser.add_argument("--out", type=Path, default=None, help="also write the result JSON here")
 
 
@@ -108,7 +111,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     threads = configure_threads(args.num_threads)
     ms = args.m or [1, 64]
-    built = [(name, dtype, builder()) for name, dtype, builder in _cases(args.rows, args.cols, args.group_size)]
+    runnable = _cases(args.rows, args.cols, args.group_size)
+    unknown = set(args.kernel or ()) - {name for name, _, _ in runnable}
+    if unknown:
+        raise ValueError(f"--kernel {', '.join(sorted(unknown))}: this CPU runs "
+                         f"{', '.join(sorted({name for name, _, _ in runnable}))}")
+    built = [(name, dtype, builder()) for name, dtype, builder in runnable if not args.kernel or name in args.kernel]
     bytes_of = {(name, dtype): kernel.nbytes for name, dtype, kernel in built}  # resident weight bytes read per call
     inputs = {(dtype, m): torch.randn(m, args.cols).to(getattr(torch, dtype)) for _, dtype, _ in built for m in ms}
     cases = [(name, dtype, kernel, m) for name, dtype, kernel in built for m in ms]
@@ -157,7 +165,11 @@ def run(args: argparse.Namespace) -> int:
     if args.passes < 1 or args.min_time <= 0:
         print("edge-infer bench kernels: error: --passes must be at least 1 and --min-time positive", file=sys.stderr)
         return 2
-    result = measure(args)
+    try:
+        result = measure(args)
+    except ValueError as exc:
+        print(f"edge-infer bench kernels: error: {exc}", file=sys.stderr)
+        return 2
     result["provenance"] = stamp(started_at)
     emit(result, args.out)
     return 0
