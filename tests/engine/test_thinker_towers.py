@@ -3,6 +3,8 @@
 what the core reports."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -135,3 +137,37 @@ def test_a_quantized_thinker_checkpoint_loads_to_the_model_quantizing_on_load_gi
     assert torch.equal(exported.score(prompt.ids, media), on_load.score(prompt.ids, media))
     _, dense_towers = planned_core(out, "none")
     assert dense_towers.ready_info.linear_kernels["encoder linears"] == "dense"
+
+
+@pytest.mark.parametrize("quantization", ["cpu_int4", "cpu_w8a8"])
+def test_a_thinker_quantized_with_its_towers_loads_them_as_stored(omni, tmp_path, quantization):
+    """`edge-infer quantize --towers` stores the towers' linears as codes too: the file shrinks by their share, and
+    they load on the decoder's kernel (what --encoder-quantization auto picks for them) to the model that quantizing
+    them on load gives."""
+    quant = QuantConfig.named(quantization)
+    _, on_load = planned_core(omni, "same", quantization=quantization)
+    plain = quantize_checkpoint(omni, tmp_path / "plain", quant)
+    stored = quantize_checkpoint(omni, tmp_path / "towers", quant, towers=True)
+    assert stored.quantized_tensors > plain.quantized_tensors and stored.written_bytes < plain.written_bytes
+    assert json.loads((stored.out_dir / "config.json").read_text())["quantization_config"]["towers"] is True
+    plan, exported = planned_core(stored.out_dir, None)
+    assert plan.settings["encoder_quantization"] == "same"
+    assert any("towers are stored as" in note for note in plan.notes)
+    assert exported.ready_info.linear_kernels == on_load.ready_info.linear_kernels
+    assert plan.weight_bytes == exported.ready_info.weight_bytes == exported.model.resident_bytes()
+    prompt = Prompt(mm_config("qwen2_5_omni")).text([5, 6]).image((1, 4, 6)).text([7]).audio(60).text([8, 9])
+    media = media_inputs(prompt, seed=4)
+    assert torch.equal(exported.score(prompt.ids, media), on_load.score(prompt.ids, media))
+
+
+def test_towers_stored_as_codes_do_not_load_dense(omni, tmp_path):
+    out = quantize_checkpoint(omni, tmp_path / "q", QuantConfig.named("cpu_int4"), towers=True).out_dir
+    plan = plan_text_session(out, encoder_quantization="none", **SETTINGS)
+    assert not plan.admitted
+    assert any("--encoder-quantization none" in r and "use --encoder-quantization same" in r for r in plan.reasons)
+
+
+def test_a_text_model_has_no_towers_to_quantize(hf_checkpoints, tmp_path, capsys):
+    assert main(["quantize", str(hf_checkpoints["qwen2"]), str(tmp_path / "q"), "--towers"]) == 2
+    assert "has no media towers to quantize; drop --towers" in capsys.readouterr().err
+    assert not (tmp_path / "q").exists()

@@ -26,6 +26,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group-size", type=_group_size, default=128, help="input columns per scale: 32, 64, 128 or 256 (default 128)")
     parser.add_argument("--asym", action="store_true", help="asymmetric: a zero point per group (default symmetric)")
     parser.add_argument("--quantize-head", action="store_true", help="quantize the output head too (a tied head is the embedding table)")
+    parser.add_argument("--towers", action="store_true",
+                        help="a thinker (Qwen2.5-Omni, Qwen2.5-VL): store its media towers' linears as codes too, in the "
+                        "same format (they then run on the decoder's kernel: --encoder-quantization same); by default "
+                        "they are copied as they are and quantized on load if asked")
     parser.add_argument(
         "--simulate", action="store_true",
         help="write dequantized float weights instead (any --group-size, 'row' for one group per row, "
@@ -57,14 +61,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = quantize_checkpoint(
             args.src, args.dst, quant, simulate=args.simulate, shard_bytes=args.shard_bytes,
-            progress=progress if sys.stderr.isatty() else None,
+            progress=progress if sys.stderr.isatty() else None, towers=args.towers,
         )
     except EdgeInferError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     group = names.get(args.group_size, f"g{args.group_size}")
     kind = "simulated (dequantized float)" if args.simulate else quant.method
-    head = " +head" if args.quantize_head else ""
+    head = (" +head" if args.quantize_head else "") + (" +towers" if args.towers else "")
     print(
         f"wrote {kind} {group} {'asym' if args.asym else 'sym'}{head} checkpoint to {result.out_dir}: "
         f"{result.quantized_tensors} tensors quantized, {result.copied_tensors} copied, "

@@ -30,6 +30,7 @@ from edge_infer.models.checkpoint import check_checkpoint
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.layers.kv_cache import DEFAULT_BLOCK_SIZE, KVLayout
 from edge_infer.models.weights import weight_specs
+from edge_infer.quant.sizes import stored_towers
 
 if TYPE_CHECKING:
     from edge_infer.memory.media_plan import MediaPlan
@@ -294,7 +295,9 @@ def _resolve(cfg: ModelConfig, model_dir: str, quantization: str | QuantConfig |
                                      weight_backend="dense", dtype_explicit=dtype_explicit)
             notes.append(f"the checkpoint's {stored_16bit} weights are held in float32, twice their bytes: {why}")
     encoder_choice = encoder_quantization or "auto"
-    if encoder_choice == "auto" and cfg.multimodal is not None:
+    if cfg.multimodal is not None and stored_towers(cfg.quantization_config):
+        encoder_choice = _stored_towers_choice(encoder_choice, quant, notes, reasons)
+    elif encoder_choice == "auto" and cfg.multimodal is not None:
         encoder_choice, why = auto_encoder_quantization(cpu, dtype, quant.name if quant else None)
         notes.append(f"encoder_quantization auto -> {encoder_choice}: {why}")
     elif encoder_choice == "auto":
@@ -328,6 +331,20 @@ def _resolve(cfg: ModelConfig, model_dir: str, quantization: str | QuantConfig |
     return _Resolved(cfg, tensors, cpu, quant, dtype, kernels, kernels.kernel_for("decoder linears") == "cpu-w16a32",
                      stored_16bit, packed_head, max_model_len, max_num_seqs, max_num_batched_tokens, notes, reasons, levers,
                      encoder_choice, encoder_quant)
+
+
+def _stored_towers_choice(choice: str, quant: QuantConfig, notes: list[str], reasons: list[str]) -> str:
+    """Towers stored as codes (`edge-infer quantize --towers`) run on the decoder's kernel: ``same``; another
+    choice is refused, and the plan sized as for ``same``."""
+    if choice in ("auto", "same", quant.name):
+        if choice != "same":
+            notes.append(f"encoder_quantization {choice} -> same: the towers are stored as {quant.bits}-bit codes with "
+                         f"the decoder's and run on its kernel ({quant.name})")
+    else:
+        reasons.append(f"--encoder-quantization {choice}: this checkpoint's towers are stored as {quant.bits}-bit codes "
+                       f"(edge-infer quantize --towers) and run on the decoder's kernel only; use --encoder-quantization "
+                       f"same, or load the original checkpoint")
+    return "same"
 
 
 def _resolve_towers(cfg: ModelConfig, choice: str, quant: QuantConfig | None, cpu: CpuCapabilities, dtype: str,

@@ -8,6 +8,10 @@ hold ``bf16 [rows, Kp / group_size]``. Other tensors are copied unchanged; confi
 ``quantization_config``; tokenizer and generation files are copied. The
 kernel's packed layout is not stored: it depends on the CPU PyTorch runs on.
 
+``towers=True`` (a thinker) quantizes its media towers' linears too, in the same
+format: they then load on the decoder's kernel only (``--encoder-quantization
+same``), and the file shrinks by their share.
+
 ``simulate=True`` instead writes the dequantized weights in the source dtype,
 for any group size including one group per row: an ordinary float checkpoint
 that behaves like a quantizer the kernel cannot run, for fidelity studies.
@@ -31,6 +35,7 @@ from edge_infer.config import QuantConfig
 from edge_infer.errors import CheckpointError, InvalidRequestError
 from edge_infer.models.checkpoint import check_checkpoint, safetensors_files
 from edge_infer.models.config import ModelConfig
+from edge_infer.models.encoder_weights import is_tower_spec
 from edge_infer.models.loader import CheckpointReader
 from edge_infer.models.weights import weight_specs
 from edge_infer.quant.install import FLOAT_DTYPES, SCALE_SUFFIX, ZERO_SUFFIX
@@ -60,8 +65,9 @@ def quantize_checkpoint(
     simulate: bool = False,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     progress: Callable[[int, int], None] | None = None,
+    towers: bool = False,
 ) -> QuantizeResult:
-    """Quantize checkpoint ``src`` into the new directory ``dst``.
+    """Quantize checkpoint ``src`` into the new directory ``dst`` (with ``towers``, a thinker's towers too).
 
     With ``simulate``, ``quant.group_size`` may be any size, or ROW_GROUP
     (one group per row) or TENSOR_GROUP (one per matrix).
@@ -77,9 +83,13 @@ def quantize_checkpoint(
         check_quant_config(quant)
     elif quant.group_size < TENSOR_GROUP:
         raise InvalidRequestError(f"group size must be positive, 'row' or 'tensor', got {quant.group_size}")
-    specs = weight_specs(cfg)
+    if towers and cfg.multimodal is None:
+        raise InvalidRequestError(f"{src} ({cfg.architecture}) has no media towers to quantize; drop --towers")
+    specs = weight_specs(cfg)  # a thinker's towers included
     index = check_checkpoint(cfg, src, specs)
-    targets = {name: spec.shape[1] for spec in specs if is_quantized(spec, quant, cfg.tie_word_embeddings) for name in spec.sources}
+    targets = {name: spec.shape[1] for spec in specs
+               if is_quantized(spec, quant, cfg.tie_word_embeddings) or (towers and is_tower_spec(spec) and spec.is_linear)
+               for name in spec.sources}
     for name, cols in targets.items():
         info = index[name]
         if info.dtype not in FLOAT_DTYPES or len(info.shape) != 2 or info.shape[1] != cols:
@@ -111,7 +121,7 @@ def quantize_checkpoint(
         written = writer.close()  # while the source is open: copied tensors may still read its mapped pages
     raw = dict(cfg.raw)
     if not simulate:
-        raw["quantization_config"] = checkpoint_quantization_config(quant)
+        raw["quantization_config"] = checkpoint_quantization_config(quant, towers)
     (partial / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
     for path in sorted(src.iterdir()):
         if path.is_file() and not any(path.match(p) for p in WEIGHT_PATTERNS):

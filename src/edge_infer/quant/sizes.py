@@ -149,8 +149,9 @@ def widened_transient_bytes(specs: list[WeightSpec]) -> int:
                if s.is_linear and not is_tower_spec(s))
 
 
-def checkpoint_quantization_config(quant: QuantConfig) -> dict[str, Any]:
-    """The ``quantization_config`` entry `edge-infer quantize` writes into config.json."""
+def checkpoint_quantization_config(quant: QuantConfig, towers: bool = False) -> dict[str, Any]:
+    """The ``quantization_config`` entry `edge-infer quantize` writes into config.json; ``towers``: a thinker's
+    media towers are stored as codes too, in the decoder's format."""
     return {
         "quant_method": quant.method,
         "format_version": FORMAT_VERSION,
@@ -158,7 +159,13 @@ def checkpoint_quantization_config(quant: QuantConfig) -> dict[str, Any]:
         "group_size": quant.group_size,
         "symmetric": quant.symmetric,
         "quantize_head": quant.quantize_head,
+        **({"towers": True} if towers else {}),
     }
+
+
+def stored_towers(raw: dict[str, Any] | None) -> bool:
+    """Whether a checkpoint's ``quantization_config`` says its media towers are stored as codes."""
+    return bool((raw or {}).get("towers"))
 
 
 def quant_config_from_checkpoint(raw: dict[str, Any]) -> QuantConfig:
