@@ -57,9 +57,9 @@ MROPE_SECTION = [8, 12, 12]
 class Settings:
     steps: int
     batch_size: int  # pictures per step
-    replay_rows: int  # rows of the text model's own samples per step (distillation)
+    replay_rows: int  # rows of text per step (distillation: the text model's samples and its corpus, alternately)
     replay_len: int  # tokens per sampled row
-    replay_pool: int  # rows sampled before training, cycled through
+    replay_pool: int  # rows made before training, cycled through
     lr_tower: float  # peak learning rates
     lr_decoder: float
     kl_weight: float  # of the distillation term, against the answers' cross-entropy
@@ -278,24 +278,35 @@ def pretrain_tower(model, encoder: Encoder, settings: Settings, seed: int) -> li
 
 
 def replay_rows(lm: Path, settings: Settings, seed: int):
-    """The text model's own samples (temperature 1, from a bare system turn), ``replay_pool`` of them: the
-    text it was trained on, in its proportions (chat, tool calls, agent turns), to keep its answers while the
-    decoder learns to read pictures."""
+    """``replay_pool`` rows of text for the distillation, alternately of two kinds: the text model's own samples
+    (temperature 1, from a bare system turn: the text it was trained on, in its proportions) and dialogues of
+    its corpus (scripts/demo_corpus.py, packed end to end), which its samples under-cover (an echo or a greeting
+    from a bare system turn is rare) — to keep its answers while the decoder learns to read pictures."""
+    import demo_corpus
     import torch
     from transformers import AutoModelForCausalLM
     from tokenizers import Tokenizer as HfTokenizer
 
     teacher = AutoModelForCausalLM.from_pretrained(str(lm), dtype=torch.float32).eval()
-    start = HfTokenizer.from_file(str(lm / "tokenizer.json")).encode("<|im_start|>system\n", add_special_tokens=False).ids
+    tokenizer = HfTokenizer.from_file(str(lm / "tokenizer.json"))
+    start = tokenizer.encode("<|im_start|>system\n", add_special_tokens=False).ids
     torch.manual_seed(seed)
+    half = settings.replay_pool // 2
     rows, chunk = [], 64
     with torch.no_grad():
-        for _ in range(-(-settings.replay_pool // chunk)):
+        for _ in range(-(-half // chunk)):
             prompt = torch.tensor([start] * chunk)
             rows.append(teacher.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, temperature=1.0,
                                          top_p=1.0, top_k=0, max_new_tokens=settings.replay_len - len(start),
                                          min_new_tokens=settings.replay_len - len(start), pad_token_id=0))
-    return teacher, torch.cat(rows)
+    sampled = torch.cat(rows)[:half]
+    stream: list[int] = []
+    for dialogue in demo_corpus.generate_dialogues(half * settings.replay_len // 16, seed):
+        stream += tokenizer.encode(dialogue.render(), add_special_tokens=False).ids
+        if len(stream) >= half * settings.replay_len:
+            break
+    corpus = torch.tensor(stream[:half * settings.replay_len]).view(half, settings.replay_len)
+    return teacher, torch.stack((sampled, corpus), 1).flatten(0, 1)  # the two kinds alternate
 
 
 def learning_rate(step: int, settings: Settings) -> float:
@@ -504,9 +515,10 @@ a fresh tower, in two stages.
    steps, each of:
 
    - {settings.batch_size} fresh examples (one picture, one question): cross-entropy on the answer;
-   - {settings.replay_rows} rows of {settings.replay_len} tokens sampled from the text model (temperature 1,
-     from a bare system turn: chat, tool calls and agent turns in the
-     proportions it learnt them; {settings.replay_pool} rows sampled once, cycled): KL divergence to
+   - {settings.replay_rows} rows of {settings.replay_len} tokens of text, alternately sampled from the text
+     model (temperature 1, from a bare system turn: chat, tool calls and agent turns in the proportions it
+     learnt them) and dialogues of its corpus packed end to end (`scripts/demo_corpus.py`, seed {TRAIN_SEED}:
+     the samples rarely hold an echo or a greeting); {settings.replay_pool} rows made once, cycled: KL divergence to
      the text model's next-token distribution at every position (weight
      {settings.kl_weight:g}), so that the model keeps its text answers while it learns to read
      pictures.

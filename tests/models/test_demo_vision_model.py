@@ -47,12 +47,13 @@ def test_it_answers_held_out_pictures_questions():
 def test_without_a_picture_it_mostly_answers_as_the_text_demo():
     agreement = train.text_agreement(vision_demo_model_dir(), demo_model_dir(), threads=1, count=40)
     same, total = sum(agreement.same.values()), sum(agreement.total.values())
-    assert total == 40 and same / total >= 0.4, agreement  # 62.5% measured (74.5% of 200 in the README)
+    assert total == 40 and same / total >= 0.6, agreement  # 87.5% measured (89.5% of 200 in the README)
 
 
 def circle(color: str) -> str:
-    """A PNG data URL of one large circle of ``color``."""
-    scene = data.Scene(224, 224, (data.Item("circle", color, 112, 112, 80),))
+    """A PNG data URL of one circle of ``color``, as large as the training pictures draw one alone (radius 32 to 56
+    on 224 pixels: demo_vision_data._place); beyond that it is out of distribution."""
+    scene = data.Scene(224, 224, (data.Item("circle", color, 112, 112, 54),))
     return train.png_url(data.Example(scene, "color", "", ""))
 
 
