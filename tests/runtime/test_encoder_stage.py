@@ -250,3 +250,29 @@ def test_embeddings_of_the_wrong_width_are_refused(model):
     prepared.media = [wrong]
     with pytest.raises(InvalidRequestError, match=r"embeddings must be \[tokens, \d+\] \(the model's hidden size\)"):
         frontend.request("r", prepared, frontend.default_params(max_tokens=1))
+
+
+def test_an_encoder_stage_loads_towers_stored_as_codes(model, tmp_path):
+    """`edge-infer quantize --towers`: the encoder stage's towers load as the stored codes (auto -> same), and its
+    reservation is what they hold."""
+    import torch
+
+    from edge_infer.config import QuantConfig
+    from edge_infer.engine.core import tower_installer
+    from edge_infer.models.encoders import load_encoders
+    from edge_infer.quant.export import quantize_checkpoint
+    from edge_infer.runtime.encoder_executor import MediaEncoderExecutor
+
+    out = quantize_checkpoint(model, tmp_path / "q", QuantConfig.named("cpu_int4"), towers=True).out_dir
+    config = load_deploy_config(write_config(tmp_path, PIPELINE.format(model=out, threshold=INLINE_THRESHOLD,
+                                                                        limits=json.dumps(LIMITS))))
+    plan = plan_deploy(config)
+    assert plan.admitted, plan.reasons
+    executor = MediaEncoderExecutor()
+    executor.start(config.stage(0))
+    engine_config = executor.frontend.engine_config
+    assert engine_config.encoder_quantization == "same" and engine_config.encoder_quant().name == "cpu_int4"
+    towers = [t for t in load_encoders(out, torch.float32, tower_installer(engine_config)) if t is not None]
+    assert plan.stage(0).reservation.weights_bytes == sum(t.resident_bytes() for t in towers)
+    dense = sum(t.resident_bytes() for t in load_encoders(model, torch.float32) if t is not None)
+    assert plan.stage(0).reservation.weights_bytes < dense / 2
