@@ -222,8 +222,9 @@ def test_concurrent_multimodal_requests_equal_single_ones(omni_server):
 
 def test_a_client_that_leaves_while_its_big_image_is_encoded_frees_everything(omni_server):
     """An image at the limit (448x448, 256 tokens) keeps the encoder busy; the client goes once the request holds KV
-    blocks."""
-    body = {"model": MODEL, "messages": user(image(7, width=448, height=448)), "max_tokens": 80, "ignore_eos": True,
+    blocks. Asked for 1,500 tokens, it holds them for seconds: with 80 the tiny model could finish between two polls
+    of the metrics, and the client never see it admitted."""
+    body = {"model": MODEL, "messages": user(image(7, width=448, height=448)), "max_tokens": 1500, "ignore_eos": True,
             "stream": True}
     with httpx.stream("POST", omni_server.base_url + "/v1/chat/completions", json=body, timeout=60):
         wait_until(lambda: omni_server.metrics()["edge_infer_kv_blocks_used"] > 0, "the request to be admitted")
