@@ -7,7 +7,10 @@ executor, steps it while it has work and sends outputs as long as its
 unacknowledged-payload budget allows (otherwise it waits for releases:
 back-pressure). It dies with its parent: PR_SET_PDEATHSIG (Linux) turns the
 parent's death into SIGTERM, and a closed pipe ends the loop anywhere; either
-way it unlinks the segments it still owns on the way out. A SIGTERM while the
+way it unlinks the segments it still owns on the way out. The signal handler
+does that itself and exits on the spot rather than raising: a killed
+multi-threaded parent sends one death signal per exiting thread, and an
+exception from a late one would cut short the clean-up it lands in. A SIGTERM while the
 parent lives (a service manager or `timeout` signalling the whole process
 group) is the parent's to handle: it drains its requests, then shuts the
 stage down.
@@ -33,7 +36,7 @@ from edge_infer.runtime import messages as m
 from edge_infer.runtime.config import StageConfig
 from edge_infer.runtime.contracts import Payload, validate
 from edge_infer.runtime.executors import StageExecutor, StageRequestError, StepOutput, load_executor
-from edge_infer.runtime.transport import OutboundBuffers, TransportError, receive
+from edge_infer.runtime.transport import OutboundBuffers, TransportError, receive, sweep_segments
 
 _PR_SET_PDEATHSIG = 1
 _MAX_MESSAGES_PER_TURN = 256  # then step once, so a flood of inputs cannot starve the executor
@@ -64,10 +67,13 @@ def _die_with_parent(parent_pid: int) -> None:
 def run_worker(fd: int) -> None:
     """Entry point of the stage process (engine/child.py has SIGINT ignored: Ctrl-C is the parent's to handle)."""
     parent_pid = os.getppid()
+    segment_prefix: str | None = None  # known once the spec arrives
 
     def on_sigterm(signum: int, frame: Any) -> None:
-        if os.getppid() != parent_pid:  # the parent is gone (PR_SET_PDEATHSIG): clean up and leave
-            raise SystemExit(0)
+        if os.getppid() != parent_pid:  # the parent is gone (PR_SET_PDEATHSIG)
+            if segment_prefix is not None:
+                sweep_segments(segment_prefix)  # also one created but not yet recorded where the signal struck
+            os._exit(0)
 
     signal.signal(signal.SIGTERM, on_sigterm)
     _die_with_parent(parent_pid)
@@ -76,6 +82,7 @@ def run_worker(fd: int) -> None:
         spec = conn.recv()
     except (EOFError, OSError):
         return  # the parent is gone already
+    segment_prefix = spec.segment_prefix
     worker = _StageLoop(spec, conn)
     try:
         worker.serve()
