@@ -10,10 +10,10 @@ parent's death into SIGTERM, and a closed pipe ends the loop anywhere; either
 way it unlinks the segments it still owns on the way out. The signal handler
 does that itself and exits on the spot rather than raising: a killed
 multi-threaded parent sends one death signal per exiting thread, and an
-exception from a late one would cut short the clean-up it lands in. A SIGTERM while the
-parent lives (a service manager or `timeout` signalling the whole process
-group) is the parent's to handle: it drains its requests, then shuts the
-stage down.
+exception from a late one would cut short the clean-up it lands in. A SIGTERM
+while the parent lives (a service manager or `timeout` signalling the whole
+process group) is the parent's to handle: it drains its requests, then shuts
+the stage down.
 """
 from __future__ import annotations
 
