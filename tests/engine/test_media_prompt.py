@@ -20,6 +20,7 @@ from edge_infer.engine.protocol import media_problem
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.errors import InvalidRequestError, MediaError
 from edge_infer.media.features import AudioFeatures, VisionFeatures
+from edge_infer.models.checkpoint import vision_demo_model_dir
 from edge_infer.models.encoder_config import audio_output_length
 from edge_infer.models.tokenizer import Tokenizer
 
@@ -231,6 +232,19 @@ def test_a_vl_video_has_no_sound_and_vl_takes_no_audio(vl):
     with pytest.raises(InvalidRequestError, match=r"content\[0\] \(input_audio\): this model \(qwen2_5_vl\) takes "
                                                   r"image and video input, not audio"):
         vl.prepare_chat(user(AUDIO))
+
+
+def test_a_kind_the_chat_template_refuses_is_refused_before_any_decoding():
+    # The embedded demo is a Qwen2.5-VL checkpoint whose template renders images only (its tower never saw a
+    # video): a video is refused as a kind it does not take, and audio's refusal no longer claims video either.
+    demo = Frontend.create(vision_demo_model_dir(), max_model_len=2048)
+    assert demo.plan.media_kinds == ("image",)
+    with pytest.raises(InvalidRequestError, match=r"content\[0\] \(video_url\): this model \(demo-vl-model\) takes "
+                                                  r"image input, not video \(its chat template renders no video parts\)"):
+        demo.prepare_chat(user(VIDEO))
+    with pytest.raises(InvalidRequestError, match=r"takes image input, not audio$"):
+        demo.prepare_chat(user(AUDIO))
+    assert [m.kind for m in demo.prepare_chat(user(IMAGE)).media] == ["image"]
 
 
 def test_a_text_model_refuses_media_naming_itself(tiny_model):

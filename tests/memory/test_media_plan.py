@@ -63,6 +63,26 @@ def test_a_thinker_plans_its_media(thinker_checkpoints, kind):
     assert p.item("vision encoder weights") == tower_weight_bytes(vision, 4, None)
 
 
+def test_nothing_is_planned_for_a_kind_the_chat_template_refuses(synth_thinkers, tmp_path):
+    # The same Qwen2.5-VL checkpoint with a template that renders images only (as the embedded demo's does).
+    full = synth_thinkers["qwen2_5_vl"]
+    images_only = tmp_path / "images-only"
+    shutil.copytree(full, images_only)
+    config = json.loads((images_only / "tokenizer_config.json").read_text())
+    video = "{%- elif part.type in ['video', 'video_url'] %}"
+    assert video in config["chat_template"]
+    config["chat_template"] = config["chat_template"].replace(video, "{%- elif false %}")
+    (images_only / "tokenizer_config.json").write_text(json.dumps(config))
+    both, one = plan(full), plan(images_only)
+    assert both.media_kinds == ("image", "video") and both.media_limits.max_videos == 1
+    assert one.media_kinds == ("image",) and one.media_limits.max_videos == 0
+    assert "the chat template renders no video parts: max_videos 0, nothing planned for them" in one.notes
+    # planned as a server told --max-videos 0: the images get the context videos would have shared
+    no_video = plan(full, media_limits={"max_videos": 0})
+    assert one.media_limits == no_video.media_limits and one.steady_bytes == no_video.steady_bytes
+    assert one.media_limits.max_image_pixels > both.media_limits.max_image_pixels
+
+
 def test_the_plans_encoder_weights_are_the_loaded_bytes(thinker_checkpoints):
     import torch
 

@@ -146,19 +146,22 @@ def use_audio_in_video(mm_processor_kwargs: Mapping[str, Any] | None) -> bool:
 
 
 def check_parts(parts: Sequence[MediaPart], mm: MultimodalConfig | None, model: str,
-                limits: MediaLimits | None) -> None:
+                limits: MediaLimits | None, kinds: Sequence[str] | None = None) -> None:
     """Refuse parts the model cannot take, or more images, audio clips or videos than a request may carry
-    (``limits``: a multimodal model's; a text model, which has none, takes no parts)."""
+    (``limits``: a multimodal model's; a text model, which has none, takes no parts). ``kinds``: the kinds
+    the checkpoint takes, where its chat template renders fewer than its family's."""
     if not parts:
         return
     if mm is None or limits is None:
         raise InvalidRequestError(f"{parts[0].where}: this model ({model}) takes text only; send the messages "
                                   "without image, audio or video parts, or serve a multimodal model "
                                   "(Qwen2.5-VL, Qwen2.5-Omni)")
+    taken = tuple(kinds) if kinds is not None else mm.kinds
     for part in parts:
-        if part.kind not in mm.kinds:
-            raise InvalidRequestError(f"{part.where}: this model ({model}) takes {' and '.join(mm.kinds)} input, "
-                                      f"not {part.kind}")
+        if part.kind not in taken:
+            why = f" (its chat template renders no {part.kind} parts)" if part.kind in mm.kinds else ""
+            raise InvalidRequestError(f"{part.where}: this model ({model}) takes {' and '.join(taken)} input, "
+                                      f"not {part.kind}{why}")
     for kind, limit in _COUNT_LIMITS.items():
         count = sum(p.kind == kind for p in parts)
         limits.check(limit, count, part="the request", shown=f"{count} {kind}s")

@@ -27,6 +27,7 @@ from edge_infer.memory.plan import PlanItem
 from edge_infer.memory.sizing import CHECKPOINT_DTYPE_BYTES, MiB
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.encoder_config import AudioConfig, VisionConfig
+from edge_infer.models.tokenizer import template_media_kinds
 from edge_infer.quant.native_build import missing_toolchain
 
 # The per-request limits whose defaults fit_limits may lower (the others are counts and durations).
@@ -38,6 +39,7 @@ class MediaPlan:
     limits: MediaLimits
     shapes: MediaShapes
     items: list[PlanItem]
+    kinds: tuple[str, ...]  # the media kinds the checkpoint takes: its family's, less those its chat template refuses
     notes: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     levers: list[str] = field(default_factory=list)
@@ -73,10 +75,12 @@ def plan_media(model_dir: str | Path, cfg: ModelConfig, tensors: dict, dtype: st
     vision, audio = cfg.multimodal.vision, cfg.multimodal.audio
     media, notes = _processing(Path(model_dir), vision, audio)
     asked, explicit = _asked_limits(limits, media)
+    kinds = template_media_kinds(model_dir, cfg.multimodal.kinds)
+    asked, off_notes = _kinds_off(asked, [k for k in cfg.multimodal.kinds if k not in kinds])
     budget = max_model_len - 1  # a request at the limits leaves one token to generate
     fitted, fit_notes = fit_limits(asked, media, budget, explicit & SIZE_LIMITS)
     shapes = media_shapes(fitted, media)
-    plan = MediaPlan(fitted, shapes, [], notes + fit_notes, _check_processing(media, vision))
+    plan = MediaPlan(fitted, shapes, [], kinds, notes + off_notes + fit_notes, _check_processing(media, vision))
     if shapes.request_tokens > budget:
         plan.reasons.append(_too_many_tokens(shapes, fitted, max_model_len))
         plan.levers += _token_levers(asked, media, budget, cfg.max_position_embeddings, explicit & SIZE_LIMITS)
@@ -115,6 +119,19 @@ def _asked_limits(limits: MediaLimits | Mapping[str, float] | None,
         return MediaLimits.for_processing(media, **dict(limits or {})), frozenset((limits or {}).keys())
     except (TypeError, ValueError) as exc:
         raise InvalidRequestError(f"media limits: {exc}; known limits: {', '.join(LIMITS)}") from exc
+
+
+# The count limit of each media kind.
+_COUNT_LIMIT = {"image": "max_images", "video": "max_videos", "audio": "max_audios"}
+
+
+def _kinds_off(limits: MediaLimits, refused: list[str]) -> tuple[MediaLimits, list[str]]:
+    """``limits`` with no room for the kinds the chat template refuses: nothing is planned for what no
+    request can carry."""
+    off = {_COUNT_LIMIT[k]: 0 for k in refused if getattr(limits, _COUNT_LIMIT[k])}
+    notes = [f"the chat template renders no {k} parts: {_COUNT_LIMIT[k]} 0, nothing planned for them"
+             for k in refused if _COUNT_LIMIT[k] in off]
+    return replace(limits, **off), notes
 
 
 def _item(name: str, size: int, note: str) -> PlanItem:

@@ -74,6 +74,7 @@ class TextPlan:
     kernels: KernelSelection | None = None
     model_config: ModelConfig | None = None  # config.json as parsed once, for the frontend
     media_limits: MediaLimits | None = None  # a multimodal model's per-request limits, as sized (None: text only)
+    media_kinds: tuple[str, ...] = ()  # the media kinds it takes (what its chat template renders)
 
     def item(self, name: str) -> int:
         return next(i.bytes for i in self.items if i.name == name)
@@ -219,6 +220,7 @@ def plan_text_session(
     if media is not None:
         plan.settings["encoder_quantization"] = r.encoder_quantization
         plan.media_limits = media.limits
+        plan.media_kinds = media.kinds
         plan.settings["media_limits"] = media.settings()
         plan.settings["media_sized_for"] = media.sized_for()
     if plan.admitted:

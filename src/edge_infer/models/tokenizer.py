@@ -56,6 +56,70 @@ def _invalid_text(text: str) -> InvalidRequestError:
     return InvalidRequestError("the text cannot be tokenized")
 
 
+def _tokenizer_config(model_dir: Path) -> dict[str, Any]:
+    path = model_dir / "tokenizer_config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def find_chat_template(model_dir: str | Path, config: dict[str, Any] | None = None) -> str | None:
+    """The checkpoint's chat template: chat_template.jinja, else tokenizer_config.json's (its "default" if named)."""
+    model_dir = Path(model_dir)
+    jinja_file = model_dir / "chat_template.jinja"
+    if jinja_file.is_file():
+        return jinja_file.read_text()
+    template = (config if config is not None else _tokenizer_config(model_dir)).get("chat_template")
+    if isinstance(template, list):  # named templates: use "default"
+        named = {t["name"]: t["template"] for t in template}
+        template = named.get("default") or next(iter(named.values()), None)
+    return template
+
+
+def compile_chat_template(text: str):
+    """The template in a sandbox with the globals and filters transformers' templates use."""
+    from jinja2 import TemplateError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise InvalidRequestError(f"chat template: {message}")
+
+    def tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
+        return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(text)
+    except TemplateError as exc:
+        raise CheckpointError(f"the checkpoint's chat template does not parse: {exc}") from exc
+
+
+def template_media_kinds(model_dir: str | Path, kinds: tuple[str, ...]) -> tuple[str, ...]:
+    """Of a multimodal model's media ``kinds``, those its chat template renders in a user message (the part
+    types engine/media_prompt.py hands it: ``{"type": kind}``). A checkpoint without a template, or whose
+    template does not parse, keeps them all: its chat requests fail with that reason anyway."""
+    text = find_chat_template(model_dir)
+    if not text:
+        return kinds
+    try:
+        template = compile_chat_template(text)
+    except CheckpointError:
+        return kinds
+
+    def renders(kind: str) -> bool:
+        messages = [{"role": "user", "content": [{"type": kind}, {"type": "text", "text": "?"}]}]
+        try:
+            template.render(messages=messages, tools=None, add_generation_prompt=True, bos_token="", eos_token="",
+                            pad_token="", unk_token="")
+        except Exception:  # noqa: BLE001 - raise_exception, a jinja error or one of the template's own making
+            return False
+        return True
+
+    return tuple(kind for kind in kinds if renders(kind))
+
+
 class Tokenizer:
     def __init__(self, model_dir: str | Path):
         from tokenizers import Tokenizer as HFTokenizer
@@ -68,25 +132,14 @@ class Tokenizer:
             self._tok = HFTokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception on parse errors
             raise CheckpointError(f"{path} could not be read ({exc})") from exc
-        cfg_path = model_dir / "tokenizer_config.json"
-        self.config: dict[str, Any] = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
-        self.chat_template = self._find_chat_template(model_dir)
+        self.config = _tokenizer_config(model_dir)
+        self.chat_template = find_chat_template(model_dir, self.config)
         self.bos_token = _token_text(self.config.get("bos_token"))
         self.eos_token = _token_text(self.config.get("eos_token"))
         self.pad_token = _token_text(self.config.get("pad_token"))
         self.unk_token = _token_text(self.config.get("unk_token"))
         # encode_special_tokens is tokenizer state: set and used under one lock.
         self._lock = threading.Lock()
-
-    def _find_chat_template(self, model_dir: Path) -> str | None:
-        jinja_file = model_dir / "chat_template.jinja"
-        if jinja_file.is_file():
-            return jinja_file.read_text()
-        template = self.config.get("chat_template")
-        if isinstance(template, list):  # named templates: use "default"
-            named = {t["name"]: t["template"] for t in template}
-            template = named.get("default") or next(iter(named.values()), None)
-        return template
 
     @property
     def vocab_size(self) -> int:
@@ -144,24 +197,7 @@ class Tokenizer:
 
     @cached_property
     def _template(self):
-        from jinja2 import TemplateError
-        from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message: str) -> None:
-            raise InvalidRequestError(f"chat template: {message}")
-
-        def tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
-            return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-        env.filters["tojson"] = tojson
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        try:
-            return env.from_string(self.chat_template)
-        except TemplateError as exc:
-            raise CheckpointError(f"the checkpoint's chat template does not parse: {exc}") from exc
+        return compile_chat_template(self.chat_template)
 
     def apply_chat_template(
         self,
