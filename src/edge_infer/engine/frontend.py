@@ -161,7 +161,7 @@ class Frontend:
                              "the messages (with tools)")
         mm = self.plan.model_config.multimodal
         limits = self.media_limits
-        media_prompt.check_parts(chat.parts, mm, self.model_name, limits, self.plan.media_kinds or None)
+        media_prompt.check_parts(chat.parts, mm, self.model_name, limits, self.plan.media_kinds)
         audio_in_video = media_prompt.use_audio_in_video(mm_processor_kwargs)
         text, ids = self.require_tokenizer().encode_chat(chat.messages, specials_in_content=self.specials_in_content,
                                                          **template_kwargs)

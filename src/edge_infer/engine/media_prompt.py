@@ -160,8 +160,8 @@ def check_parts(parts: Sequence[MediaPart], mm: MultimodalConfig | None, model: 
     for part in parts:
         if part.kind not in taken:
             why = f" (its chat template renders no {part.kind} parts)" if part.kind in mm.kinds else ""
-            raise InvalidRequestError(f"{part.where}: this model ({model}) takes {' and '.join(taken)} input, "
-                                      f"not {part.kind}{why}")
+            raise InvalidRequestError(f"{part.where}: this model ({model}) takes {' and '.join(taken) or 'no media'} "
+                                      f"input, not {part.kind}{why}")
     for kind, limit in _COUNT_LIMITS.items():
         count = sum(p.kind == kind for p in parts)
         limits.check(limit, count, part="the request", shown=f"{count} {kind}s")

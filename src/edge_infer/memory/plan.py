@@ -74,7 +74,7 @@ class TextPlan:
     kernels: KernelSelection | None = None
     model_config: ModelConfig | None = None  # config.json as parsed once, for the frontend
     media_limits: MediaLimits | None = None  # a multimodal model's per-request limits, as sized (None: text only)
-    media_kinds: tuple[str, ...] = ()  # the media kinds it takes (what its chat template renders)
+    media_kinds: tuple[str, ...] | None = None  # the media kinds it takes, as its chat template renders (None: its family's)
 
     def item(self, name: str) -> int:
         return next(i.bytes for i in self.items if i.name == name)

@@ -99,7 +99,8 @@ def compile_chat_template(text: str):
 def template_media_kinds(model_dir: str | Path, kinds: tuple[str, ...]) -> tuple[str, ...]:
     """Of a multimodal model's media ``kinds``, those its chat template renders in a user message (the part
     types engine/media_prompt.py hands it: ``{"type": kind}``). A checkpoint without a template, or whose
-    template does not parse, keeps them all: its chat requests fail with that reason anyway."""
+    template does not parse or refuses even a text-only turn, keeps them all: what fails there is not about
+    media, and its chat requests fail with that reason anyway."""
     text = find_chat_template(model_dir)
     if not text:
         return kinds
@@ -108,8 +109,8 @@ def template_media_kinds(model_dir: str | Path, kinds: tuple[str, ...]) -> tuple
     except CheckpointError:
         return kinds
 
-    def renders(kind: str) -> bool:
-        messages = [{"role": "user", "content": [{"type": kind}, {"type": "text", "text": "?"}]}]
+    def renders(*media: str) -> bool:
+        messages = [{"role": "user", "content": [*({"type": kind} for kind in media), {"type": "text", "text": "?"}]}]
         try:
             template.render(messages=messages, tools=None, add_generation_prompt=True, bos_token="", eos_token="",
                             pad_token="", unk_token="")
@@ -117,6 +118,8 @@ def template_media_kinds(model_dir: str | Path, kinds: tuple[str, ...]) -> tuple
             return False
         return True
 
+    if not renders():
+        return kinds
     return tuple(kind for kind in kinds if renders(kind))
 
 
