@@ -154,6 +154,22 @@ def test_empty_and_undecodable_audio_are_refused():
         decode_audio(bytes(range(256)) * 8, MediaLimits(), part="audio 1")
 
 
+def test_undecodable_audio_is_refused_without_naming_our_buffer():
+    with pytest.raises(MediaError) as err:
+        decode_audio(b"\x00\x01garbage" * 100, MediaLimits(), part="audio 1")
+    assert str(err.value) == "audio 1: cannot be decoded as WAV, MP3, FLAC or OGG (Format not recognised.)"
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_samples_that_are_not_finite_are_refused(bad):
+    # a float WAV holds them as readily as numbers; encoded, they would make every logit of the request NaN
+    samples = sine(1.0, RATE)
+    samples[RATE // 2] = bad
+    with pytest.raises(MediaError, match=r"^audio 1: has samples that are not finite numbers \(NaN or infinity\); "
+                                         r"send real samples$"):
+        decode_audio(audio_file(samples, RATE, "WAV", "FLOAT"), MediaLimits(), part="audio 1")
+
+
 def test_a_file_without_samples_is_refused():
     empty = audio_file(np.zeros((0, 1), dtype=np.float32), RATE, "WAV", "PCM_16")
     with pytest.raises(MediaError, match=r"^audio 1: has no audio samples; send a clip with sound \(silence is fine\)$"):

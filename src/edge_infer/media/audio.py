@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from functools import lru_cache
 
 import numpy as np
@@ -44,7 +45,9 @@ def decode_audio(data: bytes, limits: MediaLimits, *, rate: int = 16000, part: s
     except MediaError:
         raise
     except (RuntimeError, ValueError, TypeError, EOFError) as exc:  # LibsndfileError is a RuntimeError
-        raise MediaError(f"{part}: cannot be decoded as {AUDIO_FORMATS} ({exc})") from None
+        # libsndfile's "Error opening <_io.BytesIO object at 0x...>: " names our buffer, not the problem
+        reason = re.sub(r"^Error opening <[^>]*>: ", "", str(exc))
+        raise MediaError(f"{part}: cannot be decoded as {AUDIO_FORMATS} ({reason})") from None
     return to_rate(mono, source_rate, rate, part=part)
 
 
@@ -59,6 +62,8 @@ def mono_samples(blocks, rate: int, limits: MediaLimits, part: str) -> np.ndarra
     for block in blocks:
         total += len(block)
         limits.check("max_audio_seconds", total / rate, part=part, shown=f"more than {limits.max_audio_seconds:g} s")
+        if not np.isfinite(block).all():  # float files can hold NaN or infinity: they would turn every logit NaN
+            raise MediaError(f"{part}: has samples that are not finite numbers (NaN or infinity); send real samples")
         mono.append(block.mean(axis=1, dtype=np.float32) if block.shape[1] > 1 else block[:, 0])
     if total == 0:
         raise MediaError(f"{part}: has no audio samples; send a clip with sound (silence is fine)")
