@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import warnings
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -55,10 +56,13 @@ def decode_image(data: bytes, limits: MediaLimits, *, part: str = "image") -> "I
         raise MediaError(f"{part}: is empty (0 bytes); send a PNG, JPEG, WebP, GIF or BMP image")
     try:
         image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)  # reads the header only
-    except Image.DecompressionBombError:  # Pillow's own guard, far above our default limit, checks first
+    except Image.DecompressionBombError as exc:  # Pillow's own guard, far above our default limit, checks first
+        # its message carries the header's pixel count: "Image size (1200000000 pixels) exceeds limit of ..."
+        found = re.search(r"\((\d+) pixels\)", str(exc))
         bomb = 2 * Image.MAX_IMAGE_PIXELS
-        limits.check("max_image_pixels", bomb + 1, part=part, shown=f"more than {bomb} pixels")
-        raise MediaError(f"{part}: more than {bomb} pixels is more than Pillow decodes safely; resize it") from None
+        pixels, shown = (int(found[1]), f"{int(found[1]):,} pixels") if found else (bomb + 1, f"more than {bomb} pixels")
+        limits.check("max_image_pixels", pixels, part=part, shown=shown)
+        raise MediaError(f"{part}: {shown} is more than Pillow decodes safely; resize it") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         # Pillow's "cannot identify image file <_io.BytesIO object at 0x...>" says less than this
         reason = "no known image format" if isinstance(exc, UnidentifiedImageError) else _reason(exc)
