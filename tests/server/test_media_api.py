@@ -1,4 +1,4 @@
-"""Images, audio and video through the real server with the official `openai` client (and langchain-openai): answers
+"""Images, audio and video through the real server with the official `openai` client (and langchain-openai, the `llm` CLI): answers
 equal `LLM.chat`'s for the same messages (greedy), streamed or not, alone or batched; bad media, sources the operator
 did not allow and requests over a limit are 400s naming the problem, and the server keeps serving; preparing media
 does not hold up other requests; a client that leaves while its image is encoded frees everything. The limits a request
@@ -10,6 +10,10 @@ import base64
 import contextlib
 import io
 import math
+import os
+import shutil
+import subprocess
+import sys
 import threading
 
 import httpx
@@ -246,6 +250,23 @@ def test_langchain_chat_openai_sends_an_image(omni_server, reference):
                       max_tokens=MAX_TOKENS, max_retries=0, extra_body={"ignore_eos": True})
     messages = user(QUESTION, image(4))
     assert chat.invoke([HumanMessage(content=messages[0]["content"])]).content == expected(reference, messages)
+
+
+def test_the_llm_cli_sends_a_picture(omni_server, reference, tmp_path):
+    # `llm` (Simon Willison's CLI) with the server as an OpenAI-compatible model, vision on: `-a` sends the file as a
+    # data URL after the prompt's text; greedy, it stops at EOS where the server's model does
+    (tmp_path / "extra-openai-models.yaml").write_text(
+        f'- model_id: edge\n  model_name: {MODEL}\n  api_base: "{omni_server.base_url}/v1"\n  vision: true\n')
+    picture = tmp_path / "picture.png"
+    picture.write_bytes(png(4))
+    cli = shutil.which("llm", path=os.path.dirname(sys.executable))
+    run = subprocess.run([cli, "-m", "edge", "-a", str(picture), "-o", "temperature", "0", "-o", "max_tokens",
+                          str(MAX_TOKENS), "--no-log", QUESTION["text"]],
+                         env={**os.environ, "LLM_USER_PATH": str(tmp_path), "OPENAI_API_KEY": "unused"},
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    out = reference.chat(user(QUESTION, image(4)), SamplingParams(temperature=0, max_tokens=MAX_TOKENS))[0]
+    assert run.stdout == out.outputs[0].text + "\n"
 
 
 # -- a server in this process, where preparation and encoding can be held at a gate ------------------------------
