@@ -494,7 +494,9 @@ Without a picture it answers as the text demo model, mostly token for token
 - Tokenizer: the text demo's, with `<|vision_start|>` `<|image_pad|>` `<|video_pad|>`
   `<|vision_end|>` added as special tokens (ids {config['vision_start_token_id']}-{config['vision_end_token_id']}, rows of the
   padded embedding). Chat template: the text demo's (tools included), with
-  message contents that may be lists of text and image parts.
+  message contents that may be lists of text and image parts. It renders no
+  video part (the tower never saw one), so the plan sizes no video and a
+  video is refused as a kind this model does not take.
 
 ## How it was trained
 
