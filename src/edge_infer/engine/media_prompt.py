@@ -35,7 +35,7 @@ from edge_infer.media.audio import audio_features, decode_audio
 from edge_infer.media.config import PREPROCESSOR_FILE, MediaProcessing
 from edge_infer.media.features import AudioFeatures, VisionFeatures
 from edge_infer.media.image import decode_image, image_features
-from edge_infer.media.limits import MediaLimits
+from edge_infer.media.limits import COUNT_LIMITS, MediaLimits
 from edge_infer.media.sources import MediaPolicy, decode_base64, read_source
 from edge_infer.media.video import video_features
 from edge_infer.models.config import MultimodalConfig
@@ -47,7 +47,6 @@ INPUT_AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg")
 PART_TYPES = "text, image_url, input_audio, audio_url or video_url"
 # mm_processor_kwargs (vLLM's name) that the preprocessing takes.
 PROCESSOR_OPTIONS = ("use_audio_in_video",)
-_COUNT_LIMITS = {"image": "max_images", "audio": "max_audios", "video": "max_videos"}
 
 
 @dataclass(frozen=True)
@@ -162,7 +161,7 @@ def check_parts(parts: Sequence[MediaPart], mm: MultimodalConfig | None, model: 
             why = f" (its chat template renders no {part.kind} parts)" if part.kind in mm.kinds else ""
             raise InvalidRequestError(f"{part.where}: this model ({model}) takes {' and '.join(taken) or 'no media'} "
                                       f"input, not {part.kind}{why}")
-    for kind, limit in _COUNT_LIMITS.items():
+    for kind, limit in COUNT_LIMITS.items():
         count = sum(p.kind == kind for p in parts)
         limits.check(limit, count, part="the request", shown=f"{count} {kind}s")
 

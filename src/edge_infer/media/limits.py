@@ -39,6 +39,9 @@ LIMITS = {
 }
 
 
+# Each media kind's count limit.
+COUNT_LIMITS = {"image": "max_images", "audio": "max_audios", "video": "max_videos"}
+
 # The smallest default limit on a decoded image's pixels, whatever the checkpoint's max_pixels.
 MIN_IMAGE_PIXELS_LIMIT = 1024 * 1024
 

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 from edge_infer.config import QuantConfig
 from edge_infer.errors import InvalidRequestError
 from edge_infer.media.config import AudioProcessing, MediaProcessing, VisionProcessing
-from edge_infer.media.limits import LIMITS, MEDIA_PREP_THREADS, MediaLimits
+from edge_infer.media.limits import COUNT_LIMITS, LIMITS, MEDIA_PREP_THREADS, MediaLimits
 from edge_infer.memory.encoder_sizing import (
     encoder_activation_bytes, held_media_bytes, preprocessing_bytes, tower_load_transient_bytes, tower_weight_bytes,
 )
@@ -121,16 +121,12 @@ def _asked_limits(limits: MediaLimits | Mapping[str, float] | None,
         raise InvalidRequestError(f"media limits: {exc}; known limits: {', '.join(LIMITS)}") from exc
 
 
-# The count limit of each media kind.
-_COUNT_LIMIT = {"image": "max_images", "video": "max_videos", "audio": "max_audios"}
-
-
 def _kinds_off(limits: MediaLimits, refused: list[str]) -> tuple[MediaLimits, list[str]]:
     """``limits`` with no room for the kinds the chat template refuses: nothing is planned for what no
     request can carry."""
-    off = {_COUNT_LIMIT[k]: 0 for k in refused if getattr(limits, _COUNT_LIMIT[k])}
-    notes = [f"the chat template renders no {k} parts: {_COUNT_LIMIT[k]} 0, nothing planned for them"
-             for k in refused if _COUNT_LIMIT[k] in off]
+    off = {COUNT_LIMITS[k]: 0 for k in refused if getattr(limits, COUNT_LIMITS[k])}
+    notes = [f"the chat template renders no {k} parts: {COUNT_LIMITS[k]} 0, nothing planned for them"
+             for k in refused if COUNT_LIMITS[k] in off]
     return replace(limits, **off), notes
 
 
