@@ -170,7 +170,8 @@ def test_video_refusals_name_the_video_and_the_fix():
     with pytest.raises(MediaError, match=r"^video 2: frames of 64x48 pixels is above the limit of 1000 pixels per "
                                          r"image \(--max-image-pixels\)"):
         video_features(mp4, OMNI, MediaLimits(max_image_pixels=1000), part="video 2")
-    with pytest.raises(MediaError, match=r"^video 2: videos are off .*; raise --max-video-frames$"):
+    with pytest.raises(MediaError, match=r"^video 2: videos are off .*; raise --max-video-frames, with a "
+                                         r"--max-model-len that has room for them$"):
         video_features(mp4, OMNI, MediaLimits(max_video_frames=0), part="video 2")
     with pytest.raises(MediaError, match=r"^video 2: this model does not take images or video$"):
         video_features(mp4, MediaProcessing(None, AudioProcessing()), limits, part="video 2")

@@ -88,8 +88,10 @@ def _decode(container: "av.container.InputContainer", cfg: MediaProcessing, visi
     total = _frame_count(container, stream, fps)
     limits.check("max_video_seconds", total / fps, part=part, shown=f"{total / fps:.1f} s")
     if limits.max_video_frames < vision.temporal_patch_size:
+        # the plan may have turned them off to fit the context: the flag alone may then not fit
         raise MediaError(f"{part}: videos are off (the limit is {limits.max_video_frames} sampled frames per video, "
-                         f"and a video needs {vision.temporal_patch_size}); raise --max-video-frames")
+                         f"and a video needs {vision.temporal_patch_size}); raise --max-video-frames, with a "
+                         "--max-model-len that has room for them")
     wanted = sample_indices(total, fps, vision, limits.max_video_frames)
     if not wanted:
         raise MediaError(f"{part}: has {total} frame(s); a video needs at least {vision.temporal_patch_size} "
