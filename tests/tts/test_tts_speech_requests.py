@@ -43,7 +43,7 @@ def test_voice_objects_are_accepted_like_names(state) -> None:
 
 @pytest.mark.parametrize("body, param", [
     ({"speed": 0.5}, "speed"),
-    ({"response_format": "opus"}, "response_format"),
+    ({"response_format": "aac"}, "response_format"),
     ({"input": ""}, "input"),
     ({"input": "x" * 501}, "input"),
     ({"voice": "nobody"}, "voice"),

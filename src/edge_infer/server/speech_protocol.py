@@ -4,7 +4,8 @@ OpenAI's fields: ``model``, ``input``, ``voice``, ``instructions``,
 ``response_format``, ``speed``, ``stream_format``. ``speed`` is accepted
 only at 1.0: the Talker has no speaking-rate control, and resampling would
 change the pitch (a 400 says so). Formats: wav, pcm (16-bit little-endian
-24 kHz mono, no header), flac; OpenAI's mp3/opus/aac are refused by name.
+24 kHz mono, no header), flac, mp3, opus (in Ogg); OpenAI's aac is refused
+by name.
 Qwen3-TTS extensions: ``language``, ``seed``, sampling (``temperature``,
 ``top_k``, ``top_p``, ``repetition_penalty``), ``max_tokens`` (frames,
 80 ms each) and ``ignore_eos``.

@@ -20,7 +20,7 @@ from edge_infer.server.protocol import ModelCard
 from edge_infer.server.service import ServeSettings, Service
 from edge_infer.server.speech_metrics import SpeechMetrics
 from edge_infer.server.speech_protocol import SpeechRequest, VoiceCard, VoiceList
-from edge_infer.tts.audio import FORMATS, STREAMABLE
+from edge_infer.tts.audio import STREAMABLE, formats
 from edge_infer.tts.deploy import SpeechPipeline
 from edge_infer.tts.params import SpeechParams
 from edge_infer.tts.planning import DEFAULT_MAX_MODEL_LEN
@@ -93,8 +93,8 @@ class SpeechService(Service):
             raise APIError(400, f"speed {body.speed:g} is not supported: Qwen3-TTS has no speaking-rate control and "
                            "resampling would shift the pitch; send speed 1.0 (or leave it out)", param="speed", code="unsupported_speed")
         fmt = body.response_format.lower()
-        if fmt not in FORMATS:
-            raise APIError(400, f"response_format {body.response_format!r} is not supported; use one of {', '.join(FORMATS)}",
+        if fmt not in formats():
+            raise APIError(400, f"response_format {body.response_format!r} is not supported; use one of {', '.join(formats())}",
                            param="response_format", code="unsupported_format")
         if body.stream_format == "sse" and fmt not in STREAMABLE:
             raise APIError(400, f"stream_format sse carries {' or '.join(STREAMABLE)} chunks, not {fmt}; "
