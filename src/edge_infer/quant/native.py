@@ -57,6 +57,30 @@ def built_variants() -> tuple[str, ...]:
     return tuple(torch.ops.edge_infer.isa_variants())
 
 
+@functools.lru_cache(maxsize=1)
+def bf16_attention_available() -> bool:
+    """True when edge-infer's bf16 attention runs here: the CPU (masks included) has what it needs and the
+    library, loaded (built first if needed), holds it."""
+    from edge_infer.hardware.kernels import BF16_ATTENTION
+
+    if BF16_ATTENTION.missing(detect()) is not None or native_build.missing_toolchain() is not None:
+        return False
+    built_variants()  # loads the library
+    return bool(torch.ops.edge_infer.segment_attention_built())
+
+
+def enable_bf16_attention(dtype: torch.dtype) -> bool:
+    """Before a model runs: bf16 attention in this process on edge-infer's kernel
+    (models/layers/native_attention.py) when ``dtype`` is bf16 and the kernel runs here; whether it does.
+    Never turns it off: the kernel takes only bf16 queries, so another model's fp32 leaves it as it was."""
+    from edge_infer.models.layers import native_attention
+
+    on = dtype == torch.bfloat16 and bf16_attention_available()
+    if on:
+        native_attention.enable(True)
+    return on
+
+
 def cache_large_blocks(min_bytes: int, budget: int) -> bool:
     """PyTorch's CPU tensors of ``min_bytes`` or more, for the rest of this process, from blocks kept by size
     for reuse (csrc/block_cache.cpp: cached bytes beyond the live bytes' high-water mark at most ``budget``)

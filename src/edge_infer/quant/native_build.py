@@ -58,7 +58,13 @@ ISA_SOURCES = {
     ),
 }
 REGISTRY = "isa_registry.cpp"
-BINDING_SOURCES = ("linear.cpp", "decode_layer.cpp", "snake.cpp", "block_cache.cpp")
+# Kernels outside the ISA tables, one source each with the instruction sets it needs; one the compiler
+# cannot build is left out, and the binding that declares it weakly sees a null address.
+OPTIONAL_SOURCES = {
+    "x86_64": (IsaSource("attention-avx512-bf16", "attention_avx512bf16.cpp",
+                         ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")),),
+}
+BINDING_SOURCES = ("linear.cpp", "decode_layer.cpp", "snake.cpp", "block_cache.cpp", "attention.cpp")
 LIBRARY_NAME = "edge_infer_native.so"
 VARIANTS_FILE = "variants.json"  # the variants the build holds, readable without loading the library
 
@@ -90,7 +96,7 @@ def missing_toolchain() -> str | None:
 @functools.lru_cache(maxsize=1)
 def library_path() -> Path:
     """Where the library built from these sources and flags for this torch and architecture lives."""
-    sources = ISA_SOURCES.get(arch(), ())
+    sources = ISA_SOURCES.get(arch(), ()) + OPTIONAL_SOURCES.get(arch(), ())
     key = hashlib.sha256(f"{metadata.version('torch')} {arch()} {COMMON_FLAGS} {sources}".encode())
     for path in sorted(p for p in CSRC.iterdir() if p.suffix in (".cpp", ".h")):
         key.update(path.name.encode() + path.read_bytes())
@@ -113,16 +119,11 @@ def compile_isa_objects(out_dir: Path, sources: tuple[IsaSource, ...], cxx: str 
     """
     cxx = cxx or compiler()
     out_dir.mkdir(parents=True, exist_ok=True)
-
-    def compile_one(source: str, flags: tuple[str, ...], obj: Path) -> subprocess.CompletedProcess:
-        cmd = [cxx, *COMMON_FLAGS, *extra_flags, *flags, "-c", str(CSRC / source), "-o", str(obj)]
-        return subprocess.run(cmd, capture_output=True, text=True)
-
     objects, built = [], []
     registry = out_dir / "isa_registry.o"
     for src, flags, obj, required in [(REGISTRY, (), registry, True)] + [
             (s.source, s.flags, out_dir / f"isa_{s.variant}.o", s.variant == "scalar") for s in sources]:
-        run = compile_one(src, flags, obj)
+        run = _compile(cxx, src, (*extra_flags, *flags), obj)
         if run.returncode != 0:
             if required:
                 raise KernelUnavailableError(f"compiling {src} failed:\n{run.stderr[-3000:]}")
@@ -132,6 +133,24 @@ def compile_isa_objects(out_dir: Path, sources: tuple[IsaSource, ...], cxx: str 
         if obj != registry:
             built.append(obj.stem[4:])
     return objects, built
+
+
+def compile_optional_objects(out_dir: Path, sources: tuple[IsaSource, ...]) -> list[Path]:
+    """Compile ``OPTIONAL_SOURCES``; one that fails is left out with a warning."""
+    objects = []
+    for s in sources:
+        obj = out_dir / f"{s.variant}.o"
+        run = _compile(compiler(), s.source, s.flags, obj)
+        if run.returncode != 0:
+            log.warning("%s does not compile here (left out): %s", s.source, run.stderr[-500:])
+            continue
+        objects.append(obj)
+    return objects
+
+
+def _compile(cxx: str, source: str, flags: tuple[str, ...], obj: Path) -> subprocess.CompletedProcess:
+    cmd = [cxx, *COMMON_FLAGS, *flags, "-c", str(CSRC / source), "-o", str(obj)]
+    return subprocess.run(cmd, capture_output=True, text=True)
 
 
 def build(library: Path) -> None:
@@ -162,6 +181,7 @@ def compile_library(library: str) -> None:
     work = Path(tempfile.mkdtemp(dir=target.parent, prefix="build-"))
     try:
         objects, built = compile_isa_objects(work / "isa", ISA_SOURCES[arch()])
+        objects += compile_optional_objects(work / "isa", OPTIONAL_SOURCES.get(arch(), ()))
         # -fopenmp: at::parallel_for runs on the OpenMP pool PyTorch already started (same libgomp soname).
         load(name=target.stem, sources=[str(CSRC / s) for s in BINDING_SOURCES], extra_cflags=["-O3", "-fopenmp"],
              extra_ldflags=[*map(str, objects), "-fopenmp"], build_directory=str(work), is_python_module=False,

@@ -9,6 +9,10 @@ single stream on an edge box.
 Grouped-query attention is computed without repeating K/V: the query heads of
 one KV group are folded into the query-length axis, so SDPA sees
 ``[kv_heads, group * q_len, head_dim]`` against ``[kv_heads, ctx, head_dim]``.
+Where edge-infer's bf16 attention runs (``native_attention``) it takes bf16
+queries, prompt chunks and single decode queries alike: a row computes the
+same bits in either, so a sequence recomputed after preemption, or a prompt
+reusing cached blocks, gets the tokens it would have got otherwise.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from edge_infer.models.layers import native_attention
 from edge_infer.models.layers.kv_cache import Int8KV
 
 
@@ -31,6 +36,7 @@ class SeqAttention:
     contiguous_from: int | None  # first block id when the blocks are consecutive
     mask: torch.Tensor | None  # bool [group * q_len, ctx] (True = attend), None when every key is visible
     window_start: int  # first key position visible to every query (sliding window); 0 otherwise
+    windowed: bool  # a sliding window may hide keys from some queries (the mask is more than causal)
 
 
 @dataclass
@@ -72,6 +78,7 @@ def build_seq_attention(
         contiguous_from=ids[0] if contiguous and ids else None,
         mask=mask,
         window_start=window_start,
+        windowed=sliding_window is not None,
     )
 
 
@@ -114,8 +121,14 @@ def paged_attention(
     n_kv = k_cache.shape[2]
     group = n_heads // n_kv
     out = torch.empty(n_tokens, n_heads, d, dtype=q.dtype)
+    native = native_attention.runs(q) and not isinstance(k_cache, Int8KV)
     for seq in meta.seqs:
         qs = q[seq.q_start : seq.q_start + seq.q_len]  # [q_len, heads, d]
+        if native and not seq.windowed:  # single queries too: a row's bits then never depend on its chunk
+            ks, vs = (_cached(cache, seq).transpose(0, 1) for cache in (k_cache, v_cache))  # [ctx, kv, d]
+            out[seq.q_start : seq.q_start + seq.q_len] = native_attention.segment_attention(
+                qs, ks, vs, [0, seq.q_len], [0, seq.ctx_len], True, scale)
+            continue
         # [q_len, kv, group, d] -> [kv, group * q_len, d]
         qg = qs.view(seq.q_len, n_kv, group, d).permute(1, 2, 0, 3).reshape(n_kv, group * seq.q_len, d)
         # 4-D inputs: PyTorch's fused (flash) CPU kernel takes only those; the math fallback

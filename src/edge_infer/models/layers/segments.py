@@ -12,12 +12,15 @@ min of 15 runs on a shared (loaded) machine, fp32 / bf16: batched by
 length 20 / 17 ms; one SDPA call per window 35 / 78 ms; one call over all
 1024 tokens with a block-diagonal boolean mask 490 / 690 ms (it computes
 and masks all T x T scores; SDPA's masked CPU path is slower still than
-unmasked full attention, 135 / 64 ms).
+unmasked full attention, 135 / 64 ms). Where edge-infer's bf16 attention
+runs (``native_attention``) every segment goes through it in one call.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from edge_infer.models.layers import native_attention
 
 
 class Segments:
@@ -25,6 +28,10 @@ class Segments:
 
     def __init__(self, lengths: list[int]) -> None:
         self.total = sum(lengths)
+        self.offsets = [0]  # segment boundaries, empty segments left out
+        for length in lengths:
+            if length:
+                self.offsets.append(self.offsets[-1] + length)
         starts, offset = [], 0
         for length in lengths:
             starts.append(offset)
@@ -45,6 +52,8 @@ class Segments:
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q, k, v ``[T, heads, head_dim]`` -> ``[T, heads, head_dim]``, scaled by head_dim ** -0.5."""
+        if native_attention.runs(q):
+            return native_attention.segment_attention(q, k, v, self.offsets, self.offsets, False, q.shape[-1] ** -0.5)
         if len(self.groups) == 1 and self.groups[0][0] * self.groups[0][1] == q.shape[0]:
             n, length, _ = self.groups[0]
             return _batched(q, k, v, n, length)
