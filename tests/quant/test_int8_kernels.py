@@ -77,6 +77,18 @@ def test_int8_kernels_are_within_the_int8_activation_bound(weights, group_size, 
         assert bool(((out.float() - ref).abs() <= int8_bound(xp, w, group_size) + rounding).all())
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_bias_added_in_the_kernel_gives_the_bits_of_a_separate_add(variant):
+    """A linear's bias goes in as each output tile is stored: the same bits as PyTorch adding it after (bf16:
+    to the rounded product), for partial tiles and past the 16-row blocks; a bias of another dtype is refused."""
+    for dtype in (torch.float32, torch.bfloat16):
+        kernel, _ = packed(torch.randn(200, 96) * 0.05, 32, 4, False, dtype, variant)
+        x, bias = torch.randn(17, 96).to(dtype), torch.randn(200).to(dtype)
+        assert torch.equal(kernel(x, bias), kernel(x) + bias), dtype
+    with pytest.raises(RuntimeError, match="bias must be 200 contiguous values of the activations' dtype"):
+        kernel(x, bias.float())
+
+
 @pytest.mark.parametrize("weights", sorted(WEIGHTS))
 def test_int8_kernel_sizes_and_rows_match_the_plan(weights):
     """Resident bytes are what the planner counts; a packed row reads back as the codes it was given."""

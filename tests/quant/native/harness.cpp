@@ -395,6 +395,19 @@ void run_vector_case(const std::vector<const IsaKernels*>& variants, Rng& rng) {
     variants[v]->round_bf16(to_round.data(), n, rounded.data());
     if (rounded != rounded_ref) fail(variants[v]->name, "round_bf16", 0, 0, 0);
   }
+  // round_add_bf16: the product rounded, then the bias added in fp32 and rounded (a NaN product stays NaN).
+  std::vector<uint16_t> bias(n), added_ref(n);
+  for (uint16_t& b : bias) b = to_bf16((rng.uniform() * 2.f - 1.f) * 4.f);
+  variants[0]->round_add_bf16(to_round.data(), bias.data(), n, added_ref.data());
+  for (int i = 0; i < n; ++i) {
+    const uint16_t want = i == 0 ? 0x7FC0 : to_bf16(from_bf16(rounded_ref[i]) + from_bf16(bias[i]));
+    if (added_ref[i] != want) fail(variants[0]->name, "round_add_bf16", i, added_ref[i], want);
+  }
+  for (size_t v = 1; v < variants.size(); ++v) {
+    std::vector<uint16_t> added(n);
+    variants[v]->round_add_bf16(to_round.data(), bias.data(), n, added.data());
+    if (added != added_ref) fail(variants[v]->name, "round_add_bf16", 0, 0, 0);
+  }
   run_softmax_case(variants, rng, 1 + rng.below(600));
   check_silu_mul<Bf16Rows>(variants, rng, 1 + rng.below(700));
   check_silu_mul<F32Rows>(variants, rng, 1 + rng.below(700));

@@ -73,6 +73,9 @@ struct IsaKernels {
   void (*silu_mul_f32)(const float* gate, const float* up, int64_t n, float* out);
   // Code2Wav's SnakeBeta over one channel's n samples: out = x + sin^2(alpha x) * inv_beta (out must not be x).
   void (*snake_f32)(const float* x, int64_t n, float alpha, float inv_beta, float* out);
+  // A product's row with its bias: x rounded to bf16, then bias added as PyTorch adds two bf16 tensors (in
+  // fp32, rounded): the bits of the separate add it replaces.
+  void (*round_add_bf16)(const float* x, const uint16_t* bias, int64_t n, uint16_t* out);
 };
 
 // The variant of this name built into this library, or nullptr (not this architecture, or its compiler

@@ -155,6 +155,12 @@ void round_bf16(const float* x, int64_t n, uint16_t* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(x[i]);
 }
 
+// Each rounding its own loop, as round_bf16's: the compiler vectorizes one select per loop.
+void round_add_bf16(const float* x, const uint16_t* bias, int64_t n, uint16_t* out) {
+  round_bf16(x, n, out);
+  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(bf16_to_float(out[i]) + bf16_to_float(bias[i]));
+}
+
 // e^x for -87 <= x <= 88: x = n ln 2 + r with |r| <= ln 2 / 2 (ln 2 in two float parts), e^r from its Taylor
 // series to r^7 (remainder under 5e-9 there; within 0.92 ulp of exp over [-87, 0]), times 2^n built in the
 // exponent bits (n + 127, 1..254, lands in the low mantissa bits of n + 2^23 + 127: no float-to-int
@@ -283,5 +289,5 @@ inline float w8a8_group(float acc, int32_t dot, float scale, float alpha) {
   namespace edge_infer {                                                                                   \
   extern const IsaKernels symbol = {isa_name, quantize_f32, quantize_bf16, w4a8_tile, w8a8_tile, w16_tile,  \
                                     dot_bf16, axpy_bf16,     round_bf16,    dot_f32,   axpy_f32,           \
-                                    softmax_f32, silu_mul_bf16, silu_mul_f32, snake_f32};                     \
+                                    softmax_f32, silu_mul_bf16, silu_mul_f32, snake_f32, round_add_bf16};     \
   }

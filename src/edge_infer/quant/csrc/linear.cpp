@@ -58,10 +58,16 @@ void quantize(const IsaKernels& isa, const at::BFloat16* x, int64_t k, int64_t g
   isa.quantize_bf16(reinterpret_cast<const uint16_t*>(x), k, group, q, alpha, sum);
 }
 
-void store(const IsaKernels&, const float* x, int64_t n, float* out) { std::copy(x, x + n, out); }
+// One output row of a tile, plus its bias (when not null) as PyTorch would add it after: the bits of the
+// separate add, without its pass over the output.
+void store(const IsaKernels&, const float* x, const float* bias, int64_t n, float* out) {
+  if (bias == nullptr) return (void)std::copy(x, x + n, out);
+  for (int64_t j = 0; j < n; ++j) out[j] = x[j] + bias[j];
+}
 
-void store(const IsaKernels& isa, const float* x, int64_t n, at::BFloat16* out) {
-  isa.round_bf16(x, n, reinterpret_cast<uint16_t*>(out));
+void store(const IsaKernels& isa, const float* x, const at::BFloat16* bias, int64_t n, at::BFloat16* out) {
+  if (bias == nullptr) return isa.round_bf16(x, n, reinterpret_cast<uint16_t*>(out));
+  isa.round_add_bf16(x, reinterpret_cast<const uint16_t*>(bias), n, reinterpret_cast<uint16_t*>(out));
 }
 
 }  // namespace
@@ -83,7 +89,7 @@ void for_each_tile(int64_t tiles, const std::function<void(int64_t begin, int64_
 }
 
 template <typename T>
-void int8_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64_t m, T* out) {
+void int8_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64_t m, T* out, const T* bias) {
   const int64_t k = w.k, groups = k / w.group, tiles = (w.n + kTileRows - 1) / kTileRows;
   // Scratch from PyTorch's allocator, not the C++ heap: a thinker's worker reuses its blocks (block_cache.cpp).
   const at::Tensor q_rows = at::empty({m * k}, at::kChar), alpha_rows = at::empty({m * groups}, at::kFloat),
@@ -108,30 +114,37 @@ void int8_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64
           isa.w4a8_tile(codes, scales, a, block, scratch);
         else
           isa.w8a8_tile(reinterpret_cast<const int8_t*>(codes), scales, a, block, scratch);
-        for (int64_t i = 0; i < block; ++i) store(isa, scratch + i * kTileRows, rows, out + (i0 + i) * w.n + t * kTileRows);
+        for (int64_t i = 0; i < block; ++i)
+          store(isa, scratch + i * kTileRows, bias == nullptr ? nullptr : bias + t * kTileRows, rows,
+                out + (i0 + i) * w.n + t * kTileRows);
       }
     }
   });
 }
 
-template void int8_matmul<float>(const IsaKernels&, const PackedWeight&, const float*, int64_t, float*);
+template void int8_matmul<float>(const IsaKernels&, const PackedWeight&, const float*, int64_t, float*, const float*);
 template void int8_matmul<at::BFloat16>(const IsaKernels&, const PackedWeight&, const at::BFloat16*, int64_t,
-                                        at::BFloat16*);
+                                        at::BFloat16*, const at::BFloat16*);
 
 namespace {
 
-// x [M, Kp] (bf16 or fp32) -> [M, out_features] in x's dtype.
+// x [M, Kp] (bf16 or fp32) -> [M, out_features] in x's dtype, plus ``bias`` [out_features] of that dtype if given.
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, int64_t bits,
-                       int64_t group, int64_t out_features, const std::string& isa) {
+                       int64_t group, int64_t out_features, const std::string& isa, const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "int8_linear: x must be a contiguous [M, K] tensor");
   const PackedWeight w = check_packed("int8_linear", bits, codes, scales, x.size(1), group, out_features);
+  TORCH_CHECK(!bias.has_value() || (bias->is_contiguous() && bias->numel() == out_features &&
+                                    bias->scalar_type() == x.scalar_type()),
+              "int8_linear: the bias must be ", out_features, " contiguous values of the activations' dtype");
   const IsaKernels& kernels = isa_named(isa);
   at::Tensor y = at::empty({x.size(0), out_features}, x.options());
   if (x.scalar_type() == at::kBFloat16) {
-    int8_matmul(kernels, w, x.data_ptr<at::BFloat16>(), x.size(0), y.data_ptr<at::BFloat16>());
+    int8_matmul(kernels, w, x.data_ptr<at::BFloat16>(), x.size(0), y.data_ptr<at::BFloat16>(),
+                bias.has_value() ? bias->data_ptr<at::BFloat16>() : nullptr);
   } else {
     TORCH_CHECK(x.scalar_type() == at::kFloat, "int8_linear: activations must be bf16 or fp32, got ", x.scalar_type());
-    int8_matmul(kernels, w, x.data_ptr<float>(), x.size(0), y.data_ptr<float>());
+    int8_matmul(kernels, w, x.data_ptr<float>(), x.size(0), y.data_ptr<float>(),
+                bias.has_value() ? bias->data_ptr<float>() : nullptr);
   }
   return y;
 }
@@ -179,7 +192,8 @@ std::vector<std::string> isa_variants() {
 }  // namespace edge_infer
 
 TORCH_LIBRARY_FRAGMENT(edge_infer, lib) {
-  lib.def("int8_linear(Tensor x, Tensor codes, Tensor scales, int bits, int group, int out_features, str isa) -> Tensor");
+  lib.def("int8_linear(Tensor x, Tensor codes, Tensor scales, int bits, int group, int out_features, str isa, "
+          "Tensor? bias=None) -> Tensor");
   lib.def("w16_linear(Tensor x, Tensor w, int out_features, str isa) -> Tensor");
   lib.def("isa_variants() -> str[]", &edge_infer::isa_variants);  // no tensor to dispatch on: one kernel for all
 }

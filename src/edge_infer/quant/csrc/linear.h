@@ -36,8 +36,8 @@ PackedWeight check_packed(const char* what, int64_t bits, const at::Tensor& code
 constexpr int64_t kShareDivisor = 2;
 void for_each_tile(int64_t tiles, const std::function<void(int64_t begin, int64_t end)>& run);
 
-// out[m, n] = x[m, k] W^T; T is float or at::BFloat16.
+// out[m, n] = x[m, k] W^T (+ bias[n], added as PyTorch adds it, when not null); T is float or at::BFloat16.
 template <typename T>
-void int8_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64_t m, T* out);
+void int8_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64_t m, T* out, const T* bias = nullptr);
 
 }  // namespace edge_infer
