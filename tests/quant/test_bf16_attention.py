@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from edge_infer.hardware.cpu import detect
 from edge_infer.hardware.kernels import BF16_ATTENTION
-from edge_infer.models.layers import native_attention
+from edge_infer.models.layers import native_ops
 from edge_infer.quant.native import bf16_attention_available
 
 pytestmark = pytest.mark.skipif(not bf16_attention_available(),
@@ -20,7 +20,7 @@ BF16 = torch.bfloat16
 
 def attend(q, k, v, q_offsets, k_offsets, causal=False, scale=None):
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return native_attention.segment_attention(q, k, v, q_offsets, k_offsets, causal, scale)
+    return native_ops.segment_attention(q, k, v, q_offsets, k_offsets, causal, scale)
 
 
 def reference(q, k, v, q_offsets, k_offsets, causal=False, dtype=torch.float32):
@@ -119,15 +119,15 @@ def test_the_encoders_and_paged_attention_take_it_only_when_enabled(monkeypatch)
     from edge_infer.models.layers.segments import Segments
 
     calls = []
-    real = native_attention.segment_attention
-    monkeypatch.setattr(native_attention, "segment_attention", lambda *a: calls.append(a) or real(*a))
+    real = native_ops.segment_attention
+    monkeypatch.setattr(native_ops, "segment_attention", lambda *a: calls.append(a) or real(*a))
     q, k, v = random(20, 4, 32, seed=14), random(20, 4, 32, seed=15), random(20, 4, 32, seed=16)
     segments = Segments([8, 0, 12])
     cache_k, cache_v = k.view(5, 4, 4, 32), v.view(5, 4, 4, 32)  # 5 blocks of 4 tokens
     meta = AttentionMetadata(torch.arange(20), [build_seq_attention(0, 20, 20, list(range(5)), 4, 1, None)])
     results = {}
     for on in (False, True):
-        monkeypatch.setattr(native_attention, "_enabled", on)
+        monkeypatch.setattr(native_ops, "_attention", on)
         results[on] = (segments.attend(q, k, v), paged_attention(q, cache_k, cache_v, meta, 32 ** -0.5).view(20, 4, 32))
         assert len(calls) == (2 if on else 0)
         segments.attend(q.float(), k.float(), v.float())

@@ -45,7 +45,7 @@ from edge_infer.models.multimodal import MultimodalLM
 from edge_infer.models.checkpoint import check_checkpoint
 from edge_infer.models.encoder_weights import is_tower_target
 from edge_infer.models.loader import TORCH_DTYPES, LinearInstaller, install_dense, load_weights
-from edge_infer.quant.native import enable_bf16_attention
+from edge_infer.quant.native import enable_native_ops
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def load_model(config: EngineConfig, progress: Callable[[int, int], None] | None
         from edge_infer.quant.fused_decode import offer
 
         offer(model, config.quant)
-    enable_bf16_attention(TORCH_DTYPES[config.dtype])
+    enable_native_ops(TORCH_DTYPES[config.dtype])
     return model
 
 

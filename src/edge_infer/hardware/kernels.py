@@ -103,7 +103,7 @@ KERNELS = {
                          "kernel (W16A32)", variants=NATIVE_VARIANTS),
 }
 # Not a weight kernel: attention over bf16 activations (quant/csrc/attention.cpp), taken by prompt chunks and
-# the media encoders where it runs (models/layers/native_attention.py), PyTorch's SDPA elsewhere.
+# the media encoders where it runs (models/layers/native_ops.py), PyTorch's SDPA elsewhere.
 BF16_ATTENTION = Kernel("bf16-attention", "bf16 attention on vdpbf16ps (prompt chunks, media encoders)",
                         {"x86_64": ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")})
 QUANT_KERNELS = {"cpu_int4": "cpu-int4", "cpu_w4a8": "cpu-w4a8", "cpu_w8a8": "cpu-w8a8"}

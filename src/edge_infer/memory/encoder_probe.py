@@ -129,13 +129,13 @@ def main(argv: list[str] | None = None) -> None:
 
     from edge_infer.models.layers.linear import onednn_bf16_available
     from edge_infer.models.loader import install_dense
-    from edge_infer.quant.native import enable_bf16_attention
+    from edge_infer.quant.native import enable_native_ops
 
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     dtype = getattr(torch, args.dtype)
     # The engine's dense choice: oneDNN's packed bf16 linears where they run (engine.core.weight_backend).
     backend = "onednn" if dtype == torch.bfloat16 and onednn_bf16_available() else "dense"
-    enable_bf16_attention(dtype)  # the engine's attention (engine.core.load_model)
+    enable_native_ops(dtype)  # the engine's attention (engine.core.load_model)
     if args.checkpoint is not None:
         from edge_infer.models.encoders import load_encoders
 

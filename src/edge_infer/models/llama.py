@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edge_infer.models.layers.attention import AttentionMetadata, paged_attention, write_kv
+from edge_infer.models.layers.native_ops import swiglu
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.layers.linear import DenseKernel, Linear
 from edge_infer.models.layers.rope import RotaryTable, apply_rotary
@@ -74,8 +75,7 @@ class DecoderLayer(nn.Module):
         attn = paged_attention(q, k_cache, v_cache, meta, self.scale)
         x = x + self.o_proj(attn)
         h = rms_norm(x, self.post_attention_norm, cfg.rms_norm_eps)
-        gate, up = self.gate_up(h).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        return x + self.down(swiglu(self.gate_up(h)))
 
 
 class DecoderLM(nn.Module):

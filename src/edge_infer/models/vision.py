@@ -28,6 +28,7 @@ from torch import nn
 from edge_infer.models.encoder_config import VISION_NORM_EPS, VisionConfig
 from edge_infer.models.encoder_weights import vision_weight_specs
 from edge_infer.models.layers.linear import Linear
+from edge_infer.models.layers.native_ops import swiglu
 from edge_infer.models.layers.rope import apply_rotary, inverse_frequencies
 from edge_infer.models.layers.segments import Segments
 from edge_infer.models.llama import rms_norm
@@ -114,8 +115,8 @@ class VisionBlock(nn.Module):
         # ones: a 448x448 image allocates a quarter fewer bytes per block, each of them a page fault
         # under the encoders' pinned allocator (memory.measure.pin_mmap_threshold).
         x = self.proj(attn.reshape(n, heads * d)).add_(x)
-        gate, up = self.gate_up(rms_norm(x, self.norm2, VISION_NORM_EPS)).chunk(2, dim=-1)
-        return self.down(F.silu(gate, inplace=True) * up).add_(x)  # SwiGLU: the only activation VisionConfig accepts
+        # SwiGLU: the only activation VisionConfig accepts
+        return self.down(swiglu(self.gate_up(rms_norm(x, self.norm2, VISION_NORM_EPS)))).add_(x)
 
 
 class VisionEncoder(nn.Module):

@@ -69,16 +69,14 @@ def bf16_attention_available() -> bool:
     return bool(torch.ops.edge_infer.segment_attention_built())
 
 
-def enable_bf16_attention(dtype: torch.dtype) -> bool:
-    """Before a model runs: bf16 attention in this process on edge-infer's kernel
-    (models/layers/native_attention.py) when ``dtype`` is bf16 and the kernel runs here; whether it does.
-    Never turns it off: the kernel takes only bf16 queries, so another model's fp32 leaves it as it was."""
-    from edge_infer.models.layers import native_attention
+def enable_native_ops(dtype: torch.dtype) -> None:
+    """Before a model of ``dtype`` runs: its bf16 attention and SwiGLU on edge-infer's kernels
+    (models/layers/native_ops.py) in this process, where they run here. Never turns them off: they take only
+    bf16 rows, so another model's fp32 leaves them as they were."""
+    from edge_infer.models.layers import native_ops
 
-    on = dtype == torch.bfloat16 and bf16_attention_available()
-    if on:
-        native_attention.enable(True)
-    return on
+    if dtype == torch.bfloat16:
+        native_ops.enable(bf16_attention_available(), vector_variant())
 
 
 def cache_large_blocks(min_bytes: int, budget: int) -> bool:

@@ -108,7 +108,7 @@ class MediaEncoderExecutor(StageExecutor):
         from edge_infer.models.encoders import load_encoders
         from edge_infer.models.loader import TORCH_DTYPES
         from edge_infer.models.multimodal import encode_item, tower_encoders
-        from edge_infer.quant.native import enable_bf16_attention
+        from edge_infer.quant.native import enable_native_ops
 
         opts: MediaEncoderOptions = self.options(stage)
         self.frontend = Frontend.from_plan(_plan(stage))
@@ -116,7 +116,7 @@ class MediaEncoderExecutor(StageExecutor):
         config, cfg = self.frontend.engine_config, self.frontend.plan.model_config
         configure_threads(opts.num_threads)
         dtype = TORCH_DTYPES[config.dtype]
-        enable_bf16_attention(dtype)
+        enable_native_ops(dtype)
         encoders = tower_encoders(*load_encoders(config.model, dtype, tower_installer(config), release=malloc_trim))
         self.encode: Callable[[str, Any], Any] = lambda kind, features: encode_item(
             encoders, kind, features, cfg.hidden_size, dtype, cfg.architecture)

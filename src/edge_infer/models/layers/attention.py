@@ -9,7 +9,7 @@ single stream on an edge box.
 Grouped-query attention is computed without repeating K/V: the query heads of
 one KV group are folded into the query-length axis, so SDPA sees
 ``[kv_heads, group * q_len, head_dim]`` against ``[kv_heads, ctx, head_dim]``.
-Where edge-infer's bf16 attention runs (``native_attention``) it takes bf16
+Where edge-infer's bf16 attention runs (``native_ops``) it takes bf16
 queries, prompt chunks and single decode queries alike: a row computes the
 same bits in either, so a sequence recomputed after preemption, or a prompt
 reusing cached blocks, gets the tokens it would have got otherwise.
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from edge_infer.models.layers import native_attention
+from edge_infer.models.layers import native_ops
 from edge_infer.models.layers.kv_cache import Int8KV
 
 
@@ -121,12 +121,12 @@ def paged_attention(
     n_kv = k_cache.shape[2]
     group = n_heads // n_kv
     out = torch.empty(n_tokens, n_heads, d, dtype=q.dtype)
-    native = native_attention.runs(q) and not isinstance(k_cache, Int8KV)
+    native = native_ops.attention_runs(q) and not isinstance(k_cache, Int8KV)
     for seq in meta.seqs:
         qs = q[seq.q_start : seq.q_start + seq.q_len]  # [q_len, heads, d]
         if native and not seq.windowed:  # single queries too: a row's bits then never depend on its chunk
             ks, vs = (_cached(cache, seq).transpose(0, 1) for cache in (k_cache, v_cache))  # [ctx, kv, d]
-            out[seq.q_start : seq.q_start + seq.q_len] = native_attention.segment_attention(
+            out[seq.q_start : seq.q_start + seq.q_len] = native_ops.segment_attention(
                 qs, ks, vs, [0, seq.q_len], [0, seq.ctx_len], True, scale)
             continue
         # [q_len, kv, group, d] -> [kv, group * q_len, d]

@@ -13,14 +13,14 @@ length 20 / 17 ms; one SDPA call per window 35 / 78 ms; one call over all
 1024 tokens with a block-diagonal boolean mask 490 / 690 ms (it computes
 and masks all T x T scores; SDPA's masked CPU path is slower still than
 unmasked full attention, 135 / 64 ms). Where edge-infer's bf16 attention
-runs (``native_attention``) every segment goes through it in one call.
+runs (``native_ops``) every segment goes through it in one call.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from edge_infer.models.layers import native_attention
+from edge_infer.models.layers import native_ops
 
 
 class Segments:
@@ -52,8 +52,8 @@ class Segments:
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q, k, v ``[T, heads, head_dim]`` -> ``[T, heads, head_dim]``, scaled by head_dim ** -0.5."""
-        if native_attention.runs(q):
-            return native_attention.segment_attention(q, k, v, self.offsets, self.offsets, False, q.shape[-1] ** -0.5)
+        if native_ops.attention_runs(q):
+            return native_ops.segment_attention(q, k, v, self.offsets, self.offsets, False, q.shape[-1] ** -0.5)
         if len(self.groups) == 1 and self.groups[0][0] * self.groups[0][1] == q.shape[0]:
             n, length, _ = self.groups[0]
             return _batched(q, k, v, n, length)

@@ -1,0 +1,51 @@
+"""Operators on edge-infer's native kernels (quant/csrc), once whoever loads a model enables them.
+
+- Attention (``attention_runs``, ``segment_attention``; csrc/attention.cpp): block-diagonal
+  attention (the media encoders' windows, frames and chunks) and a sequence's causal attention
+  against its cached keys, for bf16 activations with a head_dim that is a multiple of 16, on a
+  CPU with AVX512-BF16 (``hardware.kernels.BF16_ATTENTION``, masks included). SDPA's bf16
+  products run MKL's AVX2 fp32 code on non-Intel CPUs (~100 G multiply-adds/s on 2 Zen 5
+  cores); the kernel's run natively, and a causal row skips the keys it cannot see: one
+  448x448 image's ViT and prompt attention 2.6-8x faster there (docs/multimodal.md).
+- SwiGLU's activation (``swiglu``; csrc/swiglu.cpp on the int8 kernels' ISA variant, any CPU they
+  run on): silu(gate) * up for bf16 rows in one pass, where PyTorch makes two over strided halves
+  and allocates twice; the same function as the fused decode layer's.
+
+PyTorch's operators take everything else. The models cannot load the native library themselves
+(it lives in a layer above them): the engine, an encoder stage and the encoder memory probe call
+``quant.native.enable_native_ops(dtype)`` before they run one, for the whole process.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+_attention = False
+_variant: str | None = None  # the ISA variant SwiGLU runs on, None: PyTorch's operators
+
+
+def enable(attention: bool, variant: str | None) -> None:
+    """Route what the attention kernel takes through it (``attention``), and bf16 SwiGLU through ``variant``."""
+    global _attention, _variant
+    _attention, _variant = attention, variant
+
+
+def attention_runs(q: torch.Tensor) -> bool:
+    """Whether the attention kernel takes queries ``q [tokens, heads, head_dim]``."""
+    return _attention and q.dtype == torch.bfloat16 and q.shape[-1] % 16 == 0
+
+
+def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: list[int], k_offsets: list[int],
+                      causal: bool, scale: float) -> torch.Tensor:
+    """q ``[Tq, heads, d]``, k and v ``[Tk, kv_heads, d]`` -> ``[Tq, heads, d]``: segment s's queries (rows
+    ``q_offsets[s] .. q_offsets[s+1]``) attend to its keys (rows ``k_offsets[s] .. k_offsets[s+1]``); causal:
+    query i of a segment sees its first ``k_len - q_len + i + 1`` keys."""
+    return torch.ops.edge_infer.segment_attention(q, k, v, q_offsets, k_offsets, causal, scale)
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """``[..., 2 * i]`` (gate, then up) -> silu(gate) * up ``[..., i]``, silu rounded to the rows' dtype first."""
+    if _variant is not None and gate_up.dtype == torch.bfloat16:
+        return torch.ops.edge_infer.swiglu(gate_up.contiguous(), _variant)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up

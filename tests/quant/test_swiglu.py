@@ -1,0 +1,53 @@
+"""SwiGLU's activation on edge-infer's kernels (csrc/swiglu.cpp) against PyTorch's silu and product."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from edge_infer.models.layers import native_ops
+from edge_infer.quant.native import vector_variant
+
+VARIANT = vector_variant()
+pytestmark = pytest.mark.skipif(VARIANT is None, reason="edge-infer's int8 kernels do not run here")
+
+
+def pytorch(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+@pytest.mark.parametrize("shape", [(1, 2 * 4864), (37, 2 * 3420), (2, 3, 2 * 11)])
+def test_equals_pytorchs_silu_and_product_within_a_bf16_step(shape):
+    gate_up = (torch.randn(*shape, generator=torch.Generator().manual_seed(0)) * 4).to(torch.bfloat16)
+    gate_up[..., 0] = 100  # silu is the gate itself
+    gate_up[..., 1] = -100  # silu under 1e-36 (PyTorch's: -0)
+    ours = torch.ops.edge_infer.swiglu(gate_up, VARIANT)
+    want = pytorch(gate_up)
+    assert ours.shape == want.shape and ours.dtype == torch.bfloat16
+    step = want.float().abs() * 2**-7 + 1e-30  # one bf16 rounding of each of the two
+    assert bool(((ours.float() - want.float()).abs() <= step).all())
+    assert (ours[..., 2:] != want[..., 2:]).float().mean() < 0.01  # and almost always the same bits
+
+
+def test_a_nan_reaches_only_its_own_output():
+    gate_up = torch.ones(2, 8, dtype=torch.bfloat16)
+    gate_up[0, 1] = float("nan")
+    out = torch.ops.edge_infer.swiglu(gate_up, VARIANT)
+    assert out[0, 1].isnan() and torch.isfinite(out[0, [0, 2, 3]]).all() and torch.isfinite(out[1]).all()
+
+
+def test_it_refuses_what_it_cannot_take():
+    with pytest.raises(RuntimeError, match="contiguous bf16"):
+        torch.ops.edge_infer.swiglu(torch.ones(2, 8), VARIANT)
+    with pytest.raises(RuntimeError, match="contiguous bf16"):
+        torch.ops.edge_infer.swiglu(torch.ones(2, 7, dtype=torch.bfloat16), VARIANT)
+
+
+def test_the_models_take_it_for_bf16_once_enabled(monkeypatch):
+    gate_up = torch.randn(3, 64).to(torch.bfloat16)
+    monkeypatch.setattr(native_ops, "_variant", None)
+    assert torch.equal(native_ops.swiglu(gate_up), pytorch(gate_up))
+    monkeypatch.setattr(native_ops, "_variant", VARIANT)
+    assert torch.equal(native_ops.swiglu(gate_up), torch.ops.edge_infer.swiglu(gate_up, VARIANT))
+    assert torch.equal(native_ops.swiglu(gate_up.float()), pytorch(gate_up.float()))  # fp32 stays PyTorch's
