@@ -89,6 +89,18 @@ def test_the_bias_added_in_the_kernel_gives_the_bits_of_a_separate_add(variant):
         kernel(x, bias.float())
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_an_input_short_of_whole_groups_is_taken_as_zero_padded(variant):
+    """in_features not a multiple of the group (the 3B ViT's 3,420): the kernel quantizes the last group from a
+    zero-padded copy, the bits of the input padded beforehand, without the copy of every row."""
+    for dtype in (torch.float32, torch.bfloat16):
+        kernel, _ = packed(torch.randn(70, 100) * 0.05, 32, 4, False, dtype, variant)
+        x = torch.randn(19, 100).to(dtype)
+        padded = torch.ops.edge_infer.int8_linear(torch.nn.functional.pad(x, (0, 28)), kernel.packed, kernel.scales, 4, 32,
+                                                  70, kernel.variant)
+        assert torch.equal(kernel(x), padded), dtype
+
+
 @pytest.mark.parametrize("weights", sorted(WEIGHTS))
 def test_int8_kernel_sizes_and_rows_match_the_plan(weights):
     """Resident bytes are what the planner counts; a packed row reads back as the codes it was given."""

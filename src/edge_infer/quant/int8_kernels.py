@@ -77,10 +77,11 @@ class Int8ActivationKernel(PackedWeights):
         return self(x)
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """The bias is added as each output tile is stored (the bits of a separate add, without its pass)."""
+        """The bias is added as each output tile is stored (the bits of a separate add, without its pass); the
+        input is not padded to whole groups (the kernel takes the missing columns as zeros)."""
         lead = x.shape[:-1]
-        y = torch.ops.edge_infer.int8_linear(self.padded_input(x), self.packed, self.scales, self.bits, self.group_size,
-                                             self.out_features, self.variant, bias)
+        y = torch.ops.edge_infer.int8_linear(x.reshape(-1, self.in_features).contiguous(), self.packed, self.scales,
+                                             self.bits, self.group_size, self.out_features, self.variant, bias)
         return y.view(*lead, self.out_features)
 
     def quantized_rows(self, ids: torch.Tensor) -> QuantizedRows:

@@ -58,6 +58,20 @@ void quantize(const IsaKernels& isa, const at::BFloat16* x, int64_t k, int64_t g
   isa.quantize_bf16(reinterpret_cast<const uint16_t*>(x), k, group, q, alpha, sum);
 }
 
+// A row of ``cols`` values quantized as k (a whole number of groups; cols > k - group): the columns past
+// ``cols`` as zeros, from a copy of the last group, so the caller need not pad the input.
+constexpr int64_t kMaxGroup = 1024;
+template <typename T>
+void quantize_row(const IsaKernels& isa, const T* x, int64_t cols, int64_t k, int64_t group, int8_t* q, float* alpha,
+                  int32_t* sum) {
+  const int64_t whole = cols / group * group;
+  if (whole > 0) quantize(isa, x, whole, group, q, alpha, sum);
+  if (whole == k) return;
+  T last[kMaxGroup];
+  std::fill(std::copy(x + whole, x + cols, last), last + group, T(0));
+  quantize(isa, last, group, group, q + whole, alpha + whole / group, sum + whole / group);
+}
+
 // One output row of a tile, plus its bias (when not null) as PyTorch would add it after: the bits of the
 // separate add, without its pass over the output.
 void store(const IsaKernels&, const float* x, const float* bias, int64_t n, float* out) {
@@ -89,7 +103,8 @@ void for_each_tile(int64_t tiles, const std::function<void(int64_t begin, int64_
 }
 
 template <typename T>
-void int8_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64_t m, T* out, const T* bias) {
+void int8_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64_t m, T* out, const T* bias,
+                 int64_t x_cols) {
   const int64_t k = w.k, groups = k / w.group, tiles = (w.n + kTileRows - 1) / kTileRows;
   // Scratch from PyTorch's allocator, not the C++ heap: a thinker's worker reuses its blocks (block_cache.cpp).
   const at::Tensor q_rows = at::empty({m * k}, at::kChar), alpha_rows = at::empty({m * groups}, at::kFloat),
@@ -97,7 +112,9 @@ void int8_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64
   int8_t* q = q_rows.data_ptr<int8_t>();
   float* alpha = alpha_rows.data_ptr<float>();
   int32_t* sum = sum_rows.data_ptr<int32_t>();
-  for (int64_t i = 0; i < m; ++i) quantize(isa, x + i * k, k, w.group, q + i * k, alpha + i * groups, sum + i * groups);
+  const int64_t cols = x_cols > 0 ? x_cols : k;
+  for (int64_t i = 0; i < m; ++i)
+    quantize_row(isa, x + i * cols, cols, k, w.group, q + i * k, alpha + i * groups, sum + i * groups);
   const int64_t tile_codes = kTileRows * k / (w.bits == 4 ? 2 : 1);  // bytes of one tile's codes
   const int64_t tile_scales = groups * (w.bits == 4 ? 2 : 1) * kTileRows;
   // Each thread takes whole row tiles and runs every activation row through a tile while it is in cache.
@@ -122,17 +139,22 @@ void int8_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64
   });
 }
 
-template void int8_matmul<float>(const IsaKernels&, const PackedWeight&, const float*, int64_t, float*, const float*);
+template void int8_matmul<float>(const IsaKernels&, const PackedWeight&, const float*, int64_t, float*, const float*,
+                                 int64_t);
 template void int8_matmul<at::BFloat16>(const IsaKernels&, const PackedWeight&, const at::BFloat16*, int64_t,
-                                        at::BFloat16*, const at::BFloat16*);
+                                        at::BFloat16*, const at::BFloat16*, int64_t);
 
 namespace {
 
-// x [M, Kp] (bf16 or fp32) -> [M, out_features] in x's dtype, plus ``bias`` [out_features] of that dtype if given.
+// x [M, K] (bf16 or fp32; K up to the packed Kp, which pads it to whole groups) -> [M, out_features] in x's
+// dtype, plus ``bias`` [out_features] of that dtype if given.
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, int64_t bits,
                        int64_t group, int64_t out_features, const std::string& isa, const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "int8_linear: x must be a contiguous [M, K] tensor");
-  const PackedWeight w = check_packed("int8_linear", bits, codes, scales, x.size(1), group, out_features);
+  const int64_t cols = x.size(1), packed_cols = codes.dim() == 4 ? codes.size(1) * (bits == 4 ? 8 : 4) : cols;
+  // Inputs narrower than the packing by less than a group take zeros for the rest (int8_matmul).
+  const int64_t k = cols < packed_cols && cols > packed_cols - group && group <= kMaxGroup ? packed_cols : cols;
+  const PackedWeight w = check_packed("int8_linear", bits, codes, scales, k, group, out_features);
   TORCH_CHECK(!bias.has_value() || (bias->is_contiguous() && bias->numel() == out_features &&
                                     bias->scalar_type() == x.scalar_type()),
               "int8_linear: the bias must be ", out_features, " contiguous values of the activations' dtype");
@@ -140,11 +162,11 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   at::Tensor y = at::empty({x.size(0), out_features}, x.options());
   if (x.scalar_type() == at::kBFloat16) {
     int8_matmul(kernels, w, x.data_ptr<at::BFloat16>(), x.size(0), y.data_ptr<at::BFloat16>(),
-                bias.has_value() ? bias->data_ptr<at::BFloat16>() : nullptr);
+                bias.has_value() ? bias->data_ptr<at::BFloat16>() : nullptr, cols);
   } else {
     TORCH_CHECK(x.scalar_type() == at::kFloat, "int8_linear: activations must be bf16 or fp32, got ", x.scalar_type());
     int8_matmul(kernels, w, x.data_ptr<float>(), x.size(0), y.data_ptr<float>(),
-                bias.has_value() ? bias->data_ptr<float>() : nullptr);
+                bias.has_value() ? bias->data_ptr<float>() : nullptr, cols);
   }
   return y;
 }

@@ -37,7 +37,9 @@ constexpr int64_t kShareDivisor = 2;
 void for_each_tile(int64_t tiles, const std::function<void(int64_t begin, int64_t end)>& run);
 
 // out[m, n] = x[m, k] W^T (+ bias[n], added as PyTorch adds it, when not null); T is float or at::BFloat16.
+// x's rows hold ``x_cols`` values (0: w.k; otherwise more than w.k - w.group), the rest taken as zeros.
 template <typename T>
-void int8_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64_t m, T* out, const T* bias = nullptr);
+void int8_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64_t m, T* out, const T* bias = nullptr,
+                 int64_t x_cols = 0);
 
 }  // namespace edge_infer
