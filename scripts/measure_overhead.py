@@ -237,7 +237,8 @@ def encoder_calibration(dtype: str) -> dict[str, float]:
                 measured = []
                 for side, frames in ENCODER_SIZES[shape]:
                     if tower == "vision":
-                        args, tensors = ["--image-grid", "1", str(side), str(side)], sizing.vision_tensor_bytes(cfg, side * side, d)
+                        args, tensors = ["--image-grid", "1", str(side), str(side)], sizing.vision_tensor_bytes(
+                            cfg, side * side, d, sizing.native_elementwise(d))
                     else:
                         args, tensors = ["--audio-frames", str(frames)], sizing.audio_tensor_bytes(cfg, frames, d)
                     measured.append((tensors, _encoder_peak(path, dtype, args)))

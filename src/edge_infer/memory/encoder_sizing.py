@@ -50,13 +50,23 @@ def tower_load_transient_bytes(cfg: VisionConfig | AudioConfig, dtype_bytes: int
     return repack_transient_bytes(specs, quant, False, src_bytes)
 
 
-def vision_tensor_bytes(cfg: VisionConfig, patches: int, d: int) -> int:
+def native_elementwise(dtype_bytes: int) -> bool:
+    """Whether the encoders' elementwise steps run on edge-infer's native kernels here (``quant.native.
+    enable_native_ops``: bf16 activations, a CPU the int8 kernels' variants run on, the library buildable)."""
+    from edge_infer.hardware.cpu import detect
+    from edge_infer.hardware.kernels import KERNELS
+    from edge_infer.quant.native_build import missing_toolchain
+
+    return dtype_bytes == 2 and KERNELS["cpu-w4a8"].missing(detect()) is None and missing_toolchain() is None
+
+
+def vision_tensor_bytes(cfg: VisionConfig, patches: int, d: int, native: bool = False) -> int:
     """The bytes of the tensors one ViT call over ``patches`` patches holds at once, by shape.
 
     Per patch, in the largest of its phases (``x`` the residual a block starts from, held by the caller):
     the patch embedding (a ``d``-byte copy of the fp32 pixels, then ``x`` in window order); a block's
-    rotary step (``x``, the fused qkv, and q/k rotated in fp32: the float copy, rotated in place, and the
-    roll); its attention (q/k/v gathered where windows differ in size, the output); its MLP (``x``, qkv,
+    rotary step (``x``, the fused qkv, and q/k rotated: by the ``native`` kernel into a new tensor of the
+    activations' dtype, or by PyTorch in fp32, the float copy rotated in place and the roll); its attention (q/k/v gathered where windows differ in size, the output); its MLP (``x``, qkv,
     the rotated q/k and the attention output are still referenced, the residual after attention, gate/up
     with the activation applied in place, and the product); the merger. Throughout: the fp32 cos/sin and
     the int64 2-D positions of every patch.
@@ -66,7 +76,7 @@ def vision_tensor_bytes(cfg: VisionConfig, patches: int, d: int) -> int:
     pixels_copy = cfg.patch_dim * d if d != FP32 else 0
     embed = max(pixels_copy + h * d, 2 * h * d)
     norm = 2 * h * d + 2 * h * FP32
-    rotary = 4 * h * d + 2 * 2 * h * FP32
+    rotary = 6 * h * d if native else 4 * h * d + 2 * 2 * h * FP32
     attention = 11 * h * d
     mlp = 8 * h * d + 3 * i * d
     merger = max(2 * h * d + 2 * h * FP32, 3 * h * d, 2 * h * d + o * d // m2)
@@ -96,16 +106,16 @@ def audio_tensor_bytes(cfg: AudioConfig, frames: int, d: int) -> int:
     return max(front, layers)
 
 
-def encoder_activation_bytes(cfg: VisionConfig | AudioConfig, size: int, dtype_bytes: int) -> int:
+def encoder_activation_bytes(cfg: VisionConfig | AudioConfig, size: int, dtype_bytes: int, native: bool = False) -> int:
     """One encode's RssAnon peak over the tower's weights and input: ``size`` patches (vision) or mel frames
-    (audio). The tensors by shape, times the measured factor, plus the measured fixed part: a base (oneDNN's
+    (audio), the elementwise steps on the ``native`` kernels or not (``native_elementwise``). The tensors by shape, times the measured factor, plus the measured fixed part: a base (oneDNN's
     primitives, thread scratch) and the BLAS's packing buffers, which grow with the largest weight matrix
     (fp32 products go through MKL's sgemm, which keeps a packed copy of a panel of the weight per call)."""
     if not size:
         return 0
     factor, fixed, per_weight_byte = encoder_calibration(cfg, dtype_bytes)
     if isinstance(cfg, VisionConfig):
-        tensors = vision_tensor_bytes(cfg, size, dtype_bytes)
+        tensors = vision_tensor_bytes(cfg, size, dtype_bytes, native)
     else:
         tensors = audio_tensor_bytes(cfg, size, dtype_bytes)
     return int(factor * tensors + fixed + per_weight_byte * largest_linear_bytes(cfg, dtype_bytes))

@@ -20,7 +20,8 @@ from edge_infer.errors import InvalidRequestError
 from edge_infer.media.config import AudioProcessing, MediaProcessing, VisionProcessing
 from edge_infer.media.limits import COUNT_LIMITS, LIMITS, MEDIA_PREP_THREADS, MediaLimits
 from edge_infer.memory.encoder_sizing import (
-    encoder_activation_bytes, held_media_bytes, preprocessing_bytes, tower_load_transient_bytes, tower_weight_bytes,
+    encoder_activation_bytes, held_media_bytes, native_elementwise, preprocessing_bytes, tower_load_transient_bytes,
+    tower_weight_bytes,
 )
 from edge_infer.memory.media_shapes import MediaShapes, fit_limits, media_shapes
 from edge_infer.memory.plan import PlanItem
@@ -174,7 +175,8 @@ def _activation_item(shapes: MediaShapes, vision: VisionConfig | None, audio: Au
     if vision is not None and shapes.largest_vision_patches:
         grid = max((g for g in (shapes.image_grid, shapes.video_grid) if g), key=lambda g: g[0] * g[1] * g[2])
         what = "image" if grid == shapes.image_grid else "video"
-        parts.append((encoder_activation_bytes(vision, shapes.largest_vision_patches, dtype_bytes),
+        native = native_elementwise(dtype_bytes)
+        parts.append((encoder_activation_bytes(vision, shapes.largest_vision_patches, dtype_bytes, native),
                       f"the largest {what} (patch grid {_grid(grid)})"))
     if audio is not None and shapes.audio_frames:
         parts.append((encoder_activation_bytes(audio, shapes.audio_frames, dtype_bytes),

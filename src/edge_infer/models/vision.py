@@ -28,8 +28,8 @@ from torch import nn
 from edge_infer.models.encoder_config import VISION_NORM_EPS, VisionConfig
 from edge_infer.models.encoder_weights import vision_weight_specs
 from edge_infer.models.layers.linear import Linear
-from edge_infer.models.layers.native_ops import swiglu
-from edge_infer.models.layers.rope import apply_rotary, inverse_frequencies
+from edge_infer.models.layers.native_ops import rotate, swiglu
+from edge_infer.models.layers.rope import inverse_frequencies
 from edge_infer.models.layers.segments import Segments
 from edge_infer.models.llama import rms_norm
 from edge_infer.models.loader import resident_bytes, resolve_target
@@ -108,8 +108,8 @@ class VisionBlock(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: Segments) -> torch.Tensor:
         n, heads, d = x.shape[0], self.cfg.num_heads, self.cfg.head_dim
         qkv = self.qkv(rms_norm(x, self.norm1, VISION_NORM_EPS)).view(n, 3, heads, d)
-        # q and k are adjacent: rotate them together, in fp32 as transformers does (in place on the fp32 copy).
-        qk = apply_rotary(qkv[:, :2].reshape(n, 2 * heads, d).float(), cos, sin, inplace=True).to(x.dtype)
+        # q and k are adjacent: rotate them together, in fp32 as transformers does.
+        qk = rotate(qkv[:, :2].reshape(n, 2 * heads, d), cos, sin)
         attn = segments.attend(qk[:, :heads], qk[:, heads:], qkv[:, 2])
         # The residual adds and the activation write into tensors this block made, the same sums as fresh
         # ones: a 448x448 image allocates a quarter fewer bytes per block, each of them a page fault

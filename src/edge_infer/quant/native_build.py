@@ -64,7 +64,7 @@ OPTIONAL_SOURCES = {
     "x86_64": (IsaSource("attention-avx512-bf16", "attention_avx512bf16.cpp",
                          ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")),),
 }
-BINDING_SOURCES = ("linear.cpp", "decode_layer.cpp", "snake.cpp", "swiglu.cpp", "block_cache.cpp", "attention.cpp")
+BINDING_SOURCES = ("linear.cpp", "decode_layer.cpp", "snake.cpp", "elementwise.cpp", "block_cache.cpp", "attention.cpp")
 LIBRARY_NAME = "edge_infer_native.so"
 VARIANTS_FILE = "variants.json"  # the variants the build holds, readable without loading the library
 

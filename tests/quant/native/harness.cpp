@@ -408,6 +408,24 @@ void run_vector_case(const std::vector<const IsaKernels*>& variants, Rng& rng) {
     variants[v]->round_add_bf16(to_round.data(), bias.data(), n, added.data());
     if (added != added_ref) fail(variants[v]->name, "round_add_bf16", 0, 0, 0);
   }
+  // rotate_bf16: three heads of n values, 16 apart beyond their width, against the formula in floats.
+  const int heads = 3, head_stride = n + 16;
+  std::vector<uint16_t> heads_in(heads * head_stride), rotated_ref(heads * n);
+  std::vector<float> cos(n), sin(n);
+  for (uint16_t& v : heads_in) v = to_bf16(rng.uniform() * 4.f);
+  for (int i = 0; i < n; ++i) cos[i] = rng.uniform(), sin[i] = rng.uniform();
+  variants[0]->rotate_bf16(heads_in.data(), heads, head_stride, n, cos.data(), sin.data(), rotated_ref.data());
+  for (int h = 0; h < heads; ++h)
+    for (int i = 0; i < n; ++i) {
+      const float x = from_bf16(heads_in[h * head_stride + i]), r = from_bf16(heads_in[h * head_stride + (i + n / 2) % n]);
+      const uint16_t want = to_bf16(std::fma(r, sin[i], x * cos[i]));
+      if (rotated_ref[h * n + i] != want) fail(variants[0]->name, "rotate_bf16", h * n + i, rotated_ref[h * n + i], want);
+    }
+  for (size_t v = 1; v < variants.size(); ++v) {
+    std::vector<uint16_t> rotated(heads * n);
+    variants[v]->rotate_bf16(heads_in.data(), heads, head_stride, n, cos.data(), sin.data(), rotated.data());
+    if (rotated != rotated_ref) fail(variants[v]->name, "rotate_bf16", 0, 0, 0);
+  }
   run_softmax_case(variants, rng, 1 + rng.below(600));
   check_silu_mul<Bf16Rows>(variants, rng, 1 + rng.below(700));
   check_silu_mul<F32Rows>(variants, rng, 1 + rng.below(700));

@@ -7,9 +7,11 @@
   products run MKL's AVX2 fp32 code on non-Intel CPUs (~100 G multiply-adds/s on 2 Zen 5
   cores); the kernel's run natively, and a causal row skips the keys it cannot see: one
   448x448 image's ViT and prompt attention 2.6-8x faster there (docs/multimodal.md).
-- SwiGLU's activation (``swiglu``; csrc/swiglu.cpp on the int8 kernels' ISA variant, any CPU they
-  run on): silu(gate) * up for bf16 rows in one pass, where PyTorch makes two over strided halves
-  and allocates twice; the same function as the fused decode layer's.
+- SwiGLU's activation (``swiglu``; csrc/elementwise.cpp on the int8 kernels' ISA variant, any CPU
+  they run on): silu(gate) * up for bf16 rows in one pass, where PyTorch makes two over strided
+  halves and allocates twice; the same function as the fused decode layer's.
+- The ViT's rotary embedding of bf16 q and k in fp32 (``rotate``, the same file): one pass where
+  PyTorch makes five over a widened copy, with the same bits.
 
 PyTorch's operators take everything else. The models cannot load the native library themselves
 (it lives in a layer above them): the engine, an encoder stage and the encoder memory probe call
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from edge_infer.models.layers.rope import apply_rotary
 
 _attention = False
 _variant: str | None = None  # the ISA variant SwiGLU runs on, None: PyTorch's operators
@@ -41,6 +45,14 @@ def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offse
     ``q_offsets[s] .. q_offsets[s+1]``) attend to its keys (rows ``k_offsets[s] .. k_offsets[s+1]``); causal:
     query i of a segment sees its first ``k_len - q_len + i + 1`` keys."""
     return torch.ops.edge_infer.segment_attention(q, k, v, q_offsets, k_offsets, causal, scale)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """``x [T, heads, head_dim]`` rotated in fp32 by ``cos`` and ``signed_sin`` (fp32, ``[T, 1, head_dim]``), returned
+    in x's dtype as a new contiguous tensor: ``apply_rotary(x.float(), cos, signed_sin).to(x.dtype)``, bit for bit."""
+    if _variant is not None and x.dtype == torch.bfloat16 and x.stride(-1) == 1:
+        return torch.ops.edge_infer.rotate(x, cos.reshape(x.shape[0], -1), signed_sin.reshape(x.shape[0], -1), _variant)
+    return apply_rotary(x.float(), cos, signed_sin, inplace=True).to(x.dtype)
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:

@@ -76,6 +76,11 @@ struct IsaKernels {
   // A product's row with its bias: x rounded to bf16, then bias added as PyTorch adds two bf16 tensors (in
   // fp32, rounded): the bits of the separate add it replaces.
   void (*round_add_bf16)(const float* x, const uint16_t* bias, int64_t n, uint16_t* out);
+  // Rotary embedding of one token's ``heads`` bf16 heads of d values (d even, at most 512; head h at
+  // x + h * stride) in fp32, half-split: out[h] = bf16(fma(roll(x, d / 2), signed_sin, x * cos)), as PyTorch's
+  // mul then addcmul round it; out holds the heads contiguously.
+  void (*rotate_bf16)(const uint16_t* x, int64_t heads, int64_t stride, int64_t d, const float* cos, const float* sin,
+                      uint16_t* out);
 };
 
 // The variant of this name built into this library, or nullptr (not this architecture, or its compiler

@@ -155,6 +155,20 @@ void round_bf16(const float* x, int64_t n, uint16_t* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(x[i]);
 }
 
+// models/layers/rope.py's apply_rotary on one token's bf16 heads (head h at x + h * stride), in fp32:
+// out = bf16(x * cos + roll(x, d / 2) * signed_sin), rounded as PyTorch's mul_ and then addcmul_ (a fused
+// multiply-add of the rolled product onto the rounded first one) round them.
+void rotate_bf16(const uint16_t* x, int64_t heads, int64_t stride, int64_t d, const float* cos, const float* sin,
+                 uint16_t* out) {
+  const int64_t half = d / 2;
+  float y[512];  // d <= 512 (the binding checks)
+  for (int64_t h = 0; h < heads; ++h, x += stride, out += d) {
+    for (int64_t i = 0; i < half; ++i) y[i] = __builtin_fmaf(bf16_to_float(x[i + half]), sin[i], bf16_to_float(x[i]) * cos[i]);
+    for (int64_t i = half; i < d; ++i) y[i] = __builtin_fmaf(bf16_to_float(x[i - half]), sin[i], bf16_to_float(x[i]) * cos[i]);
+    for (int64_t i = 0; i < d; ++i) out[i] = to_bf16(y[i]);
+  }
+}
+
 // Each rounding its own loop, as round_bf16's: the compiler vectorizes one select per loop.
 void round_add_bf16(const float* x, const uint16_t* bias, int64_t n, uint16_t* out) {
   round_bf16(x, n, out);
@@ -289,5 +303,6 @@ inline float w8a8_group(float acc, int32_t dot, float scale, float alpha) {
   namespace edge_infer {                                                                                   \
   extern const IsaKernels symbol = {isa_name, quantize_f32, quantize_bf16, w4a8_tile, w8a8_tile, w16_tile,  \
                                     dot_bf16, axpy_bf16,     round_bf16,    dot_f32,   axpy_f32,           \
-                                    softmax_f32, silu_mul_bf16, silu_mul_f32, snake_f32, round_add_bf16};     \
+                                    softmax_f32, silu_mul_bf16, silu_mul_f32, snake_f32, round_add_bf16,       \
+                                    rotate_bf16};                                                          \
   }

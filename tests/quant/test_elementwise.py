@@ -1,4 +1,4 @@
-"""SwiGLU's activation on edge-infer's kernels (csrc/swiglu.cpp) against PyTorch's silu and product."""
+"""SwiGLU and the rotary embedding on edge-infer's kernels (csrc/elementwise.cpp) against PyTorch's operators."""
 from __future__ import annotations
 
 import pytest
@@ -51,3 +51,19 @@ def test_the_models_take_it_for_bf16_once_enabled(monkeypatch):
     monkeypatch.setattr(native_ops, "_variant", VARIANT)
     assert torch.equal(native_ops.swiglu(gate_up), torch.ops.edge_infer.swiglu(gate_up, VARIANT))
     assert torch.equal(native_ops.swiglu(gate_up.float()), pytorch(gate_up.float()))  # fp32 stays PyTorch's
+
+
+@pytest.mark.parametrize("d", [16, 80, 128])
+def test_rotate_gives_the_bits_of_pytorchs_rotary_in_fp32(d):
+    """The ViT's q/k rotation (bf16 in, fp32 inside, bf16 out) in one pass: apply_rotary on a widened copy, bit
+    for bit, from a strided view (q and k inside the q/k/v product)."""
+    from edge_infer.models.layers.rope import apply_rotary
+
+    gen = torch.Generator().manual_seed(d)
+    qkv = (torch.randn(37, 3, 4, d, generator=gen) * 3).to(torch.bfloat16)
+    x = qkv[:, :2].reshape(37, 8, d)
+    angles = torch.rand(37, d // 2, generator=gen) * 50
+    cos = torch.cat((angles.cos(), angles.cos()), -1)[:, None]
+    sin = torch.cat((-angles.sin(), angles.sin()), -1)[:, None]
+    want = apply_rotary(x.float(), cos, sin, inplace=True).to(torch.bfloat16)
+    assert torch.equal(torch.ops.edge_infer.rotate(x, cos.reshape(37, d), sin.reshape(37, d), VARIANT), want)
