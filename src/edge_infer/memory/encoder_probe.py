@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     dtype = getattr(torch, args.dtype)
     # The engine's dense choice: oneDNN's packed bf16 linears where they run (engine.core.weight_backend).
     backend = "onednn" if dtype == torch.bfloat16 and onednn_bf16_available() else "dense"
-    enable_native_ops(dtype)  # the engine's attention (engine.core.load_model)
+    enable_native_ops(dtype)  # attention and elementwise steps as the engine runs them (engine.core.load_model)
     if args.checkpoint is not None:
         from edge_infer.models.encoders import load_encoders
 

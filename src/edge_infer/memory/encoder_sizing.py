@@ -66,9 +66,10 @@ def vision_tensor_bytes(cfg: VisionConfig, patches: int, d: int, native: bool = 
     Per patch, in the largest of its phases (``x`` the residual a block starts from, held by the caller):
     the patch embedding (a ``d``-byte copy of the fp32 pixels, then ``x`` in window order); a block's
     rotary step (``x``, the fused qkv, and q/k rotated: by the ``native`` kernel into a new tensor of the
-    activations' dtype, or by PyTorch in fp32, the float copy rotated in place and the roll); its attention (q/k/v gathered where windows differ in size, the output); its MLP (``x``, qkv,
-    the rotated q/k and the attention output are still referenced, the residual after attention, gate/up
-    with the activation applied in place, and the product); the merger. Throughout: the fp32 cos/sin and
+    activations' dtype, or by PyTorch in fp32, the float copy rotated in place and the roll); its attention
+    (q/k/v gathered where windows differ in size, the output); its MLP (``x``, qkv, the rotated q/k and the
+    attention output are still referenced, the residual after attention, gate/up with the activation
+    applied in place, and the product); the merger. Throughout: the fp32 cos/sin and
     the int64 2-D positions of every patch.
     """
     h, i, o = cfg.hidden_size, cfg.intermediate_size, cfg.out_hidden_size
@@ -108,9 +109,10 @@ def audio_tensor_bytes(cfg: AudioConfig, frames: int, d: int) -> int:
 
 def encoder_activation_bytes(cfg: VisionConfig | AudioConfig, size: int, dtype_bytes: int, native: bool = False) -> int:
     """One encode's RssAnon peak over the tower's weights and input: ``size`` patches (vision) or mel frames
-    (audio), the elementwise steps on the ``native`` kernels or not (``native_elementwise``). The tensors by shape, times the measured factor, plus the measured fixed part: a base (oneDNN's
-    primitives, thread scratch) and the BLAS's packing buffers, which grow with the largest weight matrix
-    (fp32 products go through MKL's sgemm, which keeps a packed copy of a panel of the weight per call)."""
+    (audio), the elementwise steps on the ``native`` kernels or not (``native_elementwise``). The tensors by
+    shape, times the measured factor, plus the measured fixed part: a base (oneDNN's primitives, thread
+    scratch) and the BLAS's packing buffers, which grow with the largest weight matrix (fp32 products go
+    through MKL's sgemm, which keeps a packed copy of a panel of the weight per call)."""
     if not size:
         return 0
     factor, fixed, per_weight_byte = encoder_calibration(cfg, dtype_bytes)
