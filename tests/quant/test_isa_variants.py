@@ -80,6 +80,15 @@ def test_avx_vnni_equals_the_reference_natively_or_through_its_evex_stand_in(nat
     assert "ok avx-vnni:" in out, out
 
 
+def test_the_tile_units_panels_equal_the_reference(native_harness):
+    """AMX-INT8 panels (prompt rows in blocks of 16) give the scalar reference's bits, as its tile kernels do."""
+    if "amx-int8" not in NATIVE:
+        pytest.skip("needs amx_int8 (Intel Xeon, Sapphire Rapids on), which this CPU lacks or the mask hides")
+    out = run_variant(native_harness, "amx-int8")
+    found = re.search(r"ok amx-int8: \d+ matrix cases, (\d+) of them also in blocks of 16 on the tile unit", out)
+    assert found and int(found.group(1)) > 0, out
+
+
 @pytest.fixture(scope="module")
 def arm_output(tmp_path_factory) -> str:
     if arch() == "aarch64":

@@ -84,6 +84,8 @@ class Kernel:
 _SCALAR_INT4 = "PyTorch's int4 kernel runs its scalar loop (~1 G multiply-adds/s, 15-35x below its AVX2/AVX-512 path)"
 # edge-infer's own kernels (quant/csrc), fastest first; the scalar reference is not a serving path.
 NATIVE_VARIANTS = (
+    # avx512-vnni's kernels plus AMX-INT8 tile panels for prompt rows (isa_amx.h): Intel Xeon Sapphire Rapids on.
+    Variant("amx-int8", "x86_64", ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_int8")),
     Variant("avx512-vnni", "x86_64", ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")),
     Variant("avx-vnni", "x86_64", ("avx2", "fma", "f16c", "avx_vnni")),
     Variant("avx2", "x86_64", ("avx2", "fma", "f16c")),

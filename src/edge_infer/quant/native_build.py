@@ -45,12 +45,14 @@ class IsaSource:
 # Every variant rounds alike only without implicit contraction into fused multiply-adds (isa_common.h).
 COMMON_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-ffp-contract=off", "-fno-math-errno")
 _AVX2 = ("-mavx2", "-mfma", "-mf16c")
+_AVX512_VNNI = (*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
 ISA_SOURCES = {
     "x86_64": (
         IsaSource("scalar", "isa_scalar.cpp", ()),
         IsaSource("avx2", "isa_avx2.cpp", _AVX2),
         IsaSource("avx-vnni", "isa_avx2.cpp", (*_AVX2, "-mavxvnni", "-DEDGE_INFER_AVX_VNNI")),
-        IsaSource("avx512-vnni", "isa_avx512.cpp", (*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")),
+        IsaSource("avx512-vnni", "isa_avx512.cpp", _AVX512_VNNI),
+        IsaSource("amx-int8", "isa_avx512.cpp", (*_AVX512_VNNI, "-mamx-tile", "-mamx-int8", "-DEDGE_INFER_AMX")),
     ),
     "aarch64": (
         IsaSource("scalar", "isa_scalar.cpp", ()),

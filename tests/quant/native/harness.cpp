@@ -50,6 +50,7 @@ float from_bf16(uint16_t v) {
 }
 
 int failures = 0;
+int panel_cases = 0;  // matrix cases run through a tile unit's panels as well
 uint64_t checksum = 0xCBF29CE484222325ull;  // FNV-1a over the reference's outputs: equal across machines
 
 void mix(float v) {
@@ -196,6 +197,19 @@ void run_case(const std::vector<const IsaKernels*>& variants, const Case& c, Rng
       isa.w8a8_tile(reinterpret_cast<const int8_t*>(codes.data()), sz.data(), rows_ref, c.m, got.data());
     for (size_t j = 0; j < got.size(); ++j)
       if (!same(got[j], want[j])) fail(isa.name, c.bits == 4 ? "w4a8 tile" : "w8a8 tile", static_cast<int>(j), got[j], want[j]);
+    if (isa.panels_ready == nullptr || c.m % 16 != 0) continue;
+    if (!isa.panels_ready()) {
+      fail(isa.name, "the OS refused the tile registers (arch_prctl ARCH_REQ_XCOMP_PERM)", 0, 0.f, 0.f);
+      continue;
+    }
+    std::fill(got.begin(), got.end(), -1.f);
+    if (c.bits == 4)
+      isa.w4a8_panel(codes.data(), sz.data(), rows_ref, c.m, got.data());
+    else
+      isa.w8a8_panel(reinterpret_cast<const int8_t*>(codes.data()), sz.data(), rows_ref, c.m, got.data());
+    for (size_t j = 0; j < got.size(); ++j)
+      if (!same(got[j], want[j])) fail(isa.name, c.bits == 4 ? "w4a8 panel" : "w8a8 panel", static_cast<int>(j), got[j], want[j]);
+    ++panel_cases;
   }
 }
 
@@ -456,7 +470,7 @@ int main(int argc, char** argv) {
     for (int group : {32, 64, 128, 256})
       for (int symmetric = 0; symmetric < 2; ++symmetric)
         for (int bf16_input = 0; bf16_input < 2; ++bf16_input)
-          for (int m : {1, 3, 6}) {
+          for (int m : {1, 3, 6, 16, 48}) {  // 16 and 48: whole blocks for the tile units' panels
             if (bits == 8 && !symmetric) continue;  // int8 weights are symmetric
             const int groups = 1 + rng.below(3);
             const bool special = m > 1 && rng.below(2) == 0;
@@ -466,7 +480,7 @@ int main(int argc, char** argv) {
           }
   for (int bits : {4, 8})
     for (int group : {32, 256})
-      for (int m : {1, 2}) {
+      for (int m : {1, 2, 16}) {
         Case c{bits, m, group, 2, true, true, false};
         c.extreme = true;
         run_case(variants, c, rng);
@@ -479,7 +493,10 @@ int main(int argc, char** argv) {
     }
   for (int i = 0; i < 32; ++i) run_vector_case(variants, rng);
   for (size_t v = 0; v < variants.size(); ++v)
-    std::printf("%s %s: %d matrix cases, 32 vector cases%s\n", failures ? "FAIL" : "ok", variants[v]->name, cases,
+    std::printf("%s %s: %d matrix cases%s, 32 vector cases%s\n", failures ? "FAIL" : "ok", variants[v]->name, cases,
+                variants[v]->panels_ready != nullptr
+                    ? (", " + std::to_string(panel_cases) + " of them also in blocks of 16 on the tile unit").c_str()
+                    : "",
                 v == 0 ? " (the reference, against exact products)" : " (bit-identical to the reference)");
   std::printf("reference checksum %016llx\n", static_cast<unsigned long long>(checksum));
   return failures ? 1 : 0;

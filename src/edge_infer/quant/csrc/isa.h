@@ -81,10 +81,17 @@ struct IsaKernels {
   // mul then addcmul round it; out holds the heads contiguously.
   void (*rotate_bf16)(const uint16_t* x, int64_t heads, int64_t stride, int64_t d, const float* cos, const float* sin,
                       uint16_t* out);
+  // Tile matrix units (AMX-INT8; null on variants without one). A prompt's rows in whole blocks of 16 through
+  // one 64-row tile: m a multiple of 16, out as w4a8_tile's and bit for bit its result (the same int32 group
+  // sums, the same float steps). panels_ready asks the OS for the tile registers once per process: false, and
+  // the panels must not run.
+  bool (*panels_ready)();
+  void (*w4a8_panel)(const uint8_t* codes, const uint16_t* sz, const Int8Rows& x, int64_t m, float* out);
+  void (*w8a8_panel)(const int8_t* codes, const uint16_t* scales, const Int8Rows& x, int64_t m, float* out);
 };
 
 // The variant of this name built into this library, or nullptr (not this architecture, or its compiler
-// lacked the instruction set). Names: scalar, avx2, avx-vnni, avx512-vnni, neon-dotprod.
+// lacked the instruction set). Names: scalar, avx2, avx-vnni, avx512-vnni, amx-int8, neon-dotprod.
 const IsaKernels* find_isa(const char* name);
 
 // The names of the variants built into this library, nullptr-terminated.

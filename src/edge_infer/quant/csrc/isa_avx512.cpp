@@ -195,4 +195,10 @@ void axpy_rows(const float* w, const T* v, int64_t stride, int64_t count, int64_
 }  // namespace
 }  // namespace edge_infer
 
+#ifdef EDGE_INFER_AMX
+// The same kernels plus the tile unit's panels for blocks of 16 prompt rows.
+#include "isa_amx.h"
+EDGE_INFER_ISA_TABLE_WITH_PANELS(kAmxInt8, "amx-int8", panels_ready, w4a8_panel, w8a8_panel)
+#else
 EDGE_INFER_ISA_TABLE(kAvx512Vnni, "avx512-vnni")
+#endif

@@ -298,11 +298,13 @@ inline float w8a8_group(float acc, int32_t dot, float scale, float alpha) {
 }  // namespace
 }  // namespace edge_infer
 
-// Defines the variant's table from the tile kernels its translation unit implements.
-#define EDGE_INFER_ISA_TABLE(symbol, isa_name)                                                             \
+// Defines the variant's table from the tile kernels its translation unit implements (and its panels, where it
+// has a tile matrix unit).
+#define EDGE_INFER_ISA_TABLE_WITH_PANELS(symbol, isa_name, ready, w4a8, w8a8)                            \
   namespace edge_infer {                                                                                   \
   extern const IsaKernels symbol = {isa_name, quantize_f32, quantize_bf16, w4a8_tile, w8a8_tile, w16_tile,  \
                                     dot_bf16, axpy_bf16,     round_bf16,    dot_f32,   axpy_f32,           \
                                     softmax_f32, silu_mul_bf16, silu_mul_f32, snake_f32, round_add_bf16,       \
-                                    rotate_bf16};                                                          \
+                                    rotate_bf16, ready,      w4a8,          w8a8};                          \
   }
+#define EDGE_INFER_ISA_TABLE(symbol, isa_name) EDGE_INFER_ISA_TABLE_WITH_PANELS(symbol, isa_name, nullptr, nullptr, nullptr)

@@ -12,6 +12,7 @@ extern const IsaKernels kScalar;
 extern const IsaKernels kAvx2 __attribute__((weak));
 extern const IsaKernels kAvxVnni __attribute__((weak));
 extern const IsaKernels kAvx512Vnni __attribute__((weak));
+extern const IsaKernels kAmxInt8 __attribute__((weak));
 #elif defined(__aarch64__)
 extern const IsaKernels kNeonDotprod __attribute__((weak));
 #endif
@@ -21,7 +22,7 @@ namespace {
 const IsaKernels* const kCandidates[] = {
     &kScalar,
 #if defined(__x86_64__)
-    &kAvx2, &kAvxVnni, &kAvx512Vnni,
+    &kAvx2, &kAvxVnni, &kAvx512Vnni, &kAmxInt8,
 #elif defined(__aarch64__)
     &kNeonDotprod,
 #endif

@@ -48,6 +48,9 @@ PackedWeight check_packed(const char* what, int64_t bits, const at::Tensor& code
 namespace {
 
 constexpr int64_t kRowBlock = 16;  // activation rows per tile call: keeps the float scratch in L1
+// Tile-unit panels (isa.h) take activation rows in blocks of kPanelBlock, up to kPanelRows per call: a W4A8
+// tile's codes are unpacked once per call, its fp32 sums (32 KiB) stay in L1/L2.
+constexpr int64_t kPanelBlock = 16, kPanelRows = 128;
 
 void quantize(const IsaKernels& isa, const float* x, int64_t k, int64_t group, int8_t* q, float* alpha, int32_t* sum) {
   isa.quantize_f32(x, k, group, q, alpha, sum);
@@ -113,18 +116,37 @@ void int8_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64
   float* alpha = alpha_rows.data_ptr<float>();
   int32_t* sum = sum_rows.data_ptr<int32_t>();
   const int64_t cols = x_cols > 0 ? x_cols : k;
-  for (int64_t i = 0; i < m; ++i)
-    quantize_row(isa, x + i * cols, cols, k, w.group, q + i * k, alpha + i * groups, sum + i * groups);
+  // Rows are independent: a prompt's are shared out (on the tile unit the products no longer dwarf this pass).
+  at::parallel_for(0, m, kRowBlock, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i)
+      quantize_row(isa, x + i * cols, cols, k, w.group, q + i * k, alpha + i * groups, sum + i * groups);
+  });
   const int64_t tile_codes = kTileRows * k / (w.bits == 4 ? 2 : 1);  // bytes of one tile's codes
   const int64_t tile_scales = groups * (w.bits == 4 ? 2 : 1) * kTileRows;
-  // Each thread takes whole row tiles and runs every activation row through a tile while it is in cache.
+  const bool panels = m >= kPanelBlock && isa.panels_ready != nullptr && isa.panels_ready();
+  // Each thread takes whole row tiles and runs every activation row through a tile while it is in cache:
+  // whole blocks of 16 on the tile unit where there is one, the rest (or all) through the tile kernel.
   for_each_tile(tiles, [&](int64_t begin, int64_t end) {
     float scratch[kRowBlock * kTileRows];
+    std::vector<float> panel_out(panels ? kPanelRows * kTileRows : 0);
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* codes = static_cast<const uint8_t*>(w.codes) + t * tile_codes;
       const uint16_t* scales = w.scales + t * tile_scales;
       const int64_t rows = std::min(kTileRows, w.n - t * kTileRows);
-      for (int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
+      int64_t i0 = 0;
+      while (panels && m - i0 >= kPanelBlock) {
+        const int64_t block = std::min(kPanelRows, (m - i0) / kPanelBlock * kPanelBlock);
+        const Int8Rows a{q + i0 * k, alpha + i0 * groups, sum + i0 * groups, k, w.group};
+        if (w.bits == 4)
+          isa.w4a8_panel(codes, scales, a, block, panel_out.data());
+        else
+          isa.w8a8_panel(reinterpret_cast<const int8_t*>(codes), scales, a, block, panel_out.data());
+        for (int64_t i = 0; i < block; ++i)
+          store(isa, panel_out.data() + i * kTileRows, bias == nullptr ? nullptr : bias + t * kTileRows, rows,
+                out + (i0 + i) * w.n + t * kTileRows);
+        i0 += block;
+      }
+      for (; i0 < m; i0 += kRowBlock) {
         const int64_t block = std::min(kRowBlock, m - i0);
         const Int8Rows a{q + i0 * k, alpha + i0 * groups, sum + i0 * groups, k, w.group};
         if (w.bits == 4)
