@@ -50,6 +50,7 @@ build_llamacpp() {  # dir extra-cmake-flags
 build_llamacpp benchmarks/llamacpp-avx2 ""
 # The AVX-VNNI level (Alder Lake-N, N100 boxes) can only be measured on a CPU that has it.
 if grep -qw 'avx_vnni' /proc/cpuinfo; then have_avx_vnni=1; else have_avx_vnni=0; fi
+if grep -qw 'amx_int8' /proc/cpuinfo; then have_amx=1; else have_amx=0; fi
 if [ $have_avx_vnni = 1 ]; then build_llamacpp benchmarks/llamacpp-avx-vnni "-DGGML_AVX_VNNI=ON"; fi
 prepare qwen2 qwen2.5-0.5b
 prepare llama llama-3.2-1b
@@ -65,6 +66,10 @@ for spec in ${SPECS:-benchmarks/specs/*.json}; do  # SPECS: a subset, e.g. SPECS
   name=$(basename "$spec" .json)
   if [[ $name == *-avx-vnni && $have_avx_vnni = 0 ]]; then
     echo "== $name skipped: this CPU lacks avx_vnni, the level its arms measure" >&2
+    continue
+  fi
+  if [[ $name == *-amx && $have_amx = 0 ]]; then
+    echo "== $name skipped: this CPU lacks amx_int8, the tile unit its arms measure" >&2
     continue
   fi
   echo "== $name" >&2
