@@ -134,3 +134,19 @@ def test_the_encoders_and_paged_attention_take_it_only_when_enabled(monkeypatch)
         assert len(calls) == (2 if on else 0)
     for sdpa, ours in zip(results[False], results[True]):
         assert (sdpa.float() - ours.float()).abs().max() < 2e-2
+
+
+def test_a_cpu_with_amx_bf16_keeps_sdpa_and_others_take_the_kernel(monkeypatch):
+    """With AMX-BF16, SDPA's products run on the tile unit and are faster, so the engine routes nothing to the
+    kernel there (it still runs, and the tests above still check it); elsewhere it takes bf16 attention."""
+    import dataclasses
+
+    from edge_infer.quant import native
+
+    monkeypatch.setattr(native_ops, "_attention", False)
+    cpu = detect()
+    for features, routed in ((cpu.features | {"amx_bf16"}, False), (cpu.features - {"amx_bf16"}, True)):
+        monkeypatch.setattr(native, "detect", lambda f=features: dataclasses.replace(cpu, features=frozenset(f)))
+        assert native.bf16_attention_preferred() is routed
+        native.enable_native_ops(BF16)
+        assert native_ops.attention_runs(torch.zeros(4, 2, 32, dtype=BF16)) is routed

@@ -6,7 +6,9 @@
   CPU with AVX512-BF16 (``hardware.kernels.BF16_ATTENTION``, masks included). SDPA's bf16
   products run MKL's AVX2 fp32 code on non-Intel CPUs (~100 G multiply-adds/s on 2 Zen 5
   cores); the kernel's run natively, and a causal row skips the keys it cannot see: one
-  448x448 image's ViT and prompt attention 2.6-8x faster there (docs/multimodal.md).
+  448x448 image's ViT and prompt attention 2.6-8x faster there (docs/multimodal.md). Not on a
+  CPU with AMX-BF16, where SDPA's products run on the tile unit and are faster
+  (``quant.native.bf16_attention_preferred``).
 - SwiGLU's activation (``swiglu``; csrc/elementwise.cpp on the int8 kernels' ISA variant, any CPU
   they run on): silu(gate) * up for bf16 rows in one pass, where PyTorch makes two over strided
   halves and allocates twice; the same function as the fused decode layer's.
