@@ -190,25 +190,26 @@ void run_case(const std::vector<const IsaKernels*>& variants, const Case& c, Rng
       if (!same(qv.alpha[j], qr.alpha[j])) fail(isa.name, "activation scales", static_cast<int>(j), qv.alpha[j], qr.alpha[j]);
       if (qv.sum[j] != qr.sum[j]) fail(isa.name, "activation sums", static_cast<int>(j), qv.sum[j], qr.sum[j]);
     }
-    std::vector<float> got(c.m * kTileRows, -1.f);
-    if (c.bits == 4)
-      isa.w4a8_tile(codes.data(), sz.data(), rows_ref, c.m, got.data());
-    else
-      isa.w8a8_tile(reinterpret_cast<const int8_t*>(codes.data()), sz.data(), rows_ref, c.m, got.data());
-    for (size_t j = 0; j < got.size(); ++j)
-      if (!same(got[j], want[j])) fail(isa.name, c.bits == 4 ? "w4a8 tile" : "w8a8 tile", static_cast<int>(j), got[j], want[j]);
+    // The tile kernel (kind "tile"), then, on a variant with a tile unit and whole blocks of 16, its panels.
+    using W4 = void (*)(const uint8_t*, const uint16_t*, const Int8Rows&, int64_t, float*);
+    using W8 = void (*)(const int8_t*, const uint16_t*, const Int8Rows&, int64_t, float*);
+    const auto check = [&](W4 w4a8, W8 w8a8, const char* kind) {
+      std::vector<float> got(c.m * kTileRows, -1.f);
+      if (c.bits == 4)
+        w4a8(codes.data(), sz.data(), rows_ref, c.m, got.data());
+      else
+        w8a8(reinterpret_cast<const int8_t*>(codes.data()), sz.data(), rows_ref, c.m, got.data());
+      const std::string what = std::string(c.bits == 4 ? "w4a8 " : "w8a8 ") + kind;
+      for (size_t j = 0; j < got.size(); ++j)
+        if (!same(got[j], want[j])) fail(isa.name, what.c_str(), static_cast<int>(j), got[j], want[j]);
+    };
+    check(isa.w4a8_tile, isa.w8a8_tile, "tile");
     if (isa.panels_ready == nullptr || c.m % 16 != 0) continue;
     if (!isa.panels_ready()) {
       fail(isa.name, "the OS refused the tile registers (arch_prctl ARCH_REQ_XCOMP_PERM)", 0, 0.f, 0.f);
       continue;
     }
-    std::fill(got.begin(), got.end(), -1.f);
-    if (c.bits == 4)
-      isa.w4a8_panel(codes.data(), sz.data(), rows_ref, c.m, got.data());
-    else
-      isa.w8a8_panel(reinterpret_cast<const int8_t*>(codes.data()), sz.data(), rows_ref, c.m, got.data());
-    for (size_t j = 0; j < got.size(); ++j)
-      if (!same(got[j], want[j])) fail(isa.name, c.bits == 4 ? "w4a8 panel" : "w8a8 panel", static_cast<int>(j), got[j], want[j]);
+    check(isa.w4a8_panel, isa.w8a8_panel, "panel");
     ++panel_cases;
   }
 }
