@@ -20,7 +20,7 @@
 namespace edge_infer {
 namespace {
 
-constexpr int64_t kPanelRows = 16;  // activation rows per tile
+constexpr int64_t kBlockRows = 16;  // activation rows per tile
 
 // Linux gives a process the tile registers' state only on request (kernel 5.16 on); one grant covers every
 // thread of the process.
@@ -38,8 +38,8 @@ void configure_tiles(int64_t cols) {
     uint16_t bytes_per_row[16] = {};
     uint8_t rows[16] = {};
   } config;
-  for (int t = 0; t < 4; ++t) config.bytes_per_row[t] = 64, config.rows[t] = kPanelRows;
-  for (int t = 4; t < 6; ++t) config.bytes_per_row[t] = static_cast<uint16_t>(cols), config.rows[t] = kPanelRows;
+  for (int t = 0; t < 4; ++t) config.bytes_per_row[t] = 64, config.rows[t] = kBlockRows;
+  for (int t = 4; t < 6; ++t) config.bytes_per_row[t] = static_cast<uint16_t>(cols), config.rows[t] = kBlockRows;
   for (int t = 6; t < 8; ++t) config.bytes_per_row[t] = 64, config.rows[t] = static_cast<uint8_t>(cols / 4);
   _tile_loadconfig(&config);
 }
@@ -130,7 +130,7 @@ void add_group(const int32_t* dots, const uint16_t* scales, const Int8Rows& x, i
     scale[r] = load_bf16x16(scales + 16 * r);
     if (kInt4) offset[r] = _mm512_fnmadd_ps(_mm512_set1_ps(8.f), scale[r], load_bf16x16(scales + kTileRows + 16 * r));
   }
-  for (int64_t p = 0; p < kPanelRows; ++p, dots += kTileRows, out += kTileRows) {
+  for (int64_t p = 0; p < kBlockRows; ++p, dots += kTileRows, out += kTileRows) {
     const float alpha = x.alpha[(first_row + p) * groups + g];
     const __m512 al = _mm512_set1_ps(alpha);
     const __m512 total = _mm512_set1_ps(alpha * static_cast<float>(x.sum[(first_row + p) * groups + g]));
@@ -143,15 +143,15 @@ void add_group(const int32_t* dots, const uint16_t* scales, const Int8Rows& x, i
   }
 }
 
-// Group by group: the group's weights as B tiles (W4A8: unpacked once for every block of rows), then each
-// block of 16 activation rows through them.
+// Group by group: the group's weights as B tiles (W4A8: unpacked once for all the rows), then the activation
+// rows through them in blocks of 32 (the last, if odd, of 16).
 template <bool kInt4>
 void panel(const uint8_t* codes, const uint16_t* scales, const Int8Rows& x, int64_t m, float* out) {
   const int64_t groups = x.k / x.group;
   const int64_t cols = x.group % 64 == 0 ? 64 : 32;  // columns per tile instruction (groups: 32, 64, 128, 256)
   thread_local std::vector<uint8_t> unpacked;
   if (kInt4) unpacked.resize(x.group * kTileRows);
-  alignas(64) int32_t sums[2][2 * kPanelRows * kTileRows];  // two: a block's float steps overlap the next's tile work
+  alignas(64) int32_t dots[2 * kBlockRows * kTileRows];
   configure_tiles(cols);
   std::fill(out, out + m * kTileRows, 0.f);
   for (int64_t g = 0; g < groups; ++g) {
@@ -161,11 +161,10 @@ void panel(const uint8_t* codes, const uint16_t* scales, const Int8Rows& x, int6
       w = unpacked.data();
     }
     for (int64_t i = 0; i < m;) {
-      const int64_t rows = m - i >= 2 * kPanelRows ? 2 * kPanelRows : kPanelRows;
-      int32_t* dots = sums[(i / (2 * kPanelRows)) % 2];
+      const int64_t rows = m - i >= 2 * kBlockRows ? 2 * kBlockRows : kBlockRows;
       const int8_t* a = x.q + i * x.k + g * x.group;
-      rows == kPanelRows ? sums16<kInt4>(a, x.k, w, x.group, cols, dots) : sums32<kInt4>(a, x.k, w, x.group, cols, dots);
-      for (int64_t p = 0; p < rows; p += kPanelRows)
+      rows == kBlockRows ? sums16<kInt4>(a, x.k, w, x.group, cols, dots) : sums32<kInt4>(a, x.k, w, x.group, cols, dots);
+      for (int64_t p = 0; p < rows; p += kBlockRows)
         add_group<kInt4>(dots + p * kTileRows, scales + g * (kInt4 ? 2 : 1) * kTileRows, x, i + p, g,
                          out + (i + p) * kTileRows);
       i += rows;
