@@ -73,7 +73,7 @@ def test_a_mask_naming_an_unknown_feature_is_an_error_that_lists_the_known_ones(
 
 # The int8 kernels' variant each profile runs (None: refused).
 INT8_VARIANT_OF = {"avx2": "avx2", "avx-vnni": "avx-vnni", "avx512": "avx512-vnni", "avx512-bf16": "avx512-vnni",
-                   "arm-nodotprod": None, "arm-dotprod": "neon-dotprod", "arm-i8mm": "neon-dotprod"}
+                   "amx": "amx-int8", "arm-nodotprod": None, "arm-dotprod": "neon-dotprod", "arm-i8mm": "neon-dotprod"}
 
 
 @pytest.mark.parametrize("name", sorted(PROFILES))
@@ -131,6 +131,15 @@ def test_doctor_reports_every_choice_and_refuses_by_name():
     assert not rep["choices"]["cpu_w8a8"]["runs"] and "dotprod" in rep["choices"]["cpu_w8a8"]["refusals"][0]
     here = run_cli("doctor")
     assert here.returncode == 0 and detect().isa_summary.split()[0] in here.stdout and "dispatches to" in here.stdout
+
+
+@pytest.mark.parametrize("name, kernel", [("avx512-bf16", True), ("amx", False), ("avx2", False), ("arm-i8mm", False)])
+def test_doctor_names_the_attention_bf16_models_take(name, kernel):
+    """edge-infer's kernel where it runs and SDPA is not faster; SDPA on AMX-BF16 (its products on the tile
+    unit) and where the kernel cannot run, each with the reason."""
+    rep = json.loads(run_cli("doctor", "--json", "--cpu", name).stdout)
+    assert rep["bf16_attention"].startswith("edge-infer's" if kernel else "PyTorch's SDPA: ")
+    assert ("AMX-BF16" in rep["bf16_attention"]) == (name == "amx")
 
 
 def test_an_unknown_profile_is_a_one_line_error():

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from edge_infer.hardware.cpu import PROFILES, CpuCapabilities, detect, profile
-from edge_infer.hardware.kernels import auto_dtype, select_kernels
+from edge_infer.hardware.kernels import auto_dtype, bf16_attention_route, select_kernels
 
 MiB = 1 << 20
 # The choices a user makes, as (label, quantization, quantize_head); shown for a tied bf16 checkpoint (the common
@@ -41,7 +41,8 @@ def report(cpu: CpuCapabilities, runtime: bool) -> dict[str, Any]:
             else:
                 sel.refusals.append(f"--quantization {quant}: {toolchain}")
         choices[label] = {"runs": not sel.refusals, "dtype_auto": dtype, "dtype_why": why, **sel.to_dict()}
-    out: dict[str, Any] = {"cpu": cpu.to_dict(), "choices": choices}
+    out: dict[str, Any] = {"cpu": cpu.to_dict(), "choices": choices,
+                           "bf16_attention": bf16_attention_route(cpu)[1]}
     if runtime:
         out["memory"] = {"total_bytes": meminfo().get("MemTotal"), "available_bytes": available_memory_bytes()}
         out["torch"] = _torch_view()
@@ -77,6 +78,7 @@ def render(rep: dict[str, Any]) -> str:
         t = rep["torch"]
         lines.append(f"torch    {t['version']}: dispatches to {t['cpu_capability']}, int4 tiles of {t['int4_tile_rows']} rows, "
                      f"oneDNN bf16 {'yes' if t['onednn_bf16'] else 'no'}")
+    lines.append(f"attention bf16 models: {rep['bf16_attention']}")
     lines.append("")
     for label, c in rep["choices"].items():
         lines.append(f"{label:<26} {'runs here' if c['runs'] else 'REFUSED'}  (dtype auto -> {c['dtype_auto']}: {c['dtype_why']})")

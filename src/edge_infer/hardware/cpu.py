@@ -43,6 +43,8 @@ PROFILES: dict[str, tuple[str, tuple[str, ...], str]] = {
                "Intel Ice/Tiger Lake, Cascade Lake servers"),
     "avx512-bf16": ("x86_64", ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni",
                                "avx512_bf16"), "AMD Zen 4/5, Intel Cooper Lake"),
+    "amx": ("x86_64", ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni",
+                       "avx512_bf16", "amx_bf16", "amx_int8"), "Intel Xeon Sapphire Rapids and later"),
     "arm-nodotprod": ("aarch64", ("asimd",), "Raspberry Pi 4 (Cortex-A72)"),
     "arm-dotprod": ("aarch64", ("asimd", "dotprod"), "Raspberry Pi 5 (Cortex-A76), Jetson Orin"),
     "arm-i8mm": ("aarch64", ("asimd", "dotprod", "i8mm", "bf16"), "Apple M2+, Snapdragon X, Graviton 3"),

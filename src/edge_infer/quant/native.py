@@ -70,10 +70,11 @@ def bf16_attention_available() -> bool:
 
 
 def bf16_attention_preferred() -> bool:
-    """True when bf16 attention should take edge-infer's kernel: it runs here, and the CPU has no AMX-BF16. With
-    AMX, SDPA's products run on the tile unit (MKL's bf16 GEMM) and win: one image's request (a 3B thinker,
-    W4A8) 2.46-2.55 s against 2.74-2.81 s on a 2-core Xeon, its ViT encode 1.17-1.21 s against 1.36-1.45."""
-    return bf16_attention_available() and not detect().has("amx_bf16")
+    """True when bf16 attention should take edge-infer's kernel: it runs here and the capability model prefers
+    it (not on a CPU with AMX-BF16: ``hardware.kernels.bf16_attention_route``)."""
+    from edge_infer.hardware.kernels import bf16_attention_route
+
+    return bf16_attention_available() and bf16_attention_route(detect())[0]
 
 
 def enable_native_ops(dtype: torch.dtype) -> None:
