@@ -79,8 +79,8 @@ def bf16_attention_preferred() -> bool:
 
 def enable_native_ops(dtype: torch.dtype) -> None:
     """Before a model of ``dtype`` runs: its bf16 attention and SwiGLU on edge-infer's kernels
-    (models/layers/native_ops.py) in this process, where they run here (attention where preferred). Never turns them off: they take only
-    bf16 rows, so another model's fp32 leaves them as they were."""
+    (models/layers/native_ops.py) in this process, where they run here (attention where preferred). Never turns
+    them off: they take only bf16 rows, so another model's fp32 leaves them as they were."""
     from edge_infer.models.layers import native_ops
 
     if dtype == torch.bfloat16:

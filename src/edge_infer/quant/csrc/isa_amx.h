@@ -163,7 +163,10 @@ void panel(const uint8_t* codes, const uint16_t* scales, const Int8Rows& x, int6
     for (int64_t i = 0; i < m;) {
       const int64_t rows = m - i >= 2 * kBlockRows ? 2 * kBlockRows : kBlockRows;
       const int8_t* a = x.q + i * x.k + g * x.group;
-      rows == kBlockRows ? sums16<kInt4>(a, x.k, w, x.group, cols, dots) : sums32<kInt4>(a, x.k, w, x.group, cols, dots);
+      if (rows == kBlockRows)
+        sums16<kInt4>(a, x.k, w, x.group, cols, dots);
+      else
+        sums32<kInt4>(a, x.k, w, x.group, cols, dots);
       for (int64_t p = 0; p < rows; p += kBlockRows)
         add_group<kInt4>(dots + p * kTileRows, scales + g * (kInt4 ? 2 : 1) * kTileRows, x, i + p, g,
                          out + (i + p) * kTileRows);
