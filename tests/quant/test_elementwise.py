@@ -1,4 +1,4 @@
-"""SwiGLU and the rotary embedding on edge-infer's kernels (csrc/elementwise.cpp) against PyTorch's operators."""
+"""SwiGLU, RMSNorm and the rotary embedding on edge-infer's kernels (csrc/elementwise.cpp) against PyTorch's operators."""
 from __future__ import annotations
 
 import pytest
@@ -67,3 +67,52 @@ def test_rotate_gives_the_bits_of_pytorchs_rotary_in_fp32(d):
     sin = torch.cat((-angles.sin(), angles.sin()), -1)[:, None]
     want = apply_rotary(x.float(), cos, sin, inplace=True).to(torch.bfloat16)
     assert torch.equal(torch.ops.edge_infer.rotate(x, cos.reshape(37, d), sin.reshape(37, d), VARIANT), want)
+
+
+def pytorch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+@pytest.mark.parametrize("shape", [(1, 2048), (1024, 1280), (5, 37)])
+def test_rms_norm_equals_pytorchs_within_a_bf16_step(shape):
+    gen = torch.Generator().manual_seed(shape[1])
+    x = (torch.randn(*shape, generator=gen) * 3).to(torch.bfloat16)
+    weight = torch.rand(shape[1], generator=gen).to(torch.bfloat16)
+    ours, want = torch.ops.edge_infer.rms_norm(x, weight, 1e-6, VARIANT), pytorch_rms_norm(x, weight, 1e-6)
+    assert ours.shape == want.shape and ours.dtype == torch.bfloat16
+    assert bool(((ours.float() - want.float()).abs() <= want.float().abs() * 2**-7 + 1e-30).all())
+    assert (ours != want).float().mean() < 0.01  # only the sum of squares' order differs
+
+
+def test_rms_norm_of_heads_inside_a_product_takes_each_heads_weight():
+    """Qwen3's q/k norms: [tokens, heads, d] views into the q/k/v product, one weight row per head."""
+    gen = torch.Generator().manual_seed(1)
+    qkv = torch.randn(7, 6, 32, generator=gen).to(torch.bfloat16)
+    qk, weight = qkv[:, :5], torch.rand(5, 32, generator=gen).to(torch.bfloat16)
+    ours = torch.ops.edge_infer.rms_norm(qk, weight, 1e-6, VARIANT)
+    assert ours.is_contiguous() and torch.allclose(ours.float(), pytorch_rms_norm(qk, weight, 1e-6).float(), rtol=2**-7)
+
+
+def test_rms_norm_of_a_nan_row_is_nan_and_leaves_the_others():
+    x = torch.ones(2, 64, dtype=torch.bfloat16)
+    x[0, 3] = float("nan")
+    out = torch.ops.edge_infer.rms_norm(x, torch.ones(64, dtype=torch.bfloat16), 1e-6, VARIANT)
+    assert out[0].isnan().all() and torch.equal(out[1], torch.ones(64, dtype=torch.bfloat16))
+
+
+def test_rms_norm_refuses_what_it_cannot_take():
+    with pytest.raises(RuntimeError, match="x must be bf16"):
+        torch.ops.edge_infer.rms_norm(torch.ones(2, 8), torch.ones(8), 1e-6, VARIANT)
+    with pytest.raises(RuntimeError, match="the weight must be 8"):
+        torch.ops.edge_infer.rms_norm(torch.ones(2, 8, dtype=torch.bfloat16), torch.ones(7, dtype=torch.bfloat16), 1e-6, VARIANT)
+
+
+def test_the_models_take_rms_norm_for_bf16_once_enabled(monkeypatch):
+    x, weight = torch.randn(3, 64).to(torch.bfloat16), torch.rand(64).to(torch.bfloat16)
+    monkeypatch.setattr(native_ops, "_variant", None)
+    assert torch.equal(native_ops.rms_norm(x, weight, 1e-6), pytorch_rms_norm(x, weight, 1e-6))
+    monkeypatch.setattr(native_ops, "_variant", VARIANT)
+    assert torch.equal(native_ops.rms_norm(x, weight, 1e-6), torch.ops.edge_infer.rms_norm(x, weight, 1e-6, VARIANT))
+    assert torch.equal(native_ops.rms_norm(x.float(), weight.float(), 1e-6),  # fp32 stays PyTorch's
+                       pytorch_rms_norm(x.float(), weight.float(), 1e-6))

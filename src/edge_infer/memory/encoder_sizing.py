@@ -64,8 +64,9 @@ def vision_tensor_bytes(cfg: VisionConfig, patches: int, d: int, native: bool = 
     """The bytes of the tensors one ViT call over ``patches`` patches holds at once, by shape.
 
     Per patch, in the largest of its phases (``x`` the residual a block starts from, held by the caller):
-    the patch embedding (a ``d``-byte copy of the fp32 pixels, then ``x`` in window order); a block's
-    rotary step (``x``, the fused qkv, and q/k rotated: by the ``native`` kernel into a new tensor of the
+    the patch embedding (a ``d``-byte copy of the fp32 pixels, then ``x`` in window order); a norm (its
+    output, plus two fp32 copies unless the ``native`` kernel normalises in one pass); a block's rotary
+    step (``x``, the fused qkv, and q/k rotated: by the ``native`` kernel into a new tensor of the
     activations' dtype, or by PyTorch in fp32, the float copy rotated in place and the roll); its attention
     (q/k/v gathered where windows differ in size, the output); its MLP (``x``, qkv, the rotated q/k and the
     attention output are still referenced, the residual after attention, gate/up with the activation
@@ -76,11 +77,11 @@ def vision_tensor_bytes(cfg: VisionConfig, patches: int, d: int, native: bool = 
     m2 = cfg.merge_unit
     pixels_copy = cfg.patch_dim * d if d != FP32 else 0
     embed = max(pixels_copy + h * d, 2 * h * d)
-    norm = 2 * h * d + 2 * h * FP32
+    norm = 2 * h * d + (0 if native else 2 * h * FP32)
     rotary = 6 * h * d if native else 4 * h * d + 2 * 2 * h * FP32
     attention = 11 * h * d
     mlp = 8 * h * d + 3 * i * d
-    merger = max(2 * h * d + 2 * h * FP32, 3 * h * d, 2 * h * d + o * d // m2)
+    merger = max(norm, 3 * h * d, 2 * h * d + o * d // m2)
     per_patch = 2 * cfg.head_dim * FP32 + 2 * INT64 + max(embed, norm, rotary, attention, mlp, merger)
     return patches * per_patch
 

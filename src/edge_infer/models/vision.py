@@ -28,10 +28,9 @@ from torch import nn
 from edge_infer.models.encoder_config import VISION_NORM_EPS, VisionConfig
 from edge_infer.models.encoder_weights import vision_weight_specs
 from edge_infer.models.layers.linear import Linear
-from edge_infer.models.layers.native_ops import rotate, swiglu
+from edge_infer.models.layers.native_ops import rms_norm, rotate, swiglu
 from edge_infer.models.layers.rope import inverse_frequencies
 from edge_infer.models.layers.segments import Segments
-from edge_infer.models.llama import rms_norm
 from edge_infer.models.loader import resident_bytes, resolve_target
 from edge_infer.models.weights import WeightSpec
 

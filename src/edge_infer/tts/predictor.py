@@ -15,7 +15,7 @@ import torch
 
 from edge_infer.models.layers.attention import AttentionMetadata, build_seq_attention
 from edge_infer.models.layers.kv_cache import KVCache, KVLayout
-from edge_infer.models.llama import rms_norm
+from edge_infer.models.layers.native_ops import rms_norm
 from edge_infer.models.qwen3_tts.talker import PredictorDecoder
 
 # Picks a code from one request's fp32 logits row.

@@ -262,6 +262,7 @@ struct Bf16Rows {
   static constexpr auto dot = &IsaKernels::dot_bf16;
   static constexpr auto axpy = &IsaKernels::axpy_bf16;
   static constexpr auto silu_mul = &IsaKernels::silu_mul_bf16;
+  static constexpr auto rms_norm = &IsaKernels::rms_norm_bf16;
 };
 struct F32Rows {
   using T = float;
@@ -271,6 +272,7 @@ struct F32Rows {
   static constexpr auto dot = &IsaKernels::dot_f32;
   static constexpr auto axpy = &IsaKernels::axpy_f32;
   static constexpr auto silu_mul = &IsaKernels::silu_mul_f32;
+  static constexpr auto rms_norm = &IsaKernels::rms_norm_f32;
 };
 
 // The reference's dot products within fp32 rounding of double precision; every variant's dot products and
@@ -392,8 +394,40 @@ void check_silu_mul(const std::vector<const IsaKernels*>& variants, Rng& rng, in
   }
 }
 
-// The vector helpers (attention loops over both cache types, attention weights, SwiGLU's activation, bf16
-// rounding, SnakeBeta): the same bits on every variant.
+// RMSNorm: the reference within the roundings of the formula taken in double (the fp32 normalised value and,
+// for bf16 rows, its two roundings to bf16), a NaN anywhere in a row NaN everywhere in it; every variant
+// bit-identical to it, in place as well.
+template <typename R>
+void check_rms_norm(const std::vector<const IsaKernels*>& variants, Rng& rng, int n) {
+  using T = typename R::T;
+  std::vector<T> x(n), weight(n), want(n);
+  for (int i = 0; i < n; ++i) x[i] = R::make(rng.uniform() * 8.f - 4.f), weight[i] = R::make(rng.uniform() * 2.f);
+  const float eps = 1e-6f;
+  (variants[0]->*R::rms_norm)(x.data(), weight.data(), n, eps, want.data());
+  double squares = 0.0;
+  for (int i = 0; i < n; ++i) squares += R::value(x[i]) * R::value(x[i]);
+  const double r = 1.0 / std::sqrt(squares / n + eps), bound = sizeof(T) == 2 ? 0x1p-7 : 0x1p-21;
+  for (int i = 0; i < n; ++i) {
+    const double exact = R::value(x[i]) * r * R::value(weight[i]);
+    if (std::fabs(R::value(want[i]) - exact) > std::fabs(exact) * bound + 1e-30)
+      fail(variants[0]->name, "rms_norm rounding", i, static_cast<float>(R::value(want[i])), static_cast<float>(exact));
+    mix(static_cast<float>(R::value(want[i])));
+  }
+  for (size_t v = 0; v < variants.size(); ++v) {
+    std::vector<T> got = x;
+    (variants[v]->*R::rms_norm)(got.data(), weight.data(), n, eps, got.data());
+    for (int i = 0; i < n; ++i)
+      if (!same(static_cast<float>(R::value(got[i])), static_cast<float>(R::value(want[i]))))
+        fail(variants[v]->name, "rms_norm", i, static_cast<float>(R::value(got[i])), static_cast<float>(R::value(want[i])));
+  }
+  x[n / 2] = R::make(NAN);
+  (variants[0]->*R::rms_norm)(x.data(), weight.data(), n, eps, want.data());
+  for (int i = 0; i < n; ++i)
+    if (!std::isnan(R::value(want[i]))) fail(variants[0]->name, "rms_norm of a NaN row", i, static_cast<float>(R::value(want[i])), NAN);
+}
+
+// The vector helpers (attention loops over both cache types, attention weights, SwiGLU's activation, RMSNorm,
+// bf16 rounding, SnakeBeta): the same bits on every variant.
 void run_vector_case(const std::vector<const IsaKernels*>& variants, Rng& rng) {
   const int n = 16 * (1 + rng.below(16)), count = 1 + rng.below(16), stride = n + 16 * rng.below(3);
   check_attention_loops<Bf16Rows>(variants, rng, n, count, stride);
@@ -444,6 +478,8 @@ void run_vector_case(const std::vector<const IsaKernels*>& variants, Rng& rng) {
   run_softmax_case(variants, rng, 1 + rng.below(600));
   check_silu_mul<Bf16Rows>(variants, rng, 1 + rng.below(700));
   check_silu_mul<F32Rows>(variants, rng, 1 + rng.below(700));
+  check_rms_norm<Bf16Rows>(variants, rng, 1 + rng.below(700));
+  check_rms_norm<F32Rows>(variants, rng, 1 + rng.below(700));
   run_snake_case(variants, rng, n + rng.below(16));
 }
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edge_infer.models.layers.rope import apply_rotary, inverse_frequencies, rotary_tables
-from edge_infer.models.llama import rms_norm
+from edge_infer.models.layers.native_ops import rms_norm
 from edge_infer.models.qwen3_tts.config import TransformerShape
 
 

@@ -24,7 +24,8 @@ from torch import nn
 
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.layers.linear import Linear
-from edge_infer.models.llama import DecoderLM, rms_norm
+from edge_infer.models.layers.native_ops import rms_norm
+from edge_infer.models.llama import DecoderLM
 from edge_infer.models.qwen3_tts.config import Qwen3TTSConfig
 from edge_infer.models.qwen3_tts.talker_weights import predictor_specs, talker_specs
 from edge_infer.models.weights import WeightSpec

@@ -31,14 +31,13 @@ using bf16 = at::BFloat16;
 template <typename T>
 inline float rounded(float v) { return static_cast<float>(static_cast<T>(v)); }
 
-// rms_norm of models/llama.py: normalise in fp32, round, scale by the weight, round.
-template <typename T>
-void rms_norm(const T* x, const T* weight, int64_t n, float eps, T* out) {
-  float squares = 0.f;
-  for (int64_t i = 0; i < n; ++i) squares += static_cast<float>(x[i]) * static_cast<float>(x[i]);
-  const float r = 1.f / std::sqrt(squares / static_cast<float>(n) + eps);
-  for (int64_t i = 0; i < n; ++i)
-    out[i] = static_cast<T>(rounded<T>(static_cast<float>(x[i]) * r) * static_cast<float>(weight[i]));
+// isa.h's rms_norm for each activation type (out may be x).
+void rms_norm(const IsaKernels& isa, const bf16* x, const bf16* weight, int64_t n, float eps, bf16* out) {
+  isa.rms_norm_bf16(reinterpret_cast<const uint16_t*>(x), reinterpret_cast<const uint16_t*>(weight), n, eps,
+                    reinterpret_cast<uint16_t*>(out));
+}
+void rms_norm(const IsaKernels& isa, const float* x, const float* weight, int64_t n, float eps, float* out) {
+  isa.rms_norm_f32(x, weight, n, eps, out);
 }
 
 // apply_rotary: x * cos (rounded) + roll(x, d / 2) * signed_sin, in place over ``heads`` heads.
@@ -186,7 +185,7 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Te
     // Attention block: norm, q/k/v, per-head norms, RoPE, cache write, attention, output projection.
     std::vector<T> h(m * qkv.k, T(0.f)), proj;
     for (int64_t i = 0; i < m; ++i)
-      rms_norm(xp + i * hidden, input_norm.data_ptr<T>(), hidden, eps, h.data() + i * qkv.k);
+      rms_norm(isa, xp + i * hidden, input_norm.data_ptr<T>(), hidden, eps, h.data() + i * qkv.k);
     matmul(isa, h, m, qkv, proj);
     T* kc = k_cache.data_ptr<T>();
     T* vc = v_cache.data_ptr<T>();
@@ -197,9 +196,9 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Te
         for (int64_t j = 0; j < qkv_n; ++j) row[j] = static_cast<T>(static_cast<float>(row[j]) + static_cast<float>(b[j]));
       }
       if (q_norm.has_value()) {
-        for (int64_t hd = 0; hd < heads; ++hd) rms_norm(row + hd * d, q_norm->data_ptr<T>(), d, eps, row + hd * d);
+        for (int64_t hd = 0; hd < heads; ++hd) rms_norm(isa, row + hd * d, q_norm->data_ptr<T>(), d, eps, row + hd * d);
         for (int64_t hd = 0; hd < kv_heads; ++hd)
-          rms_norm(row + q_size + hd * d, k_norm->data_ptr<T>(), d, eps, row + q_size + hd * d);
+          rms_norm(isa, row + q_size + hd * d, k_norm->data_ptr<T>(), d, eps, row + q_size + hd * d);
       }
       rotate(row, heads + kv_heads, d, cos.data_ptr<T>() + i * d, sin.data_ptr<T>() + i * d);
       std::copy(row + q_size, row + q_size + kv_size, kc + slot[i] * kv_size);
@@ -226,7 +225,7 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Te
     // MLP block: norm, gate/up, silu(gate) * up, down, residual.
     std::vector<T> h2(m * gate_up.k, T(0.f));
     for (int64_t i = 0; i < m; ++i)
-      rms_norm(y + i * hidden, post_norm.data_ptr<T>(), hidden, eps, h2.data() + i * gate_up.k);
+      rms_norm(isa, y + i * hidden, post_norm.data_ptr<T>(), hidden, eps, h2.data() + i * gate_up.k);
     matmul(isa, h2, m, gate_up, proj);
     std::vector<T> act(m * down.k, T(0.f));
     for (int64_t i = 0; i < m; ++i) {

@@ -81,6 +81,11 @@ struct IsaKernels {
   // mul then addcmul round it; out holds the heads contiguously.
   void (*rotate_bf16)(const uint16_t* x, int64_t heads, int64_t stride, int64_t d, const float* cos, const float* sin,
                       uint16_t* out);
+  // models/llama.py's RMSNorm of one row of n values: x / sqrt(mean(x^2) + eps) in fp32, rounded to the row's
+  // type, times the weight, rounded again (bf16 rounds, fp32 does not). The squares are summed in 16 lanes
+  // (lane l takes the columns i = l mod 16, in order) reduced as the dot product's. out may be x.
+  void (*rms_norm_bf16)(const uint16_t* x, const uint16_t* weight, int64_t n, float eps, uint16_t* out);
+  void (*rms_norm_f32)(const float* x, const float* weight, int64_t n, float eps, float* out);
   // Tile matrix units (AMX-INT8; null on variants without one). A prompt's rows in whole blocks of 16 through
   // one 64-row tile: m a multiple of 16, out as w4a8_tile's and bit for bit its result (the same int32 group
   // sums, the same float steps). panels_ready asks the OS for the tile registers once per process: false, and

@@ -155,6 +155,40 @@ void round_bf16(const float* x, int64_t n, uint16_t* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(x[i]);
 }
 
+// The 16 lanes of a sum reduced pairwise, as the dot product's (isa.h): l + l+8, l + l+4, l + l+2, then 0 + 1.
+inline float reduce_lanes(float* lanes) {
+  for (int width = 8; width >= 1; width /= 2)
+    for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+  return lanes[0];
+}
+
+// isa.h's rms_norm over one row of T (bf16 as uint16_t, or fp32). Each rounding its own loop over a chunk, as
+// round_add_bf16's, so that the compiler vectorizes both.
+template <typename T>
+void rms_norm_row(const T* x, const T* weight, int64_t n, float eps, T* out) {
+  float lanes[16] = {};
+  const int64_t whole = n / 16 * 16;
+  for (int64_t i = 0; i < whole; i += 16)
+    for (int l = 0; l < 16; ++l) lanes[l] += to_float(x[i + l]) * to_float(x[i + l]);
+  for (int64_t i = whole; i < n; ++i) lanes[i - whole] += to_float(x[i]) * to_float(x[i]);
+  const float r = 1.f / __builtin_sqrtf(reduce_lanes(lanes) / static_cast<float>(n) + eps);
+  constexpr int64_t kChunk = 256;
+  T scaled[kChunk];
+  for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+    const int64_t len = n - i0 < kChunk ? n - i0 : kChunk;
+    for (int64_t i = 0; i < len; ++i) scaled[i] = from_float<T>(to_float(x[i0 + i]) * r);
+    for (int64_t i = 0; i < len; ++i) out[i0 + i] = from_float<T>(to_float(scaled[i]) * to_float(weight[i0 + i]));
+  }
+}
+
+void rms_norm_bf16(const uint16_t* x, const uint16_t* weight, int64_t n, float eps, uint16_t* out) {
+  rms_norm_row(x, weight, n, eps, out);
+}
+
+void rms_norm_f32(const float* x, const float* weight, int64_t n, float eps, float* out) {
+  rms_norm_row(x, weight, n, eps, out);
+}
+
 // models/layers/rope.py's apply_rotary on one token's bf16 heads (head h at x + h * stride), in fp32:
 // out = bf16(x * cos + roll(x, d / 2) * signed_sin), rounded as PyTorch's mul_ and then addcmul_ (a fused
 // multiply-add of the rolled product onto the rounded first one) round them.
@@ -305,6 +339,6 @@ inline float w8a8_group(float acc, int32_t dot, float scale, float alpha) {
   extern const IsaKernels symbol = {isa_name, quantize_f32, quantize_bf16, w4a8_tile, w8a8_tile, w16_tile,  \
                                     dot_bf16, axpy_bf16,     round_bf16,    dot_f32,   axpy_f32,           \
                                     softmax_f32, silu_mul_bf16, silu_mul_f32, snake_f32, round_add_bf16,       \
-                                    rotate_bf16, ready,      w4a8,          w8a8};                          \
+                                    rotate_bf16, rms_norm_bf16, rms_norm_f32, ready, w4a8,    w8a8};        \
   }
 #define EDGE_INFER_ISA_TABLE(symbol, isa_name) EDGE_INFER_ISA_TABLE_WITH_PANELS(symbol, isa_name, nullptr, nullptr, nullptr)

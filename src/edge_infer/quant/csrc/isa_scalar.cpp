@@ -62,9 +62,7 @@ void dot_rows(const T* q, const T* k, int64_t stride, int64_t count, int64_t n, 
     float lanes[16] = {};
     for (int64_t i = 0; i < n; i += 16)
       for (int j = 0; j < 16; ++j) lanes[j] = __builtin_fmaf(to_float(q[i + j]), to_float(k[i + j]), lanes[j]);
-    for (int width = 8; width >= 1; width /= 2)
-      for (int j = 0; j < width; ++j) lanes[j] += lanes[j + width];
-    out[r] = lanes[0];
+    out[r] = reduce_lanes(lanes);
   }
 }
 
