@@ -250,9 +250,8 @@ void softmax_f32(float* p, int64_t n, float scale) {
   for (j = 0; j + 16 <= n; j += 16)
     for (int l = 0; l < 16; ++l) lanes[l] += p[j + l];
   for (int l = 0; j + l < n; ++l) lanes[l] += p[j + l];
-  for (int width = 8; width >= 1; width /= 2)
-    for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
-  for (j = 0; j < n; ++j) p[j] /= lanes[0];
+  const float total = reduce_lanes(lanes);
+  for (j = 0; j < n; ++j) p[j] /= total;
 }
 
 // SwiGLU's activation as models/llama.py computes it in T: silu(gate) = gate / (1 + e^-gate) rounded to T,
