@@ -110,7 +110,12 @@ void run_case(const std::vector<const IsaKernels*>& variants, const Case& c, Rng
     for (int g = 0; g < c.groups; ++g) {
       const float mantissa = 0.5f + 0.5f * std::fabs(rng.uniform());
       const float scale = from_bf16(to_bf16(std::ldexp(mantissa, -4 - rng.below(6))));
-      const float zero = c.symmetric || c.bits == 8 ? 0.f : from_bf16(to_bf16(scale * 8.f * rng.uniform()));
+      // Asymmetric: now and then a zero of 0 or -0, so that a group mixes lanes with and without the zero term.
+      const int zero_kind = rng.below(8);
+      float zero = from_bf16(to_bf16(scale * 8.f * rng.uniform()));
+      if (zero_kind == 0) zero = 0.f;
+      if (zero_kind == 1) zero = -0.f;
+      if (c.symmetric || c.bits == 8) zero = 0.f;
       if (c.bits == 4) {
         sz[g * 2 * kTileRows + r] = to_bf16(scale);
         sz[g * 2 * kTileRows + kTileRows + r] = to_bf16(zero);

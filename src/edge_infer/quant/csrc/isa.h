@@ -22,7 +22,8 @@
 //
 // Activations are quantized per row and group of G columns, x = alpha * q with q
 // in -127..127. For one output row and one group, with exact int32 sums:
-//   W4A8: sum x w = alpha * scale * sum q code + (zero - 8 scale) * alpha * sum q
+//   W4A8: sum x w = alpha * scale * (sum q code - 8 sum q) + zero * alpha * sum q
+// (the parenthesis exact in int32; the zero term only where zero is not 0: a symmetric checkpoint has none)
 //   W8A8: sum x w = alpha * scale * sum q code
 // W16A32 accumulates one fused multiply-add per column, in column order.
 #pragma once

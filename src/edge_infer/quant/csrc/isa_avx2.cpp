@@ -107,16 +107,22 @@ void w4a8_rows(const uint8_t* codes, const uint16_t* sz, const Int8Rows& x, int6
       for (int p = 0; p < kRows; ++p)
         for (int r = 0; r < kRegs; ++r) dot[p][r] = add_partial(dot[p][r], partial[p][r]);
     }
-    const uint16_t* s = sz + g * 2 * kTileRows + r0;
-    const __m256 eight = _mm256_set1_ps(8.f);
+    const uint16_t* s = sz + g * 2 * kTileRows;
+    const bool zeros = takes_zero_term(s + kTileRows);
+    s += r0;
     for (int p = 0; p < kRows; ++p) {
       const float alpha = x.alpha[(i + p) * groups + g];
-      const __m256 al = _mm256_set1_ps(alpha);
-      const __m256 total = _mm256_set1_ps(alpha * static_cast<float>(x.sum[(i + p) * groups + g]));
+      const int32_t sum = x.sum[(i + p) * groups + g];
+      const __m256 al = _mm256_set1_ps(alpha), total = _mm256_set1_ps(alpha * static_cast<float>(sum));
+      const __m256i eight_sums = _mm256_set1_epi32(8 * sum);
       for (int r = 0; r < kRegs; ++r) {
-        const __m256 scale = load_bf16x8(s + 8 * r), zero = load_bf16x8(s + kTileRows + 8 * r);
-        acc[p][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[p][r]), _mm256_mul_ps(scale, al), acc[p][r]);
-        acc[p][r] = _mm256_fmadd_ps(_mm256_fnmadd_ps(eight, scale, zero), total, acc[p][r]);
+        const __m256i exact = _mm256_sub_epi32(dot[p][r], eight_sums);
+        acc[p][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), _mm256_mul_ps(load_bf16x8(s + 8 * r), al), acc[p][r]);
+        if (zeros) {  // w4a8_group's zero term, in the lanes whose zero is not 0
+          const __m256 zero = load_bf16x8(s + kTileRows + 8 * r);
+          acc[p][r] = _mm256_blendv_ps(acc[p][r], _mm256_fmadd_ps(zero, total, acc[p][r]),
+                                       _mm256_cmp_ps(zero, _mm256_setzero_ps(), _CMP_NEQ_UQ));
+        }
       }
     }
   }

@@ -22,6 +22,11 @@ inline __m512i broadcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
+// w4a8_group's zero term, in the lanes whose zero is not 0.
+inline __m512 add_zero_term(__m512 acc, __m512 zero, __m512 total) {
+  return _mm512_mask3_fmadd_ps(zero, total, acc, _mm512_cmp_ps_mask(zero, _mm512_setzero_ps(), _CMP_NEQ_UQ));
+}
+
 // Activation rows i .. i + kRows - 1 through the whole tile: out[p * 64 + r] for row i + p. Several rows of a
 // prefill chunk share each unpacked weight register (32 registers hold 4 rows' accumulators).
 template <int kRows>
@@ -53,15 +58,16 @@ void w4a8_rows(const uint8_t* codes, const uint16_t* sz, const Int8Rows& x, int6
       }
     }
     const uint16_t* s = sz + g * 2 * kTileRows;
-    const __m512 eight = _mm512_set1_ps(8.f);
+    const bool zeros = takes_zero_term(s + kTileRows);
     for (int p = 0; p < kRows; ++p) {
       const float alpha = x.alpha[(i + p) * groups + g];
-      const __m512 al = _mm512_set1_ps(alpha);
-      const __m512 total = _mm512_set1_ps(alpha * static_cast<float>(x.sum[(i + p) * groups + g]));
+      const int32_t sum = x.sum[(i + p) * groups + g];
+      const __m512 al = _mm512_set1_ps(alpha), total = _mm512_set1_ps(alpha * static_cast<float>(sum));
+      const __m512i eight_sums = _mm512_set1_epi32(8 * sum);
       for (int r = 0; r < 4; ++r) {
-        const __m512 scale = load_bf16x16(s + 16 * r), zero = load_bf16x16(s + kTileRows + 16 * r);
-        acc[p][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[p][r]), _mm512_mul_ps(scale, al), acc[p][r]);
-        acc[p][r] = _mm512_fmadd_ps(_mm512_fnmadd_ps(eight, scale, zero), total, acc[p][r]);
+        const __m512i exact = _mm512_sub_epi32(dot[p][r], eight_sums);
+        acc[p][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(load_bf16x16(s + 16 * r), al), acc[p][r]);
+        if (zeros) acc[p][r] = add_zero_term(acc[p][r], load_bf16x16(s + kTileRows + 16 * r), total);
       }
     }
   }

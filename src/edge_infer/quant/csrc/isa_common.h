@@ -318,10 +318,20 @@ void snake_f32(const float* x, int64_t n, float alpha, float inv_beta, float* ou
   }
 }
 
-// The float part of one group for one output row: dot is the exact int32 sum of q * code.
-inline float w4a8_group(float acc, int32_t dot, float scale, float zero, float alpha, float total) {
-  acc = __builtin_fmaf(static_cast<float>(dot), scale * alpha, acc);
-  return __builtin_fmaf(__builtin_fmaf(-8.f, scale, zero), total, acc);
+// The float part of one group for one output row. dot is the exact int32 sum of q * code (codes 0..15) and sum
+// the sum of q, so dot - 8 sum is exactly the sum of q * (code - 8): one rounding for the weights' part, with
+// no large offset term to cancel it. The zero term is added only where zero is not 0 (-0 counts as 0): none of
+// a symmetric checkpoint's groups takes it, and a variant skips it for a group whose zeros are all 0.
+inline float w4a8_group(float acc, int32_t dot, int32_t sum, float scale, float zero, float alpha, float total) {
+  acc = __builtin_fmaf(static_cast<float>(dot - 8 * sum), scale * alpha, acc);
+  return zero != 0.f ? __builtin_fmaf(zero, total, acc) : acc;
+}
+
+// Whether any of a group's 64 zeros (bf16) is not 0, -0 included: whether the group takes the zero term.
+inline bool takes_zero_term(const uint16_t* zeros) {
+  uint32_t any = 0;
+  for (int64_t r = 0; r < kTileRows; ++r) any |= zeros[r] & 0x7FFFu;
+  return any != 0;
 }
 
 inline float w8a8_group(float acc, int32_t dot, float scale, float alpha) {

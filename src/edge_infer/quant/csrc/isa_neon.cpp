@@ -17,14 +17,19 @@ namespace {
 
 inline float32x4_t load_bf16x4(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
 
-// acc[r] = fma rounds of one group for the 64 rows (see w4a8_group / w8a8_group in isa_common.h).
-inline void finish_group(float* acc, const int32x4_t* dot, const uint16_t* scale, const uint16_t* zero, float alpha,
-                         float total) {
-  const float32x4_t al = vdupq_n_f32(alpha), tot = vdupq_n_f32(total), eight = vdupq_n_f32(8.f);
+// acc[r] = fma rounds of one group for the 64 rows (see w4a8_group / w8a8_group in isa_common.h): dot less
+// ``offset`` (W4A8: 8 times the activations' sum), then the zero term where ``zero`` is given.
+inline void finish_group(float* acc, const int32x4_t* dot, int32_t offset, const uint16_t* scale, const uint16_t* zero,
+                         float alpha, float total) {
+  const float32x4_t al = vdupq_n_f32(alpha), tot = vdupq_n_f32(total);
+  const int32x4_t off = vdupq_n_s32(offset);
   for (int r = 0; r < 16; ++r) {
     const float32x4_t s = load_bf16x4(scale + 4 * r);
-    float32x4_t a = vfmaq_f32(vld1q_f32(acc + 4 * r), vcvtq_f32_s32(dot[r]), vmulq_f32(s, al));
-    if (zero != nullptr) a = vfmaq_f32(a, vfmsq_f32(load_bf16x4(zero + 4 * r), eight, s), tot);
+    float32x4_t a = vfmaq_f32(vld1q_f32(acc + 4 * r), vcvtq_f32_s32(vsubq_s32(dot[r], off)), vmulq_f32(s, al));
+    if (zero != nullptr) {  // in the lanes whose zero is not 0
+      const float32x4_t z = load_bf16x4(zero + 4 * r);
+      a = vbslq_f32(vmvnq_u32(vceqq_f32(z, vdupq_n_f32(0.f))), vfmaq_f32(a, z, tot), a);
+    }
     vst1q_f32(acc + 4 * r, a);
   }
 }
@@ -51,8 +56,10 @@ void w4a8_tile(const uint8_t* codes, const uint16_t* sz, const Int8Rows& x, int6
         }
       }
       const float alpha = x.alpha[i * groups + g];
+      const int32_t sum = x.sum[i * groups + g];
       const uint16_t* s = sz + g * 2 * kTileRows;
-      finish_group(out, dot, s, s + kTileRows, alpha, alpha * static_cast<float>(x.sum[i * groups + g]));
+      finish_group(out, dot, 8 * sum, s, takes_zero_term(s + kTileRows) ? s + kTileRows : nullptr, alpha,
+                   alpha * static_cast<float>(sum));
     }
   }
 }
@@ -76,7 +83,7 @@ void w8a8_tile(const int8_t* codes, const uint16_t* scales, const Int8Rows& x, i
           dot[r] = vdotq_laneq_s32(dot[r], vld1q_s8(w + 12 * kTileRows + 16 * r), a, 3);
         }
       }
-      finish_group(out, dot, scales + g * kTileRows, nullptr, x.alpha[i * groups + g], 0.f);
+      finish_group(out, dot, 0, scales + g * kTileRows, nullptr, x.alpha[i * groups + g], 0.f);
     }
   }
 }

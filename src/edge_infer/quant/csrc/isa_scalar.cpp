@@ -19,8 +19,9 @@ void w4a8_tile(const uint8_t* codes, const uint16_t* sz, const Int8Rows& x, int6
         }
         const uint16_t* group_sz = sz + g * 2 * kTileRows;
         const float alpha = x.alpha[i * groups + g];
-        acc = w4a8_group(acc, dot, bf16_to_float(group_sz[r]), bf16_to_float(group_sz[kTileRows + r]), alpha,
-                         alpha * static_cast<float>(x.sum[i * groups + g]));
+        const int32_t sum = x.sum[i * groups + g];
+        acc = w4a8_group(acc, dot, sum, bf16_to_float(group_sz[r]), bf16_to_float(group_sz[kTileRows + r]), alpha,
+                         alpha * static_cast<float>(sum));
       }
       out[i * kTileRows + r] = acc;
     }
