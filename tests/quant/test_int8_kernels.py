@@ -45,15 +45,16 @@ def int8_bound(x: torch.Tensor, w: torch.Tensor, group_size: int) -> torch.Tenso
 @pytest.mark.parametrize("weights", sorted(WEIGHTS))
 @pytest.mark.parametrize("group_size", GROUP_SIZES)
 def test_each_isa_variant_equals_the_scalar_reference_bit_for_bit(variant, weights, group_size):
-    """Partial row tiles, padded columns, fp32 and bf16; 1, 17 and 150 activation rows: past the 16-row blocks, and
-    on a tile unit (amx-int8) a full panel of 128, a block of 16 and a tail through the vector kernel."""
+    """Partial row tiles, padded columns, fp32 and bf16; 1, 12, 17 and 150 activation rows: past the 16-row blocks,
+    and on a tile unit (amx-int8) one row through the vector kernel, a full panel of 128 and partial blocks
+    padded with rows of zeros (12 rows alone, the 17th, the 150th's block of 6)."""
     bits, symmetric = WEIGHTS[weights]
     torch.manual_seed(group_size + bits)
     weight = torch.randn(200, 2 * group_size + 24) * 0.05
     for dtype in (torch.float32, torch.bfloat16):
         kernel, _ = packed(weight, group_size, bits, symmetric, dtype, variant)
         reference, _ = packed(weight, group_size, bits, symmetric, dtype, "scalar")
-        for rows in (1, 17, 150):
+        for rows in (1, 12, 17, 150):
             x = torch.randn(rows, weight.shape[1]).to(dtype)
             assert torch.equal(kernel(x), reference(x)), (variant, dtype, rows)
 

@@ -51,6 +51,9 @@ constexpr int64_t kRowBlock = 16;  // activation rows per tile call: keeps the f
 // Tile-unit panels (isa.h) take activation rows in blocks of kPanelBlock, up to kPanelRows per call: a W4A8
 // tile's codes are unpacked once per call, its fp32 sums (32 KiB) stay in L1/L2.
 constexpr int64_t kPanelBlock = 16, kPanelRows = 128;
+// Fewer rows stay on the vector kernel: padded to a block they cost it more (2048 x 22016 on 2 threads: 8 rows
+// tie, 0.95 against 1.0 ms; 10 rows 1.4 on the vector kernel against 1.0 padded; 12, 1.37 against 0.86).
+constexpr int64_t kPanelMinRows = 9;
 
 void quantize(const IsaKernels& isa, const float* x, int64_t k, int64_t group, int8_t* q, float* alpha, int32_t* sum) {
   isa.quantize_f32(x, k, group, q, alpha, sum);
@@ -109,12 +112,20 @@ template <typename T>
 void int8_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64_t m, T* out, const T* bias,
                  int64_t x_cols) {
   const int64_t k = w.k, groups = k / w.group, tiles = (w.n + kTileRows - 1) / kTileRows;
+  const bool panels = m >= kPanelMinRows && isa.panels_ready != nullptr && isa.panels_ready();
+  // The tile unit takes whole blocks of rows: a prompt's last, partial block goes through it padded with
+  // rows of zeros (their sums are dropped), not through the vector kernel, which is several times slower per row.
+  const int64_t rows_quantized = panels ? (m + kPanelBlock - 1) / kPanelBlock * kPanelBlock : m;
   // Scratch from PyTorch's allocator, not the C++ heap: a thinker's worker reuses its blocks (block_cache.cpp).
-  const at::Tensor q_rows = at::empty({m * k}, at::kChar), alpha_rows = at::empty({m * groups}, at::kFloat),
-                   sum_rows = at::empty({m * groups}, at::kInt);
+  const at::Tensor q_rows = at::empty({rows_quantized * k}, at::kChar),
+                   alpha_rows = at::empty({rows_quantized * groups}, at::kFloat),
+                   sum_rows = at::empty({rows_quantized * groups}, at::kInt);
   int8_t* q = q_rows.data_ptr<int8_t>();
   float* alpha = alpha_rows.data_ptr<float>();
   int32_t* sum = sum_rows.data_ptr<int32_t>();
+  std::fill(q + m * k, q + rows_quantized * k, int8_t{0});
+  std::fill(alpha + m * groups, alpha + rows_quantized * groups, 0.f);
+  std::fill(sum + m * groups, sum + rows_quantized * groups, 0);
   const int64_t cols = x_cols > 0 ? x_cols : k;
   // Rows are independent: a prompt's are shared out (on the tile unit the products no longer dwarf this pass).
   at::parallel_for(0, m, kRowBlock, [&](int64_t first, int64_t last) {
@@ -123,9 +134,8 @@ void int8_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64
   });
   const int64_t tile_codes = kTileRows * k / (w.bits == 4 ? 2 : 1);  // bytes of one tile's codes
   const int64_t tile_scales = groups * (w.bits == 4 ? 2 : 1) * kTileRows;
-  const bool panels = m >= kPanelBlock && isa.panels_ready != nullptr && isa.panels_ready();
   // Each thread takes whole row tiles and runs every activation row through a tile while it is in cache:
-  // whole blocks of 16 on the tile unit where there is one, the rest (or all) through the tile kernel.
+  // on the tile unit where there is one, else through the tile kernel.
   for_each_tile(tiles, [&](int64_t begin, int64_t end) {
     float scratch[kRowBlock * kTileRows];
     std::vector<float> panel_out(panels ? kPanelRows * kTileRows : 0);
@@ -134,17 +144,16 @@ void int8_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64
       const uint16_t* scales = w.scales + t * tile_scales;
       const int64_t rows = std::min(kTileRows, w.n - t * kTileRows);
       int64_t i0 = 0;
-      while (panels && m - i0 >= kPanelBlock) {
-        const int64_t block = std::min(kPanelRows, (m - i0) / kPanelBlock * kPanelBlock);
+      for (; panels && i0 < m; i0 += kPanelRows) {
+        const int64_t block = std::min(kPanelRows, rows_quantized - i0);
         const Int8Rows a{q + i0 * k, alpha + i0 * groups, sum + i0 * groups, k, w.group};
         if (w.bits == 4)
           isa.w4a8_panel(codes, scales, a, block, panel_out.data());
         else
           isa.w8a8_panel(reinterpret_cast<const int8_t*>(codes), scales, a, block, panel_out.data());
-        for (int64_t i = 0; i < block; ++i)
+        for (int64_t i = 0; i < std::min(block, m - i0); ++i)
           store(isa, panel_out.data() + i * kTileRows, bias == nullptr ? nullptr : bias + t * kTileRows, rows,
                 out + (i0 + i) * w.n + t * kTileRows);
-        i0 += block;
       }
       for (; i0 < m; i0 += kRowBlock) {
         const int64_t block = std::min(kRowBlock, m - i0);
