@@ -57,8 +57,29 @@ prepare llama llama-3.2-1b
 if [ ! -f "$models/qwen3-tts-0.6b/config.json" ]; then  # speech: no GGUF
   $EDGE_INFER synth "$models/qwen3-tts-0.6b" --family qwen3-tts --preset qwen3-tts-0.6b
 fi
-if [ ! -f "$models/qwen2.5-omni-3b/config.json" ]; then  # media in (the thinker): no GGUF; transformers is its baseline
+if [ ! -f "$models/qwen2.5-omni-3b/config.json" ]; then  # media in (the thinker): transformers and llama.cpp's libmtmd
   $EDGE_INFER synth "$models/qwen2.5-omni-3b" --family qwen2_5_omni --preset qwen2.5-omni-3b
+fi
+# llama.cpp's multimodal path (the media grids' llamacpp-*-mtmd arms, PYTHONPATH=benchmarks/llamacpp-mtmd): the
+# baseline's version built with libmtmd (-DLLAVA_BUILD=ON; .ci/run builds it without), for this CPU without
+# llama.cpp's AMX kernels (as .ci/run: they die of SIGILL on the AMX virtual machines); the thinker's two GGUFs
+# written by the converter vendored in that version's sdist (benchmarks/llamacpp_omni_gguf.py).
+no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+if [ ! -d benchmarks/llamacpp-mtmd/llama_cpp ]; then
+  version=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))')
+  CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=ON -DCMAKE_C_FLAGS='$no_amx' -DCMAKE_CXX_FLAGS='$no_amx'" \
+    "$PYTHON" -m pip install --no-cache-dir --no-deps --no-binary llama-cpp-python --target benchmarks/llamacpp-mtmd \
+    "llama-cpp-python==$version"
+fi
+omni=$models/gguf/qwen2.5-omni-3b
+if [ ! -f "$omni-Q4_K_M.gguf" ] || [ ! -f "$omni-mmproj-f16.gguf" ]; then
+  version=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))')
+  sdist=$(mktemp -d)
+  "$PYTHON" -m pip download --no-deps --no-binary :all: "llama-cpp-python==$version" -d "$sdist"
+  tar xzf "$sdist"/llama_cpp_python-"$version".tar.gz -C "$sdist"
+  "$PYTHON" benchmarks/llamacpp_omni_gguf.py "$sdist/llama_cpp_python-$version/vendor/llama.cpp" "$models/qwen2.5-omni-3b" "$models/gguf"
+  $EDGE_INFER bench llamacpp quantize "$omni-bf16.gguf" "$omni-Q4_K_M.gguf" --type Q4_K_M
+  rm -rf "$sdist"
 fi
 
 status=0

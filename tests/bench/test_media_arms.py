@@ -152,8 +152,9 @@ def test_bad_settings_and_a_checkpoint_that_does_not_fit_are_refused_with_the_re
         transformers_media.weights_fit(omni, 4)
 
 
-def test_the_published_spec_runs_every_arm_on_two_cores_and_each_command_parses():
-    spec = load_spec(SPEC)
+@pytest.mark.parametrize("spec_path", [SPEC, SPEC.with_name("media-qwen2.5-omni-3b-amx.json")], ids=["plain", "amx"])
+def test_the_published_spec_runs_every_arm_on_two_cores_and_each_command_parses(spec_path):
+    spec = load_spec(spec_path)
     assert spec.cores == "0-1" and spec.metric == "image_ttft_ms"
     tags = [arm.tag for arm in spec.arms]
     assert {"edge-infer-bf16", "edge-infer-w4a8", "edge-infer-w4a16", "transformers-bf16"} <= set(tags)
@@ -162,3 +163,34 @@ def test_the_published_spec_runs_every_arm_on_two_cores_and_each_command_parses(
         args = build_parser(words[0]).parse_args(words)
         assert args.tag == arm.tag and args.media == "image,audio,both" and args.image_size == 448
         assert args.audio_seconds == 10 and (args.num_threads if args.bench_command == "media" else args.threads) == 2
+
+
+def test_the_llamacpp_arm_hands_libmtmd_one_marker_per_media_item_of_the_chat_template(omni):
+    """libmtmd adds its own start and end markers and the embedding rows: each item's span in the rendered
+    template (start marker, placeholder, end marker) becomes its one media marker, the text around it kept."""
+    from transformers import AutoTokenizer
+
+    from edge_infer.bench.baselines.llamacpp_media import with_media_markers
+
+    s = media_bench.MediaBenchSettings(image_size=112, audio_seconds=2)
+    text = AutoTokenizer.from_pretrained(omni).apply_chat_template(
+        media_bench.request("both", s, 0).template_messages(), tokenize=False, add_generation_prompt=True)
+    marked = with_media_markers(text, "<__media__>")
+    assert marked.count("<__media__>") == 2
+    assert not any(token in marked for token in ("<|IMAGE|>", "<|AUDIO|>", "<|vision_bos|>", "<|audio_eos|>"))
+    assert marked.replace("<__media__>", "") == "".join(text.split("<|vision_bos|><|IMAGE|><|vision_eos|>")).replace(
+        "<|audio_bos|><|AUDIO|><|audio_eos|>", "")
+    assert media_bench.QUESTIONS["both"] in marked
+
+
+def test_the_llamacpp_arm_without_libmtmd_fails_naming_the_build_flag(omni):
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the baseline extra) is not installed")
+    try:
+        import llama_cpp.mtmd_cpp  # noqa: F401
+    except (ImportError, OSError):
+        pass
+    else:
+        pytest.skip(f"this llama-cpp-python ({llama_cpp.__file__}) has libmtmd")
+    gguf = Path(omni) / "none.gguf"
+    done = run_cli("bench", "llamacpp", "media", str(gguf), "--mmproj", str(gguf), "--tokenizer", str(omni), *SMALL)
+    assert done.returncode == 1 and "built without libmtmd" in done.stderr and "-DLLAVA_BUILD=ON" in done.stderr, done.stderr

@@ -5,6 +5,7 @@
     prepare MODEL DIR                          export bf16, then Q8_0, Q4_K_M and Q4_0 next to it
     pp-tg FILE.gguf [--pp 512] [--tg 128]      a grid arm: the same JSON keys as `bench pp-tg`
     check MODEL FILE.gguf                      greedy tokens of llama.cpp vs edge-infer on the same prompts
+    media TEXT.gguf --mmproj F --tokenizer M   a grid arm: `bench media`'s keys on llama.cpp's multimodal path
 
 `pp-tg` follows `edge-infer bench pp-tg` exactly (same prompts, same
 warm-up, same arithmetic in `harness/llama_bench.py`): threads = the cores this
@@ -20,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edge_infer.bench.harness import bandwidth, llama_bench
+from edge_infer.bench.harness import bandwidth, llama_bench, media_bench
 from edge_infer.bench.harness.arm_output import emit, mib, model_fingerprint, stamp
 from edge_infer.bench.harness.provenance import now_utc
 
@@ -59,6 +60,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--no-mmap", action="store_true", help="read weights into allocated memory instead of mapping the file")
     p.add_argument("--tag", default=None, help="label stored with the result")
     p.add_argument("--out", type=Path, metavar="FILE", help="also write the result JSON here")
+
+    p = sub.add_parser("media", help="encode time, TTFT and decode rate after an image, audio, both on libmtmd (a grid arm)")
+    from edge_infer.bench.baselines.llamacpp_media import add_args
+
+    add_args(p)
 
     p = sub.add_parser("check", help="greedy agreement of llama.cpp and edge-infer on a few prompts")
     p.add_argument("model", type=Path, help="the checkpoint the GGUF was exported from")
@@ -142,6 +148,12 @@ def run(args: argparse.Namespace) -> int:
             from edge_infer.bench.baselines.llamacpp_check import run_check
 
             result = run_check(args.model, args.gguf, args.prompt, args.tokens, args.dtype)
+        elif action == "media":
+            from edge_infer.bench.baselines import llamacpp_media
+            from edge_infer.bench.harness.arm_output import run_arm
+
+            s = media_bench.settings_from(args)
+            return run_arm("llamacpp media", lambda: llamacpp_media.measure(args, s), args.tag, started_at, args.out)
         else:
             result = {"export": _export, "quantize": _quantize, "prepare": _prepare, "pp-tg": _pp_tg}[action](args)
     except (ValueError, RuntimeError, ImportError, OSError) as exc:
