@@ -103,6 +103,7 @@ class MtmdThinker:
         id ``n_vocab``, which no token has)."""
         mtmd, llm = self.mtmd, self.model.llm
         llm.reset()
+        llm._ctx.kv_cache_clear()  # a prompt may open with media, which does not go through Llama.eval's clearing
         encode_s, ids = 0.0, []
         no_callback = ctypes.cast(None, mtmd.mtmd_helper_post_decode_callback)
         for i in range(mtmd.mtmd_input_chunks_size(chunks)):
@@ -154,7 +155,6 @@ class MtmdThinker:
 
 
 def measure(args: argparse.Namespace, s: media_bench.MediaBenchSettings) -> dict[str, Any]:
-    from edge_infer.bench.harness.arm_output import mib
     from edge_infer.memory.measure import PeakSampler, tree_rss_file_bytes
 
     threads = args.threads or len(os.sched_getaffinity(0))
@@ -173,12 +173,7 @@ def measure(args: argparse.Namespace, s: media_bench.MediaBenchSettings) -> dict
     finally:
         sampler.stop()
     return {
-        **metrics,
-        "init_s": round(init_s, 3),
-        "ready_s": round(ready_s, 3),
-        "peak_rss_anon_mb": mib(media_bench.run_peak_bytes(sampler, requests)),
-        "rss_anon_after_load_mb": mib(sampler.marks[0].rss_anon_bytes),
-        "rss_file_mb": mib(file_backed),
+        **media_bench.run_figures(metrics, requests, sampler, init_s, ready_s, file_backed),
         "engine": "llama.cpp (libmtmd)",
         "model": str(args.gguf),
         "requests": requests,

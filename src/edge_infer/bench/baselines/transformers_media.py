@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_infer.bench.harness import media_bench
-from edge_infer.bench.harness.arm_output import mib, run_arm
+from edge_infer.bench.harness.arm_output import run_arm
 from edge_infer.bench.harness.clock import process_age_s
 from edge_infer.bench.harness.provenance import now_utc
 
@@ -176,12 +176,7 @@ def measure(args: argparse.Namespace, s: media_bench.MediaBenchSettings) -> dict
         sampler.stop()
     model = thinker.model
     return {
-        **metrics,
-        "init_s": round(init_s, 3),
-        "ready_s": round(ready_s, 3),
-        "peak_rss_anon_mb": mib(media_bench.run_peak_bytes(sampler, requests)),
-        "rss_anon_after_load_mb": mib(sampler.marks[0].rss_anon_bytes),
-        "rss_file_mb": mib(file_backed),
+        **media_bench.run_figures(metrics, requests, sampler, init_s, ready_s, file_backed),
         "engine": "transformers",
         "model": str(args.model),
         "requests": requests,

@@ -207,9 +207,16 @@ def measure(chat: ChatFn, s: MediaBenchSettings) -> tuple[dict[str, float], dict
     return metrics, details
 
 
-def run_peak_bytes(sampler: PeakSampler, details: dict[str, Any]) -> int:
-    """The whole run's sampled peak: the run's own sampler or a request's, whichever caught more (both poll)."""
-    return max([sampler.peak_bytes, *(d["peak_rss_anon_bytes"] for d in details.values())])
+def run_figures(metrics: dict[str, float], details: dict[str, Any], sampler: PeakSampler, init_s: float, ready_s: float,
+                file_backed: int) -> dict[str, float]:
+    """The requests' metrics and the run's own, as every engine's arm prints them: load times, the run's sampled
+    peak (the run's sampler or a request's, whichever caught more: both poll), RssAnon after loading (the
+    sampler's first mark) and the file-backed bytes."""
+    from edge_infer.bench.harness.arm_output import mib
+
+    peak = max([sampler.peak_bytes, *(d["peak_rss_anon_bytes"] for d in details.values())])
+    return {**metrics, "init_s": round(init_s, 3), "ready_s": round(ready_s, 3), "peak_rss_anon_mb": mib(peak),
+            "rss_anon_after_load_mb": mib(sampler.marks[0].rss_anon_bytes), "rss_file_mb": mib(file_backed)}
 
 
 def describe(s: MediaBenchSettings) -> dict[str, Any]:

@@ -90,12 +90,7 @@ def measure(args: argparse.Namespace, settings: dict[str, Any], s: media_bench.M
     finally:
         sampler.stop()
     figures = {
-        **metrics,
-        "init_s": round(init_s, 3),
-        "ready_s": round(ready_s, 3),
-        "peak_rss_anon_mb": mib(media_bench.run_peak_bytes(sampler, requests)),
-        "rss_anon_after_load_mb": mib(sampler.marks[0].rss_anon_bytes),
-        "rss_file_mb": mib(file_backed),
+        **media_bench.run_figures(metrics, requests, sampler, init_s, ready_s, file_backed),
         "plan_steady_mb": mib(plan.steady_bytes),
         "plan_peak_mb": mib(plan.peak_bytes),
     }
