@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from edge_infer.bench.baselines import llamacpp_media
 from edge_infer.bench.harness import bandwidth, llama_bench, media_bench
-from edge_infer.bench.harness.arm_output import emit, mib, model_fingerprint, stamp
+from edge_infer.bench.harness.arm_output import emit, mib, model_fingerprint, run_arm, stamp
 from edge_infer.bench.harness.provenance import now_utc
 
 QUANT_CHOICES = ("Q8_0", "Q4_K_M", "Q4_0")
@@ -62,9 +63,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, metavar="FILE", help="also write the result JSON here")
 
     p = sub.add_parser("media", help="encode time, TTFT and decode rate after an image, audio, both on libmtmd (a grid arm)")
-    from edge_infer.bench.baselines.llamacpp_media import add_args
-
-    add_args(p)
+    llamacpp_media.add_args(p)
 
     p = sub.add_parser("check", help="greedy agreement of llama.cpp and edge-infer on a few prompts")
     p.add_argument("model", type=Path, help="the checkpoint the GGUF was exported from")
@@ -149,9 +148,6 @@ def run(args: argparse.Namespace) -> int:
 
             result = run_check(args.model, args.gguf, args.prompt, args.tokens, args.dtype)
         elif action == "media":
-            from edge_infer.bench.baselines import llamacpp_media
-            from edge_infer.bench.harness.arm_output import run_arm
-
             s = media_bench.settings_from(args)
             return run_arm("llamacpp media", lambda: llamacpp_media.measure(args, s), args.tag, started_at, args.out)
         else:
