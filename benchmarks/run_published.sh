@@ -64,12 +64,16 @@ fi
 # baseline's version built with libmtmd (-DLLAVA_BUILD=ON; .ci/run builds it without), for this CPU without
 # llama.cpp's AMX kernels (as .ci/run: they die of SIGILL on the AMX virtual machines); the thinker's two GGUFs
 # written by the converter vendored in that version's sdist (benchmarks/llamacpp_omni_gguf.py).
+# A native build dies of SIGILL on another CPU: it is rebuilt when this CPU's flags differ from its own.
 no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-if [ ! -d benchmarks/llamacpp-mtmd/llama_cpp ]; then
+cpu_flags=$(grep -m1 -E '^(flags|Features)' /proc/cpuinfo | md5sum | cut -c1-12)
+if [ "$(cat benchmarks/llamacpp-mtmd/.cpu-flags 2>/dev/null)" != "$cpu_flags" ]; then
+  rm -rf benchmarks/llamacpp-mtmd
   version=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))')
   CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=ON -DCMAKE_C_FLAGS='$no_amx' -DCMAKE_CXX_FLAGS='$no_amx'" \
     "$PYTHON" -m pip install --no-cache-dir --no-deps --no-binary llama-cpp-python --target benchmarks/llamacpp-mtmd \
     "llama-cpp-python==$version"
+  echo "$cpu_flags" > benchmarks/llamacpp-mtmd/.cpu-flags
 fi
 omni=$models/gguf/qwen2.5-omni-3b
 if [ ! -f "$omni-Q4_K_M.gguf" ] || [ ! -f "$omni-mmproj-f16.gguf" ]; then
