@@ -115,6 +115,22 @@ def test_the_default_layout_in_bf16_stays_within_its_reservations(loop_thread, q
         loop_thread.run(omni.shutdown())
 
 
+def test_a_code2wav_decoding_every_length_stays_within_its_reservation(loop_thread) -> None:
+    # 15-frame chunks arrive, each decoded as 8, 4, 2 and 1 frames: every shape whose oneDNN primitives the
+    # plan books, in bf16 (on AMX tiles where the CPU has them: the costliest per shape).
+    layout = SpeechPipeline.for_checkpoint(TINY, {"0": {"executor_options": {"chunk_frames": 15}},
+                                                  "1": {"engine": {"dtype": "bfloat16"}}})
+    omni = AsyncOmni(layout.config)
+    loop_thread.run(omni.start())
+    try:
+        events = loop_thread.run(collect(omni, layout, "Every length.", {"voice": "ryan", "max_tokens": 31, "ignore_eos": True}))
+        chunks = [len(e.payload.data) // SAMPLES_PER_FRAME for e in events if e.payload is not None]
+        assert set(chunks) <= {1, 2, 4, 8} and 8 in chunks and sum(chunks) == 31
+        assert_stages_within_reservations(omni)
+    finally:
+        loop_thread.run(omni.shutdown())
+
+
 def test_sync_omni_generates_a_batch(pipeline) -> None:
     case = CASES["english_ryan"]
     with Omni(pipeline.config) as omni:

@@ -21,6 +21,7 @@ from edge_infer.runtime.config import StageConfig
 from edge_infer.runtime.contracts import Payload, validate
 from edge_infer.runtime.executors import StageRequestError
 from edge_infer.tts.executors import Code2WavExecutor, TalkerExecutor
+from edge_infer.tts.planning import conv_kernel_bytes, decode_lengths, distinct_decode_shapes
 
 TINY = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_tts" / "tiny"
 REFERENCE = json.loads((TINY.parent / "reference.json").read_text(encoding="utf-8"))
@@ -76,20 +77,33 @@ def run_code2wav(executor: Code2WavExecutor, codes: np.ndarray, pieces: list[int
     return [p.data for p in chunks]
 
 
-@pytest.mark.parametrize("pieces", [[1] * 10, [3, 4, 3], [8, 2]])
-def test_streamed_pcm_with_carried_state_equals_the_reference_whole_decode(reference_pcm, pieces) -> None:
+@pytest.mark.parametrize("pieces, decoded", [([1] * 10, [1] * 10), ([3, 4, 3], [2, 1, 4, 2, 1]), ([8, 2], [8, 2])])
+def test_streamed_pcm_with_carried_state_equals_the_reference_whole_decode(reference_pcm, pieces, decoded) -> None:
+    # Frames are decoded in powers of two up to max_chunk_frames (8): 3 arrived frames as 2 then 1.
     codes = np.array(CASES[REFERENCE["code2wav"]["talker_case"]]["codes"][:10], dtype=np.int64)
     whole = reference_pcm["talker_case"][:10 * FRAME]
     chunks = run_code2wav(code2wav(), codes, pieces)
-    assert [len(c) for c in chunks] == [n * FRAME for n in pieces]
+    assert [len(c) for c in chunks] == [n * FRAME for n in decoded]
     np.testing.assert_allclose(np.concatenate(chunks), whole, atol=PCM_ATOL, rtol=0)
 
 
 def test_chunks_are_capped_at_max_chunk_frames(reference_pcm) -> None:
     codes = np.array(CASES[REFERENCE["code2wav"]["talker_case"]]["codes"], dtype=np.int64)
-    chunks = run_code2wav(code2wav(max_chunk_frames=4), codes, [len(codes)])
-    assert [len(c) for c in chunks] == [min(4, len(codes) - i) * FRAME for i in range(0, len(codes), 4)]
+    chunks = run_code2wav(code2wav(max_chunk_frames=6), codes, [len(codes)])
+    whole, rest = divmod(len(codes), 6)
+    tail = [n for n in (4, 2, 1) if rest & n]  # a remainder below 6 in the powers of two under it
+    assert [len(c) // FRAME for c in chunks] == [6] * whole + tail
     np.testing.assert_allclose(np.concatenate(chunks), reference_pcm["talker_case"], atol=PCM_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("max_chunk, lengths", [(8, [1, 2, 4, 8]), (6, [1, 2, 4, 6]), (1, [1])])
+def test_code2wav_books_the_primitives_of_each_length_it_decodes(max_chunk, lengths) -> None:
+    # Every distinct decode length leaves oneDNN primitives behind; the plan books one set per length.
+    assert decode_lengths(max_chunk) == lengths
+    plans = {n: Code2WavExecutor.plan(stage("qwen3_tts_code2wav", "generation", max_chunk_frames=n)) for n in (1, max_chunk)}
+    assert plans[max_chunk].runtime_bytes - plans[1].runtime_bytes == (len(lengths) - 1) * conv_kernel_bytes("float32", 1)
+    # With a left context a piece follows 0..N earlier frames: up to N + max_chunk lengths.
+    assert distinct_decode_shapes(max_chunk, 25) == min(len(lengths) * 26, 25 + max_chunk)
 
 
 def test_left_context_of_the_receptive_field_joins_within_tolerance(reference_pcm) -> None:

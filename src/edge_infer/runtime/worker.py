@@ -32,6 +32,7 @@ from multiprocessing.connection import Connection, Pipe, wait
 from typing import Any, Callable
 
 from edge_infer.engine.child import Child
+from edge_infer.memory.measure import malloc_trim
 from edge_infer.runtime import messages as m
 from edge_infer.runtime.config import StageConfig
 from edge_infer.runtime.contracts import Payload, validate
@@ -131,14 +132,22 @@ class _StageLoop:
             return
         self.conn.send(m.Ready(os.getpid()))
         executor = self.executor
+        stepped = False
         while not self.stopping:
             runnable = executor.has_work() and not self.outbox
+            if not runnable and stepped:
+                # What the steps freed goes back to the OS before waiting: glibc keeps freed blocks of the
+                # sizes the steps allocated (Code2Wav at the 0.6B shapes in fp32: 136-190 MiB after decodes of
+                # 1-8 frames, whose live activations are 34 MiB).
+                malloc_trim()
+                stepped = False
             if self.conn.poll(0 if runnable else None):
                 self._read_messages()
             self._flush_acks()
             self._flush_outbox()
             if not self.stopping and not self.outbox and executor.has_work():
                 self._step()
+                stepped = True
                 self._flush_outbox()
         executor.shutdown()
 

@@ -8,8 +8,9 @@
 ``TalkerEngine`` on the engine's scheduler and paged KV cache.
 
 ``qwen3_tts_code2wav`` (kind ``generation``): ``codec_codes/1`` in,
-``pcm_audio/1`` out (24 kHz mono float32), decoding whatever frames have
-arrived (up to ``max_chunk_frames`` per request and step). By default each
+``pcm_audio/1`` out (24 kHz mono float32), decoding the frames that have
+arrived per request and step, in pieces of a few lengths (powers of two up
+to ``max_chunk_frames``: planning.decode_lengths). By default each
 stream carries its decoder state, so every frame is decoded once and the
 chunks join exactly as one whole-utterance decode; ``left_context_frames: N``
 instead re-decodes the last N frames before each chunk (the reference's
@@ -26,7 +27,9 @@ from pydantic import Field
 
 from edge_infer.runtime.contracts import Payload
 from edge_infer.runtime.executors import ExecutorOptions, FrameQueue, ReservationPlan, StageExecutor, StageRequestError, StepOutput
-from edge_infer.tts.planning import code2wav_reservation, code2wav_settings, stage_threads, talker_engine_config, talker_reservation
+from edge_infer.tts.planning import (
+    code2wav_reservation, code2wav_settings, decode_piece, stage_threads, talker_engine_config, talker_reservation,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -224,7 +227,8 @@ class Code2WavExecutor(StageExecutor):
                 continue
             payload = None
             if stream.frames.count:
-                pcm = stream.decode(self.torch.from_numpy(stream.frames.take(self.opts.max_chunk_frames)))
+                frames = stream.frames.take(decode_piece(stream.frames.count, self.opts.max_chunk_frames))
+                pcm = stream.decode(self.torch.from_numpy(frames))
                 payload = Payload("pcm_audio/1", pcm.float().numpy(), dict(self.metadata))
             finished = stream.frames.ended and stream.frames.count == 0
             out.append(StepOutput(rid, payload, finished=finished))

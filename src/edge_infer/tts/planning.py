@@ -51,18 +51,45 @@ MiB = 1 << 20
 # tiny-model stage: 150-158 MiB in fp32, up to 175 MiB for a bf16 Code2Wav (oneDNN's bf16 convolution
 # kernels and scratch); checked in both dtypes by tests/tts/test_tts_pipeline.py.
 STAGE_EXTRA_BYTES = 40 * MiB
-# oneDNN runs bf16 convolutions on AMX tiles where the CPU has amx_bf16, with JIT kernels and tile scratch of
-# their own: Code2Wav's stage measured 12.4 MiB (tiny) and 13.2-16.9 MiB (0.6B shape) more RssAnon than with AMX
-# hidden (ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16), on a Xeon with AMX, 2026-12-01. The Talker's did not change.
-AMX_CONVOLUTION_BYTES = 18 * MiB
+# Each distinct decode length leaves its convolutions' oneDNN primitives (JIT kernels, tile configurations,
+# scratch) in the process's primitive cache for good. RssAnon per length, the heap trimmed, measured with the
+# released Code2Wav's shapes (a synthesized 0.6B checkpoint) on a Xeon with AMX, 2026-12-05: bf16 on AMX tiles 10-14 MiB
+# (tiny shapes alike), fp32 2-6 MiB (AVX-512 and AVX2); bf16 without AMX (AVX2, tiny) under 1 MiB.
+CONV_KERNEL_BYTES_PER_LENGTH = {"amx": 15 * MiB, "other": 6 * MiB}
 
 
 def stage_runtime_bytes() -> int:
     return runtime_overhead()["worker_bytes"] + STAGE_EXTRA_BYTES
 
 
-def amx_convolution_bytes(dtype: str) -> int:
-    return AMX_CONVOLUTION_BYTES if dtype == "bfloat16" and detect().has("amx_bf16") else 0
+def conv_kernel_bytes(dtype: str, lengths: int) -> int:
+    """What ``lengths`` distinct decode lengths leave in oneDNN's primitive cache."""
+    amx = dtype == "bfloat16" and detect().has("amx_bf16")
+    return lengths * CONV_KERNEL_BYTES_PER_LENGTH["amx" if amx else "other"]
+
+
+def decode_lengths(max_chunk_frames: int) -> list[int]:
+    """The frame counts Code2Wav decodes at once: the powers of two below ``max_chunk_frames``, and it.
+
+    Decoding whatever has arrived would run up to ``max_chunk_frames`` sets of convolution shapes, each cached
+    by oneDNN for the life of the process (``conv_kernel_bytes``); these few bound it. 7 frames decode as 4, 2
+    and 1, in three steps.
+    """
+    return [1 << k for k in range(max_chunk_frames.bit_length()) if 1 << k < max_chunk_frames] + [max_chunk_frames]
+
+
+def decode_piece(pending: int, max_chunk_frames: int) -> int:
+    """How many of ``pending`` (>= 1) frames to decode now: the largest of ``decode_lengths`` that fits."""
+    return max(n for n in decode_lengths(max_chunk_frames) if n <= pending)
+
+
+def distinct_decode_shapes(max_chunk_frames: int, left_context_frames: int | None) -> int:
+    """Distinct input lengths Code2Wav's convolutions see: one per decode length with a carried state; with a
+    left context each piece follows 0..N earlier frames (fewer at a stream's start)."""
+    pieces = len(decode_lengths(max_chunk_frames))
+    if left_context_frames is None:
+        return pieces
+    return min(pieces * (left_context_frames + 1), left_context_frames + max_chunk_frames)
 
 
 def stage_threads(requested: int | None, share: int) -> int:
@@ -220,6 +247,7 @@ def code2wav_reservation(stage: "StageConfig", max_chunk_frames: int, left_conte
         weights_bytes=code2wav_weight_bytes(Path(settings.model), dtype_bytes),
         kv_bytes=settings.max_num_seqs * per_stream,
         buffers_bytes=decode_activation_bytes(config, decoded, dtype_bytes),
-        runtime_bytes=stage_runtime_bytes() + amx_convolution_bytes(settings.dtype),
+        runtime_bytes=stage_runtime_bytes()
+        + conv_kernel_bytes(settings.dtype, distinct_decode_shapes(max_chunk_frames, left_context_frames)),
         max_payload_bytes=max_chunk_frames * config.samples_per_frame * PCM_BYTES,
     )
