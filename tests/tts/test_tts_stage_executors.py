@@ -122,6 +122,22 @@ def test_planned_decode_state_is_what_a_stream_carries() -> None:
     assert carried == decode_state_bytes(executor.config, 4)
 
 
+def test_a_busy_code2wav_trims_the_heap_once_a_decode_might_not_fit_its_plan(monkeypatch) -> None:
+    # A stage that never idles never gets the worker's trim: the executor trims itself when its RssAnon
+    # passes the plan less one decode's activations, and only then.
+    import edge_infer.tts.executors as executors
+
+    executor, trims = code2wav(), []
+    plan = Code2WavExecutor.plan(stage("qwen3_tts_code2wav", "generation"))
+    assert executor.trim_above == plan.weights_bytes + plan.kv_bytes + plan.runtime_bytes
+    monkeypatch.setattr(executors, "malloc_trim", lambda: trims.append(True))
+    for rss, trimmed in ((executor.trim_above, []), (executor.trim_above + 1, [True])):
+        monkeypatch.setattr(executors, "rss_anon_bytes", lambda: rss)
+        trims.clear()
+        run_code2wav(executor, np.zeros((1, 16), dtype=np.int64), [1])
+        assert trims == trimmed * 2  # after the decode's step and after the finishing one
+
+
 def test_code2wav_refuses_codes_it_cannot_decode() -> None:
     executor = code2wav()
     executor.submit("r", {})
