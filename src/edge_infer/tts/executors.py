@@ -196,7 +196,7 @@ class Code2WavExecutor(StageExecutor):
         self.metadata = {"sample_rate": self.config.sample_rate, "channels": 1}
         self.streams: dict[str, _Stream] = {}
         # A busy stage never idles, so the worker's trim never comes: glibc's freed blocks of past decodes'
-        # sizes then took a 0.6B-shape fp32 Code2Wav 31 MiB past its plan. Trim once another decode's
+        # sizes then took a 0.6B-shape fp32 Code2Wav 22-69 MiB past its plan. Trim once another decode's
         # activations might not fit under the plan any more.
         plan = self.plan(stage)
         self.trim_above = plan.weights_bytes + plan.kv_bytes + plan.runtime_bytes

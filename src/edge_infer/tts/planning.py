@@ -52,9 +52,10 @@ MiB = 1 << 20
 # kernels and scratch); checked in both dtypes by tests/tts/test_tts_pipeline.py.
 STAGE_EXTRA_BYTES = 40 * MiB
 # Each distinct decode length leaves its convolutions' oneDNN primitives (JIT kernels, tile configurations,
-# scratch) in the process's primitive cache for good. RssAnon per length, the heap trimmed, measured with the
-# released Code2Wav's shapes (a synthesized 0.6B checkpoint) on a Xeon with AMX, 2026-12-05: bf16 on AMX tiles 10-14 MiB
-# (tiny shapes alike), fp32 2-6 MiB (AVX-512 and AVX2); bf16 without AMX (AVX2, tiny) under 1 MiB.
+# scratch) in the process's primitive cache for good. RssAnon per length, the heap trimmed, at the released
+# Code2Wav's shapes (a synthesized 0.6B checkpoint) on a Xeon with AMX, 2026-12-05: bf16 on AMX tiles
+# 10-14 MiB (the tiny shapes alike), fp32 2-6 MiB (AVX-512, and under the AVX2 mask), bf16 under the AVX2
+# mask (tiny) under 1 MiB. ARM is unmeasured: it takes "other".
 CONV_KERNEL_BYTES_PER_LENGTH = {"amx": 15 * MiB, "other": 6 * MiB}
 
 
