@@ -255,21 +255,31 @@ def encoder_calibration(dtype: str) -> dict[str, float]:
     return result
 
 
-def encoder_calibrations() -> dict[str, float]:
+def encoder_dtypes() -> tuple[str, ...]:
     """Both dtypes where bf16 runs natively (oneDNN); fp32 only elsewhere (the bf16 keys are kept)."""
     from edge_infer.models.layers.linear import onednn_bf16_available
 
-    dtypes = ("float32", "bfloat16") if onednn_bf16_available() else ("float32",)
-    return {k: v for dtype in dtypes for k, v in encoder_calibration(dtype).items()}
+    return ("float32", "bfloat16") if onednn_bf16_available() else ("float32",)
 
 
-def encoder_provenance() -> str:
+def encoder_calibrations() -> dict[str, float]:
+    return {k: v for dtype in encoder_dtypes() for k, v in encoder_calibration(dtype).items()}
+
+
+def encoder_provenance(previous: dict[str, str] | None = None) -> dict[str, str]:
+    """Per calibration class (encoder_sizing.calibration_class): how and where its keys were measured; the classes
+    this CPU cannot measure (bf16 without native bf16, bf16 on AMX elsewhere) keep their ``previous`` entry."""
     import os
 
-    return (f"memory/encoder_probe.py (glibc mmap threshold pinned), {REPEATS} fresh processes each, "
-            f"{len(os.sched_getaffinity(0))} threads: random towers of a small width and the Qwen2.5-Omni-3B width, "
-            f"each at two sizes {ENCODER_SIZES}; measured {datetime.now(timezone.utc).isoformat(timespec='seconds')} "
-            f"on {platform.node()}")
+    from edge_infer.hardware.cpu import detect
+    from edge_infer.memory.encoder_sizing import calibration_class
+
+    cpu = detect()
+    how = (f"memory/encoder_probe.py (glibc mmap threshold pinned), {REPEATS} fresh processes each, "
+           f"{len(os.sched_getaffinity(0))} threads: random towers of a small width and the Qwen2.5-Omni-3B width, "
+           f"each at two sizes {ENCODER_SIZES}; measured {datetime.now(timezone.utc).isoformat(timespec='seconds')} "
+           f"on {platform.node()} ({cpu.model}: {cpu.isa_summary})")
+    return {**(previous or {}), **{calibration_class(2 if d == "bfloat16" else 4): how for d in encoder_dtypes()}}
 
 
 def probe(kind: str, tokenizer_dir: str = "-") -> list[int]:
@@ -288,7 +298,7 @@ def main() -> None:
         result = json.loads(OUT.read_text())
         provenance = result.pop("provenance")
         result.update(encoder_calibrations())
-        provenance["encoder_probe"] = encoder_provenance()
+        provenance["encoder_probe"] = encoder_provenance(provenance.get("encoder_probe"))
         OUT.write_text(json.dumps({**result, "provenance": provenance}, indent=2) + "\n")
         print(json.dumps(result, indent=2))
         return
@@ -329,7 +339,7 @@ def main() -> None:
                 f"at a {ACTIVATION_CONTEXTS[0]}-token context and {ACTIVATION_POINTS[1]} at {ACTIVATION_CONTEXTS[1]}; "
                 f"the larger per-token factor, fixed part and mask cost"
             ),
-            "encoder_probe": encoder_provenance(),
+            "encoder_probe": encoder_provenance(json.loads(OUT.read_text())["provenance"].get("encoder_probe")),
         },
     }
     shutil.rmtree(Path(real_shape).parent)

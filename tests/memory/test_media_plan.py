@@ -15,7 +15,9 @@ from edge_infer.cli import main as cli_main
 from edge_infer.media.config import MediaProcessing, VisionProcessing
 from edge_infer.media.image import MAX_ASPECT_RATIO, image_features, smart_resize
 from edge_infer.media.limits import MediaLimits
-from edge_infer.memory.encoder_sizing import audio_input_bytes, tower_weight_bytes, vision_input_bytes
+from edge_infer.hardware.cpu import profile
+from edge_infer.memory.encoder_sizing import (audio_input_bytes, calibration_prefix, tower_weight_bytes,
+                                                 vision_input_bytes)
 from edge_infer.memory.media_shapes import audio_frames, largest_resize, media_shapes
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.encoder_config import VisionConfig
@@ -137,6 +139,22 @@ def test_encoder_activations_are_sized_for_the_largest_item(omni):
     note = next(i.note for i in p.items if i.name == "encoder activations")
     assert "patch grid 1x" in note and "1000 mel frames" in note
     assert "image(s) of up to" in p.settings["media_sized_for"]
+
+
+def test_bf16_towers_are_planned_with_the_calibration_of_the_cpus_bf16_kernels(omni):
+    # oneDNN's bf16 primitives hold more on AMX's tile kernels than on AVX-512's: a plan for an AMX CPU takes the
+    # AMX calibration; fp32 has one for every CPU
+    limits = {"max_image_pixels": 448 * 448, "max_images": 1, "max_video_frames": 0, "max_audio_seconds": 10}
+    items = {}
+    for name in ("avx512-bf16", "amx"):
+        cpu = profile(name)
+        items[name] = {dtype: plan_text_session(omni, dtype=dtype, max_model_len=2048, available_bytes=64 << 30,
+                                                media_limits=limits, cpu=cpu).item("encoder activations")
+                       for dtype in ("float32", "bfloat16")}
+    assert calibration_prefix("vision", 2, profile("amx")) == "encoder_vision_bf16_amx_"
+    assert calibration_prefix("vision", 2, profile("avx512-bf16")) == "encoder_vision_bf16_"
+    assert items["amx"]["float32"] == items["avx512-bf16"]["float32"]
+    assert items["amx"]["bfloat16"] != items["avx512-bf16"]["bfloat16"]
 
 
 def test_the_workers_block_cache_is_planned_as_one_encodes_activations(omni):

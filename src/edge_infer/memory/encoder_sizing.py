@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 from edge_infer.config import QuantConfig
+from edge_infer.hardware.cpu import CpuCapabilities, detect
 from edge_infer.media.config import MediaProcessing
 from edge_infer.memory.media_shapes import MediaShapes
 from edge_infer.memory.sizing import LOAD_BLOCK_BYTES, runtime_overhead
@@ -50,14 +51,14 @@ def tower_load_transient_bytes(cfg: VisionConfig | AudioConfig, dtype_bytes: int
     return repack_transient_bytes(specs, quant, False, src_bytes)
 
 
-def native_elementwise(dtype_bytes: int) -> bool:
-    """Whether the encoders' elementwise steps run on edge-infer's native kernels here (``quant.native.
-    enable_native_ops``: bf16 activations, a CPU the int8 kernels' variants run on, the library buildable)."""
-    from edge_infer.hardware.cpu import detect
+def native_elementwise(dtype_bytes: int, cpu: CpuCapabilities | None = None) -> bool:
+    """Whether the encoders' elementwise steps run on edge-infer's native kernels on ``cpu`` (this one by default;
+    ``quant.native.enable_native_ops``: bf16 activations, a CPU the int8 kernels' variants run on, the library
+    buildable)."""
     from edge_infer.hardware.kernels import KERNELS
     from edge_infer.quant.native_build import missing_toolchain
 
-    return dtype_bytes == 2 and KERNELS["cpu-w4a8"].missing(detect()) is None and missing_toolchain() is None
+    return dtype_bytes == 2 and KERNELS["cpu-w4a8"].missing(cpu or detect()) is None and missing_toolchain() is None
 
 
 def vision_tensor_bytes(cfg: VisionConfig, patches: int, d: int, native: bool = False) -> int:
@@ -108,15 +109,17 @@ def audio_tensor_bytes(cfg: AudioConfig, frames: int, d: int) -> int:
     return max(front, layers)
 
 
-def encoder_activation_bytes(cfg: VisionConfig | AudioConfig, size: int, dtype_bytes: int, native: bool = False) -> int:
+def encoder_activation_bytes(cfg: VisionConfig | AudioConfig, size: int, dtype_bytes: int, native: bool = False,
+                             cpu: CpuCapabilities | None = None) -> int:
     """One encode's RssAnon peak over the tower's weights and input: ``size`` patches (vision) or mel frames
     (audio), the elementwise steps on the ``native`` kernels or not (``native_elementwise``). The tensors by
     shape, times the measured factor, plus the measured fixed part: a base (oneDNN's primitives, thread
     scratch) and the BLAS's packing buffers, which grow with the largest weight matrix (fp32 products go
-    through MKL's sgemm, which keeps a packed copy of a panel of the weight per call)."""
+    through MKL's sgemm, which keeps a packed copy of a panel of the weight per call); calibrated for ``cpu``'s
+    kernels (this CPU by default)."""
     if not size:
         return 0
-    factor, fixed, per_weight_byte = encoder_calibration(cfg, dtype_bytes)
+    factor, fixed, per_weight_byte = encoder_calibration(cfg, dtype_bytes, cpu)
     if isinstance(cfg, VisionConfig):
         tensors = vision_tensor_bytes(cfg, size, dtype_bytes, native)
     else:
@@ -129,18 +132,29 @@ def largest_linear_bytes(cfg: VisionConfig | AudioConfig, dtype_bytes: int) -> i
     return max(s.numel for s in specs if s.is_linear) * dtype_bytes
 
 
-def calibration_prefix(tower: str, dtype_bytes: int) -> str:
-    """The overhead.json keys' prefix for one tower ("vision" or "audio") in one dtype."""
-    return f"encoder_{tower}_{'bf16' if dtype_bytes == 2 else 'fp32'}_"
+def calibration_class(dtype_bytes: int, cpu: CpuCapabilities | None = None) -> str:
+    """Which measured calibration a tower's encode takes here: "fp32", or bf16 on oneDNN's AVX-512 kernels ("bf16")
+    or on its AMX tile kernels ("bf16_amx"). oneDNN's bf16 primitives hold more on AMX (Code2Wav's convolutions:
+    tts/planning.py); one bf16 calibration for both left the ViT's plan 11-13% over its measured peak on an AMD
+    Zen 4 while the AMX Xeons' runs held it within 10%."""
+    if dtype_bytes != 2:
+        return "fp32"
+    return "bf16_amx" if (cpu or detect()).has("amx_bf16") else "bf16"
 
 
-def encoder_calibration(cfg: VisionConfig | AudioConfig, dtype_bytes: int) -> tuple[float, int, float]:
+def calibration_prefix(tower: str, dtype_bytes: int, cpu: CpuCapabilities | None = None) -> str:
+    """The overhead.json keys' prefix for one tower ("vision" or "audio") in one dtype, on ``cpu`` (this one)."""
+    return f"encoder_{tower}_{calibration_class(dtype_bytes, cpu)}_"
+
+
+def encoder_calibration(cfg: VisionConfig | AudioConfig, dtype_bytes: int,
+                        cpu: CpuCapabilities | None = None) -> tuple[float, int, float]:
     """(factor, fixed bytes, bytes per byte of the largest linear) measured for this kind of tower in this dtype
     (memory/overhead.json, scripts/measure_overhead.py). Each tower has its own: their allocation patterns differ
     (the ViT's many per-block temporaries, the audio tower's few large ones), and one factor for both left the
     audio tower's bf16 plan 10% over its measured peak."""
     calib = runtime_overhead()
-    prefix = calibration_prefix("vision" if isinstance(cfg, VisionConfig) else "audio", dtype_bytes)
+    prefix = calibration_prefix("vision" if isinstance(cfg, VisionConfig) else "audio", dtype_bytes, cpu)
     return (calib[prefix + "activation_factor"], int(calib[prefix + "activation_fixed_bytes"]),
             calib[prefix + "scratch_per_weight_byte"])
 

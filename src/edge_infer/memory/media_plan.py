@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from edge_infer.config import QuantConfig
 from edge_infer.errors import InvalidRequestError
+from edge_infer.hardware.cpu import CpuCapabilities
 from edge_infer.media.config import AudioProcessing, MediaProcessing, VisionProcessing
 from edge_infer.media.limits import COUNT_LIMITS, LIMITS, MEDIA_PREP_THREADS, MediaLimits
 from edge_infer.memory.encoder_sizing import (
@@ -66,12 +67,13 @@ class MediaPlan:
 
 def plan_media(model_dir: str | Path, cfg: ModelConfig, tensors: dict, dtype: str, max_model_len: int,
                max_num_seqs: int, limits: MediaLimits | Mapping[str, float] | None,
-               encoder_quant: QuantConfig | None) -> MediaPlan:
+               encoder_quant: QuantConfig | None, cpu: CpuCapabilities) -> MediaPlan:
     """The media items of a thinker's plan (all allocated memory, held while serving).
 
     ``limits``: a ``MediaLimits`` is taken as given (every limit explicit); a mapping overrides some of the
     checkpoint's defaults (``MediaLimits.for_processing``) and the others are fitted to ``max_model_len``;
-    None fits them all. ``encoder_quant``: the towers' linears' kernel (None: dense in ``dtype``).
+    None fits them all. ``encoder_quant``: the towers' linears' kernel (None: dense in ``dtype``). ``cpu``: the CPU
+    planned for (its kernels set the encoders' activation calibration).
     """
     vision, audio = cfg.multimodal.vision, cfg.multimodal.audio
     media, notes = _processing(Path(model_dir), vision, audio)
@@ -96,7 +98,7 @@ def plan_media(model_dir: str | Path, cfg: ModelConfig, tensors: dict, dtype: st
                                       tower_load_transient_bytes(tower, d, encoder_quant, src_bytes))
     held = held_media_bytes(shapes, vision, audio, cfg.hidden_size, d)
     preparing = preprocessing_bytes(shapes, vision, audio, media, fitted.max_image_pixels, MEDIA_PREP_THREADS)
-    activations = _activation_item(shapes, vision, audio, d)
+    activations = _activation_item(shapes, vision, audio, d, cpu)
     plan.items += [
         activations,
         _block_cache_item(activations.bytes),
@@ -169,17 +171,17 @@ def _check_processing(media: MediaProcessing, vision: VisionConfig | None) -> li
 
 
 def _activation_item(shapes: MediaShapes, vision: VisionConfig | None, audio: AudioConfig | None,
-                     dtype_bytes: int) -> PlanItem:
+                     dtype_bytes: int, cpu: CpuCapabilities) -> PlanItem:
     """One encode at a time: the larger of the vision tower's largest call and the audio tower's longest clip."""
     parts = []
     if vision is not None and shapes.largest_vision_patches:
         grid = max((g for g in (shapes.image_grid, shapes.video_grid) if g), key=lambda g: g[0] * g[1] * g[2])
         what = "image" if grid == shapes.image_grid else "video"
-        native = native_elementwise(dtype_bytes)
-        parts.append((encoder_activation_bytes(vision, shapes.largest_vision_patches, dtype_bytes, native),
+        native = native_elementwise(dtype_bytes, cpu)
+        parts.append((encoder_activation_bytes(vision, shapes.largest_vision_patches, dtype_bytes, native, cpu),
                       f"the largest {what} (patch grid {_grid(grid)})"))
     if audio is not None and shapes.audio_frames:
-        parts.append((encoder_activation_bytes(audio, shapes.audio_frames, dtype_bytes),
+        parts.append((encoder_activation_bytes(audio, shapes.audio_frames, dtype_bytes, cpu=cpu),
                       f"the longest clip ({shapes.audio_frames} mel frames)"))
     if not parts:
         return _item("encoder activations", 0, "no media allowed by the limits")
