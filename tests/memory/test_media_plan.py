@@ -12,12 +12,12 @@ import pytest
 
 from edge_infer import plan_text_session
 from edge_infer.cli import main as cli_main
+from edge_infer.hardware.cpu import profile
 from edge_infer.media.config import MediaProcessing, VisionProcessing
 from edge_infer.media.image import MAX_ASPECT_RATIO, image_features, smart_resize
 from edge_infer.media.limits import MediaLimits
-from edge_infer.hardware.cpu import profile
 from edge_infer.memory.encoder_sizing import (audio_input_bytes, calibration_prefix, tower_weight_bytes,
-                                                 vision_input_bytes)
+                                              vision_input_bytes)
 from edge_infer.memory.media_shapes import audio_frames, largest_resize, media_shapes
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.encoder_config import VisionConfig

@@ -425,7 +425,8 @@ def _media(r: _Resolved, model_dir: str, limits: MediaLimits | Mapping[str, floa
         return None
     from edge_infer.memory.media_plan import plan_media
 
-    media = plan_media(model_dir, r.cfg, r.tensors, r.dtype, r.max_model_len, r.max_num_seqs, limits, r.encoder_quant, r.cpu)
+    media = plan_media(model_dir, r.cfg, r.tensors, r.dtype, r.max_model_len, r.max_num_seqs, limits, r.encoder_quant,
+                       r.cpu)
     weights = [i for i in media.items if i.name in WEIGHT_ITEMS]
     at = next(n for n, i in enumerate(items) if i.name == "weights") + 1
     items[at:at] = weights
