@@ -21,7 +21,7 @@ control_for() {
     pp-tg-*-bf16) echo llamacpp-bf16 ;;
     pp-tg-*-int4 | pp-tg-*-w4a8) echo llamacpp-q4_k_m ;;
     pp-tg-*-avx-vnni) echo llamacpp-q4_k_m-avx-vnni ;;
-    pp-tg-*-avx2) echo llamacpp-q4_k_m-avx2 ;;
+    pp-tg-*-avx2 | pp-tg-*-avx2-zen4) echo llamacpp-q4_k_m-avx2 ;;
     tg-depth-*-avx-vnni) echo llamacpp-q4_0-avx-vnni-d1024 ;;
     agent-*) echo bf16 ;;
     media-*-1t) echo transformers-bf16-1t ;;
