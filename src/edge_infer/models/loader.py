@@ -17,6 +17,7 @@ import torch
 from edge_infer.errors import CheckpointError
 from edge_infer.models.checkpoint import TensorInfo, read_tensor_index
 from edge_infer.models.layers.linear import Linear, make_kernel
+from edge_infer.models.weight_arena import weight_arena
 
 # Rows copied per step are chosen so a block holds about this many bytes.
 BLOCK_BYTES = 16 << 20
@@ -177,6 +178,8 @@ def load_weights(
     ``table_dtype_as_stored``: a separate embedding table keeps the
     checkpoint's dtype (16-bit weights widened at lookup, not held twice as large).
 
+    Packed kernels built here are carved from 2 MiB pages (``weight_arena``).
+
     ``release`` runs after each tensor (the engine passes ``malloc_trim``):
     the allocator otherwise keeps the freed blocks of earlier tensors, about
     15% of a 0.5B model's weights by the last one, which the plan's load
@@ -185,7 +188,7 @@ def load_weights(
     specs = model.weight_specs()
     if prefix:
         specs = [replace(spec, sources=tuple(prefix + name for name in spec.sources)) for spec in specs]
-    with CheckpointReader(model_dir) as reader:
+    with CheckpointReader(model_dir) as reader, weight_arena():
         for n, spec in enumerate(specs):
             owner, attr = model.resolve(spec.target)
             if spec.target == "embed" and head_from_embedding:

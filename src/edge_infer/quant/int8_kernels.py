@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from edge_infer.models.weight_arena import packed_zeros
 from edge_infer.quant import native
 from edge_infer.quant.kernel import PackedWeights
 from edge_infer.quant.quantize import QuantizedRows, dequantize_rows
@@ -43,9 +44,9 @@ class Int8ActivationKernel(PackedWeights):
         self.variant = variant or chosen
         self.tiles = -(-out_features // TILE_ROWS)
         groups = self.cols_padded // group_size
-        self.packed = torch.zeros(self.tiles, self.cols_padded // self.columns_per_step, TILE_ROWS, 4,
-                                  dtype=torch.uint8 if self.bits == 4 else torch.int8)
-        self.scales = torch.zeros(self.tiles, groups, *((2,) if self.bits == 4 else ()), TILE_ROWS, dtype=torch.bfloat16)
+        self.packed = packed_zeros((self.tiles, self.cols_padded // self.columns_per_step, TILE_ROWS, 4),
+                                   torch.uint8 if self.bits == 4 else torch.int8)
+        self.scales = packed_zeros((self.tiles, groups, *((2,) if self.bits == 4 else ()), TILE_ROWS), torch.bfloat16)
 
     @property
     def label(self) -> str:

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from edge_infer.errors import KernelUnavailableError
 from edge_infer.models.layers.linear import WeightKernel
+from edge_infer.models.weight_arena import packed_zeros
 from edge_infer.quant.sizes import ROW_MULTIPLE, padded
 
 BLOCK_ALIGN = 64  # the largest row tile of any layout; blocks of rows start at multiples of it
@@ -87,8 +88,8 @@ class Int4Kernel(PackedWeights):
         super().__init__(out_features, in_features, group_size)
         self.rows_padded = padded(out_features, ROW_MULTIPLE)
         # Padding rows stay zero (codes 0 with scale 0 and zero 0: weight 0) and are sliced off.
-        self.packed = torch.zeros(self.rows_padded, self.cols_padded // 2, dtype=torch.uint8)
-        self.scales_zeros = torch.zeros(self.cols_padded // group_size, self.rows_padded, 2, dtype=dtype)
+        self.packed = packed_zeros((self.rows_padded, self.cols_padded // 2), torch.uint8)
+        self.scales_zeros = packed_zeros((self.cols_padded // group_size, self.rows_padded, 2), dtype)
 
     def resident(self) -> tuple[torch.Tensor, ...]:
         return self.packed, self.scales_zeros

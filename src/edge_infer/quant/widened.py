@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from edge_infer.errors import CheckpointError
 from edge_infer.models.layers.linear import Linear
 from edge_infer.models.loader import CheckpointReader
+from edge_infer.models.weight_arena import packed_zeros
 from edge_infer.quant import native
 from edge_infer.quant.install import row_block_pieces
 from edge_infer.quant.kernel import PackedWeights
@@ -40,7 +41,7 @@ class W16A32Kernel(PackedWeights):
         chosen = native.require(self.name)
         super().__init__(out_features, in_features, group_size=1)
         self.variant = variant or chosen
-        self.packed = torch.zeros(-(-out_features // TILE_ROWS), in_features, TILE_ROWS, dtype=storage)
+        self.packed = packed_zeros((-(-out_features // TILE_ROWS), in_features, TILE_ROWS), storage)
 
     @property
     def label(self) -> str:
