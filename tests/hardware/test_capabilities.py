@@ -12,6 +12,7 @@ from edge_infer import plan_text_session
 from edge_infer.hardware import cpu as cpu_mod
 from edge_infer.hardware.cpu import MASK_ENV, PROFILES, CpuCapabilities, detect, profile
 from edge_infer.hardware.kernels import KERNELS, auto_dtype, select_kernels
+from edge_infer.hardware.memory import transparent_huge_pages
 
 X86_CPUINFO = "processor\t: 0\nmodel name\t: Test CPU\nflags\t\t: fpu sse2 avx avx2 fma f16c avx512f avx512vnni avxvnni\n"
 ARM_CPUINFO = "processor\t: 0\nFeatures\t: fp asimd evtstrm aes crc32 asimddp i8mm bf16\nCPU part\t: 0xd0b\n"
@@ -131,6 +132,9 @@ def test_doctor_reports_every_choice_and_refuses_by_name():
     assert not rep["choices"]["cpu_w8a8"]["runs"] and "dotprod" in rep["choices"]["cpu_w8a8"]["refusals"][0]
     here = run_cli("doctor")
     assert here.returncode == 0 and detect().isa_summary.split()[0] in here.stdout and "dispatches to" in here.stdout
+    pages = "2 MiB" if transparent_huge_pages() in ("always", "madvise") else "4 KiB"
+    assert f"packed weights on {pages} pages" in here.stdout
+    assert "packed weights on 4 KiB pages" in run_cli("doctor", env={"EDGE_INFER_HUGE_PAGES": "0"}).stdout
 
 
 @pytest.mark.parametrize("name, kernel", [("avx512-bf16", True), ("amx", False), ("avx2", False), ("arm-i8mm", False)])

@@ -23,7 +23,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def report(cpu: CpuCapabilities, runtime: bool) -> dict[str, Any]:
     """The CPU, memory and, per choice, the auto dtype, kernels and refusals; ``runtime`` adds PyTorch's view."""
-    from edge_infer.hardware.memory import available_memory_bytes, meminfo
+    from edge_infer.hardware.memory import available_memory_bytes, meminfo, transparent_huge_pages
 
     from edge_infer.quant import native_build  # torch-free
 
@@ -44,7 +44,11 @@ def report(cpu: CpuCapabilities, runtime: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"cpu": cpu.to_dict(), "choices": choices,
                            "bf16_attention": bf16_attention_route(cpu)[1]}
     if runtime:
-        out["memory"] = {"total_bytes": meminfo().get("MemTotal"), "available_bytes": available_memory_bytes()}
+        from edge_infer.models.weight_arena import huge_pages_available
+
+        out["memory"] = {"total_bytes": meminfo().get("MemTotal"), "available_bytes": available_memory_bytes(),
+                         "transparent_huge_pages": transparent_huge_pages(),
+                         "packed_weights_on_huge_pages": huge_pages_available()}
         out["torch"] = _torch_view()
     return out
 
@@ -73,7 +77,9 @@ def render(rep: dict[str, Any]) -> str:
         lines.append(f"caches   {caches} (per instance)")
     if "memory" in rep:
         mem = rep["memory"]
-        lines.append(f"memory   {mem['available_bytes'] / MiB:,.0f} MiB available of {(mem['total_bytes'] or 0) / MiB:,.0f} MiB")
+        lines.append(f"memory   {mem['available_bytes'] / MiB:,.0f} MiB available of {(mem['total_bytes'] or 0) / MiB:,.0f} MiB; "
+                     f"packed weights on {'2 MiB' if mem['packed_weights_on_huge_pages'] else '4 KiB'} pages "
+                     f"(transparent huge pages: {mem['transparent_huge_pages'] or 'none'})")
     if "torch" in rep:
         t = rep["torch"]
         lines.append(f"torch    {t['version']}: dispatches to {t['cpu_capability']}, int4 tiles of {t['int4_tile_rows']} rows, "

@@ -64,3 +64,13 @@ def available_memory_bytes() -> int:
     if limit is not None:
         avail = min(avail, max(0, limit - (usage or 0)))
     return avail
+
+
+def transparent_huge_pages() -> str | None:
+    """The kernel's transparent huge page mode ("always", "madvise" or "never"); None where there is none."""
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return None
+    start, end = text.find("["), text.find("]")
+    return text[start + 1:end] if 0 <= start < end else None

@@ -23,24 +23,21 @@ import math
 import mmap
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import torch
+
+from edge_infer.hardware.memory import transparent_huge_pages
 
 HUGE_PAGE = 2 << 20
 REGION_BYTES = 64 << 20  # shared regions; a tensor over a quarter of this gets a region of its own
 ALIGN = 64  # each tensor starts on a cache line
-THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 def huge_pages_available() -> bool:
     """Whether weights can be placed on transparent huge pages here (and are not switched off)."""
     if os.environ.get("EDGE_INFER_HUGE_PAGES", "1") == "0" or not hasattr(mmap, "MADV_HUGEPAGE"):
         return False
-    try:
-        return "[never]" not in THP_SETTING.read_text()
-    except OSError:
-        return False
+    return transparent_huge_pages() in ("always", "madvise")
 
 
 def _round_up(n: int, to: int) -> int:

@@ -19,6 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from edge_infer.hardware.cpu import detect
+from edge_infer.hardware.memory import transparent_huge_pages
 
 # Environment variables that change how many threads a process uses or which
 # code path it takes; any variable starting with one of these is recorded.
@@ -56,6 +57,8 @@ class Provenance(BaseModel):
     packages: dict[str, str | None]  # None: not installed
     git: list[GitState]
     loadavg: list[float]
+    # The kernel's transparent huge page mode: packed weights are placed on 2 MiB pages unless it is "never".
+    transparent_huge_pages: str | None = None
     argv: list[str]
     started_at: str
     finished_at: str | None = None
@@ -133,6 +136,7 @@ def collect(target_cores: list[int]) -> Provenance:
         packages=package_versions(),
         git=list(repos.values()),
         loadavg=list(os.getloadavg()),
+        transparent_huge_pages=transparent_huge_pages(),
         argv=list(sys.argv),
         started_at=now_utc(),
     )
