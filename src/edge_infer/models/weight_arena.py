@@ -4,7 +4,7 @@ A decode step streams every packed weight once. On 4 KiB pages that is a
 TLB miss every 4 KiB; a transparent huge page covers 512 of them. One
 one-token W4A8 product of 85 MB read 15-33% faster from 2 MiB pages than from
 malloc's (8 alternations, each of 4 runs on an AMD EPYC Zen 4, native and
-under the AVX2 mask, 1 and 2 threads; docs/performance.md). Whole 2 MiB
+under the AVX2 mask, 1 and 2 threads; docs/quantization.md). Whole 2 MiB
 pages need whole 2 MiB extents, which one kernel's tensors rarely fill, so
 the kernels built inside ``weight_arena()`` (the loader's) are carved one
 after another out of shared 2 MiB-aligned regions advised ``MADV_HUGEPAGE``.
