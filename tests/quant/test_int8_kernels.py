@@ -154,10 +154,10 @@ def fused_model(request, tmp_path_factory):
     return family, path
 
 
-def cache_for(model) -> KVCache:
+def cache_for(model, blocks: int = 8) -> KVCache:
     cfg = model.cfg
     layout = KVLayout(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, model.dtype.itemsize, 16)
-    return KVCache(layout, 8, model.dtype)
+    return KVCache(layout, blocks, model.dtype)
 
 
 def decode(model, cache: KVCache, ids: list[int], past: list[int], blocks: list[list[int]], fused: bool) -> torch.Tensor:
@@ -244,6 +244,28 @@ def test_the_fused_layer_gives_the_same_bits_on_every_variant(fused_model, make_
     model = make_core(path, method, dtype=dtype).model
     outputs = {v: paged_decode(on_variant(model, v), True) for v in VARIANTS}
     assert all(torch.equal(out, outputs["scalar"]) for out in outputs.values()), list(outputs)
+
+
+def test_the_fused_layer_gives_the_same_bits_on_one_thread_and_two(fused_model, make_core):
+    """Over a context long enough that attention is shared out by query head (and the products by row tile),
+    two threads must give the bits of one: a reply does not depend on the thread count."""
+    _, path = fused_model
+    model = make_core(path, "cpu_w4a8", max_model_len=256).model
+    torch.manual_seed(0)
+    prompts = [torch.randint(0, model.cfg.vocab_size, (n,)) for n in (200, 150)]
+    blocks = [list(range(0, 26, 2)), list(range(1, 20, 2))]  # interleaved, so each sequence's rows are scattered
+    threads = torch.get_num_threads()
+    outputs = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            cache = cache_for(model, 32)
+            for ids, b in zip(prompts, blocks):
+                prefill(model, cache, ids, b)
+            outputs.append(decode(model, cache, [11, 42], [200, 150], blocks, True))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(outputs[0], outputs[1])
 
 
 def test_fused_layer_refuses_a_slot_outside_the_cache(fused_model, make_core):

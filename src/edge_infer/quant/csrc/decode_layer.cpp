@@ -86,6 +86,31 @@ struct Cache {
   int64_t stride() const { return kv_heads * d; }
 };
 
+// Cache bytes asked for ahead of a layer's attention: what fits a core's L2 beside the products' streams.
+constexpr int64_t kContextPrefetchBytes = 512 << 10;
+
+// Asks for the cached keys and values this step's attention will read, before the q/k/v product: they
+// arrive from memory while the product streams its weights, where after it each head waited for its rows
+// (the layer's weights have evicted them since the last step). Attention over 1,000 cached tokens of the
+// 0.5B shape took 109 us a layer, 73 with this; the 24 layers 3.6% less (Zen 4, 2 threads, A/B in one run).
+template <typename T>
+void prefetch_context(const Cache<T>& c, const int64_t* table, const int64_t* ctx, int64_t m, int64_t max_blocks) {
+  int64_t budget = kContextPrefetchBytes;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j0 = 0; j0 < ctx[i] && budget > 0; j0 += c.block_size) {
+      // One block's rows of every head are contiguous, keys and values alike.
+      const int64_t bytes = std::min(c.block_size, ctx[i] - j0) * c.stride() * static_cast<int64_t>(sizeof(T));
+      const int64_t block = table[i * max_blocks + j0 / c.block_size];
+      const char* k = reinterpret_cast<const char*>(c.row(c.k, block, 0));
+      const char* v = reinterpret_cast<const char*>(c.row(c.v, block, 0));
+      for (int64_t b = 0; b < bytes; b += 64) {
+        __builtin_prefetch(k + b, 0, 2);
+        __builtin_prefetch(v + b, 0, 2);
+      }
+      budget -= 2 * bytes;
+    }
+}
+
 // One query head over the ``ctx`` keys of its sequence's blocks, softmax and weighted sum in fp32
 // (PyTorch's flash kernel rounds the probabilities to bf16 first and has its own exp: the two differ in the
 // last bits).
@@ -183,12 +208,14 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Te
     using T = decltype(type_tag);
     const T* xp = x.data_ptr<T>();
     // Attention block: norm, q/k/v, per-head norms, RoPE, cache write, attention, output projection.
+    T* kc = k_cache.data_ptr<T>();
+    T* vc = v_cache.data_ptr<T>();
+    const Cache<T> cache{kc, vc, k_cache.size(1), kv_heads, d};
+    prefetch_context(cache, table, ctx, m, max_blocks);
     std::vector<T> h(m * qkv.k, T(0.f)), proj;
     for (int64_t i = 0; i < m; ++i)
       rms_norm(isa, xp + i * hidden, input_norm.data_ptr<T>(), hidden, eps, h.data() + i * qkv.k);
     matmul(isa, h, m, qkv, proj);
-    T* kc = k_cache.data_ptr<T>();
-    T* vc = v_cache.data_ptr<T>();
     for (int64_t i = 0; i < m; ++i) {
       T* row = proj.data() + i * qkv_n;
       if (qkv_bias.has_value()) {
@@ -205,11 +232,11 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Te
       std::copy(row + q_size + kv_size, row + qkv_n, vc + slot[i] * kv_size);
     }
     std::vector<T> attn(m * o.k, T(0.f));
-    const Cache<T> cache{kc, vc, k_cache.size(1), kv_heads, d};
     int64_t keys = 0;
     for (int64_t i = 0; i < m; ++i) keys += ctx[i];
-    // Short contexts (the code predictor's) are not worth waking the other threads for.
-    const int64_t grain = keys * heads * d < (1 << 18) ? m * heads : 1;
+    // The shortest contexts (the code predictor's first steps) are not worth waking the other threads for;
+    // from 16 keys of the 0.5B shape on, two threads already took 10% less time than one.
+    const int64_t grain = keys * heads * d < (1 << 14) ? m * heads : 1;
     at::parallel_for(0, m * heads, grain, [&](int64_t begin, int64_t end) {
       for (int64_t w = begin; w < end; ++w) {
         const int64_t i = w / heads, hd = w % heads;
