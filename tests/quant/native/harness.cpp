@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "isa.h"
@@ -258,14 +259,12 @@ void run_w16_case(const std::vector<const IsaKernels*>& variants, bool fp16, int
   }
 }
 
-// The attention loops over a cache of bf16 or fp32 rows: what the reference's element type is made of.
+// Rows of bf16 or fp32 values (SwiGLU's activation, RMSNorm): what the reference's element type is made of.
 struct Bf16Rows {
   using T = uint16_t;
   static constexpr const char* name = "bf16";
   static T make(float v) { return to_bf16(v); }
   static double value(T v) { return from_bf16(v); }
-  static constexpr auto dot = &IsaKernels::dot_bf16;
-  static constexpr auto axpy = &IsaKernels::axpy_bf16;
   static constexpr auto silu_mul = &IsaKernels::silu_mul_bf16;
   static constexpr auto rms_norm = &IsaKernels::rms_norm_bf16;
 };
@@ -274,31 +273,47 @@ struct F32Rows {
   static constexpr const char* name = "f32";
   static T make(float v) { return v; }
   static double value(T v) { return v; }
-  static constexpr auto dot = &IsaKernels::dot_f32;
-  static constexpr auto axpy = &IsaKernels::axpy_f32;
   static constexpr auto silu_mul = &IsaKernels::silu_mul_f32;
   static constexpr auto rms_norm = &IsaKernels::rms_norm_f32;
 };
 
-// The reference's dot products within fp32 rounding of double precision; every variant's dot products and
-// weighted sums bit-identical to the reference's.
+// The attention loops over a block of a bf16 cache, widened to fp32 rows, and of a fp32 one: widening exact
+// on every variant; the reference's dot products within fp32 rounding of double precision; every variant's
+// dot products and weighted sums bit-identical to the reference's.
 template <typename R>
 void check_attention_loops(const std::vector<const IsaKernels*>& variants, Rng& rng, int n, int count, int stride) {
-  using T = typename R::T;
   const std::string dot_name = std::string("dot_") + R::name, axpy_name = std::string("axpy_") + R::name;
-  std::vector<T> q(n), rows(count * stride);
-  for (auto& v : q) v = R::make(rng.uniform() * 4.f);
-  for (auto& v : rows) v = R::make(rng.uniform());
+  std::vector<float> q(n), rows(count * stride);
+  for (auto& v : q) v = static_cast<float>(R::value(R::make(rng.uniform() * 4.f)));
+  if constexpr (std::is_same_v<typename R::T, uint16_t>) {  // rows as a widened cache block: n apart
+    std::vector<uint16_t> cache(count * stride);
+    for (auto& v : cache) v = R::make(rng.uniform());
+    cache[0] = R::make(NAN);
+    rows.assign(count * n, -1.f);
+    for (const IsaKernels* variant : variants) {
+      std::vector<float> widened(count * n, -1.f);
+      variant->widen_bf16(cache.data(), stride, count, n, widened.data());
+      for (int r = 0; r < count; ++r)
+        for (int i = 0; i < n; ++i)
+          if (!same(widened[r * n + i], from_bf16(cache[r * stride + i])))
+            fail(variant->name, "widen_bf16", r * n + i, widened[r * n + i], from_bf16(cache[r * stride + i]));
+      rows = widened;
+    }
+    rows[0] = 1.f;  // the NaN was for widening; the products below are checked against their exact values
+    stride = n;
+  } else {
+    for (auto& v : rows) v = rng.uniform();
+  }
   std::vector<float> w(count);
   for (float& v : w) v = rng.uniform();
   std::vector<float> want(count), y_ref(n, 0.5f);
-  (variants[0]->*R::dot)(q.data(), rows.data(), stride, count, n, want.data());
-  (variants[0]->*R::axpy)(w.data(), rows.data(), stride, count, n, y_ref.data());
+  variants[0]->dot_f32(q.data(), rows.data(), stride, count, n, want.data());
+  variants[0]->axpy_f32(w.data(), rows.data(), stride, count, n, y_ref.data());
   for (int r = 0; r < count; ++r) {
     double exact = 0.0, magnitude = 0.0;
     for (int i = 0; i < n; ++i) {
-      exact += R::value(q[i]) * R::value(rows[r * stride + i]);
-      magnitude += std::fabs(R::value(q[i]) * R::value(rows[r * stride + i]));
+      exact += static_cast<double>(q[i]) * rows[r * stride + i];
+      magnitude += std::fabs(static_cast<double>(q[i]) * rows[r * stride + i]);
     }
     if (std::fabs(want[r] - exact) > magnitude * n * 0x1p-24)
       fail(variants[0]->name, (dot_name + " rounding").c_str(), r, want[r], exact);
@@ -307,8 +322,8 @@ void check_attention_loops(const std::vector<const IsaKernels*>& variants, Rng& 
   for (float v : y_ref) mix(v);
   for (size_t v = 1; v < variants.size(); ++v) {
     std::vector<float> got(count), y(n, 0.5f);
-    (variants[v]->*R::dot)(q.data(), rows.data(), stride, count, n, got.data());
-    (variants[v]->*R::axpy)(w.data(), rows.data(), stride, count, n, y.data());
+    variants[v]->dot_f32(q.data(), rows.data(), stride, count, n, got.data());
+    variants[v]->axpy_f32(w.data(), rows.data(), stride, count, n, y.data());
     for (int r = 0; r < count; ++r)
       if (!same(got[r], want[r])) fail(variants[v]->name, dot_name.c_str(), r, got[r], want[r]);
     for (int i = 0; i < n; ++i)

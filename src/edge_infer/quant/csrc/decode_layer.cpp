@@ -52,20 +52,6 @@ void rotate(T* x, int64_t heads, int64_t d, const T* cos, const T* sin) {
   }
 }
 
-// The attention loops of isa.h for each cache element type.
-void dot(const IsaKernels& isa, const bf16* q, const bf16* k, int64_t stride, int64_t count, int64_t n, float* out) {
-  isa.dot_bf16(reinterpret_cast<const uint16_t*>(q), reinterpret_cast<const uint16_t*>(k), stride, count, n, out);
-}
-void dot(const IsaKernels& isa, const float* q, const float* k, int64_t stride, int64_t count, int64_t n, float* out) {
-  isa.dot_f32(q, k, stride, count, n, out);
-}
-void axpy(const IsaKernels& isa, const float* w, const bf16* v, int64_t stride, int64_t count, int64_t n, float* y) {
-  isa.axpy_bf16(w, reinterpret_cast<const uint16_t*>(v), stride, count, n, y);
-}
-void axpy(const IsaKernels& isa, const float* w, const float* v, int64_t stride, int64_t count, int64_t n, float* y) {
-  isa.axpy_f32(w, v, stride, count, n, y);
-}
-
 void silu_mul(const IsaKernels& isa, const bf16* gate, const bf16* up, int64_t n, bf16* out) {
   isa.silu_mul_bf16(reinterpret_cast<const uint16_t*>(gate), reinterpret_cast<const uint16_t*>(up), n,
                     reinterpret_cast<uint16_t*>(out));
@@ -111,22 +97,44 @@ void prefetch_context(const Cache<T>& c, const int64_t* table, const int64_t* ct
     }
 }
 
-// One query head over the ``ctx`` keys of its sequence's blocks, softmax and weighted sum in fp32
-// (PyTorch's flash kernel rounds the probabilities to bf16 first and has its own exp: the two differ in the
-// last bits).
+// One cache block's ``count`` rows of a key/value head as fp32 for the isa.h loops: a fp32 cache's rows where
+// they are; a bf16 cache's widened into ``scratch`` (exactly: the loops' products are those of the bf16 loops).
+struct Rows {
+  const float* first;
+  int64_t stride;
+};
+inline Rows fp32_rows(const IsaKernels&, const float* row, int64_t stride, int64_t count, int64_t, float*) {
+  return {row, stride};
+}
+inline Rows fp32_rows(const IsaKernels& isa, const bf16* row, int64_t stride, int64_t count, int64_t d, float* scratch) {
+  isa.widen_bf16(reinterpret_cast<const uint16_t*>(row), stride, count, d, scratch);
+  return {scratch, d};
+}
+
+// Query heads 0 .. ``group`` - 1 at ``q`` (d values apart), all reading key/value head ``kv_head``, over the
+// ``ctx`` keys of their sequence's blocks: scores, softmax and weighted sum in fp32 per head (PyTorch's flash
+// kernel rounds the probabilities to bf16 first and has its own exp: the two differ in the last bits). Each
+// block's rows are read (and a bf16 cache's widened) once for the whole group, not once per head: with 1,000
+// keys cached, the 0.5B shape's 24 layers (7 heads a group) took 6% less time (11% on the AVX2 variant, 4% with
+// a fp32 cache) than with each head on its own (Zen 4, 2 threads, A/B in one run).
 template <typename T>
-void attend_head(const IsaKernels& isa, const T* q, const Cache<T>& c, const int64_t* blocks, int64_t ctx,
-                 int64_t kv_head, float scale, T* out) {
-  std::vector<float> p(ctx);
-  for (int64_t j0 = 0; j0 < ctx; j0 += c.block_size)  // one cache block's keys per call
-    dot(isa, q, c.row(c.k, blocks[j0 / c.block_size], kv_head), c.stride(), std::min(c.block_size, ctx - j0), c.d,
-        p.data() + j0);
-  isa.softmax_f32(p.data(), ctx, scale);
-  std::vector<float> acc(c.d, 0.f);
-  for (int64_t j0 = 0; j0 < ctx; j0 += c.block_size)
-    axpy(isa, p.data() + j0, c.row(c.v, blocks[j0 / c.block_size], kv_head), c.stride(),
-         std::min(c.block_size, ctx - j0), c.d, acc.data());
-  for (int64_t i = 0; i < c.d; ++i) out[i] = static_cast<T>(acc[i]);
+void attend_group(const IsaKernels& isa, const T* q, int64_t group, const Cache<T>& c, const int64_t* blocks,
+                  int64_t ctx, int64_t kv_head, float scale, T* out) {
+  const int64_t d = c.d;
+  std::vector<float> queries(group * d), p(group * ctx), acc(group * d, 0.f), scratch(c.block_size * d);
+  for (int64_t i = 0; i < group * d; ++i) queries[i] = static_cast<float>(q[i]);
+  for (int64_t j0 = 0; j0 < ctx; j0 += c.block_size) {  // one cache block's keys at a time
+    const int64_t count = std::min(c.block_size, ctx - j0);
+    const Rows k = fp32_rows(isa, c.row(c.k, blocks[j0 / c.block_size], kv_head), c.stride(), count, d, scratch.data());
+    for (int64_t h = 0; h < group; ++h) isa.dot_f32(queries.data() + h * d, k.first, k.stride, count, d, p.data() + h * ctx + j0);
+  }
+  for (int64_t h = 0; h < group; ++h) isa.softmax_f32(p.data() + h * ctx, ctx, scale);
+  for (int64_t j0 = 0; j0 < ctx; j0 += c.block_size) {
+    const int64_t count = std::min(c.block_size, ctx - j0);
+    const Rows v = fp32_rows(isa, c.row(c.v, blocks[j0 / c.block_size], kv_head), c.stride(), count, d, scratch.data());
+    for (int64_t h = 0; h < group; ++h) isa.axpy_f32(p.data() + h * ctx + j0, v.first, v.stride, count, d, acc.data() + h * d);
+  }
+  for (int64_t i = 0; i < group * d; ++i) out[i] = static_cast<T>(acc[i]);
 }
 
 // out[m, n] = in[m, :] W^T; ``in`` has the weight's padded width (zero beyond the real columns).
@@ -234,14 +242,21 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Te
     std::vector<T> attn(m * o.k, T(0.f));
     int64_t keys = 0;
     for (int64_t i = 0; i < m; ++i) keys += ctx[i];
+    // Work items: (sequence, key/value head, part of its query heads). A group's heads share one reading of
+    // the cache; they are split only as far as needed to give every thread an item.
+    const int64_t group = heads / kv_heads, threads = at::get_num_threads();
+    const int64_t parts = std::min(group, std::max<int64_t>(1, (threads + m * kv_heads - 1) / (m * kv_heads)));
+    const int64_t per_part = (group + parts - 1) / parts, items = m * kv_heads * parts;
     // The shortest contexts (the code predictor's first steps) are not worth waking the other threads for;
     // from 16 keys of the 0.5B shape on, two threads already took 10% less time than one.
-    const int64_t grain = keys * heads * d < (1 << 14) ? m * heads : 1;
-    at::parallel_for(0, m * heads, grain, [&](int64_t begin, int64_t end) {
-      for (int64_t w = begin; w < end; ++w) {
-        const int64_t i = w / heads, hd = w % heads;
-        attend_head(isa, proj.data() + i * qkv_n + hd * d, cache, table + i * max_blocks, ctx[i], hd / (heads / kv_heads),
-                    scale, attn.data() + i * o.k + hd * d);
+    const int64_t grain = keys * heads * d < (1 << 14) ? items : 1;
+    at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t i = item / (kv_heads * parts), kv = item / parts % kv_heads, part = item % parts;
+        const int64_t first = kv * group + part * per_part, last = std::min(kv * group + group, first + per_part);
+        if (first < last)
+          attend_group(isa, proj.data() + i * qkv_n + first * d, last - first, cache, table + i * max_blocks, ctx[i], kv,
+                       scale, attn.data() + i * o.k + first * d);
       }
     });
     matmul(isa, attn, m, o, proj);

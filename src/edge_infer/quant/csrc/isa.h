@@ -52,15 +52,13 @@ struct IsaKernels {
   void (*w8a8_tile)(const int8_t* codes, const uint16_t* scales, const Int8Rows& x, int64_t m, float* out);
   // One 64-row tile of 16-bit weights (bf16, or fp16 when ``fp16``) times m fp32 rows x [m, k]: out as above.
   void (*w16_tile)(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m, float* out);
-  // Attention inner loops over ``count`` bf16 rows of n values (n a multiple of 16) ``stride`` apart (the keys
-  // or values of one cache block), in fp32: out[j] = q . k_j, and y += w[j] * v_j for j in order.
-  // A dot product is 16 fp32 lanes (lane l fuses the products of the columns i = l mod 16, in order)
-  // summed pairwise as lanes l + l+8, then l + l+4, l + l+2, and 0 + 1: the same bits on every variant.
-  void (*dot_bf16)(const uint16_t* q, const uint16_t* k, int64_t stride, int64_t count, int64_t n, float* out);
-  void (*axpy_bf16)(const float* w, const uint16_t* v, int64_t stride, int64_t count, int64_t n, float* y);
   // n fp32 values -> bf16, rounding to nearest even; NaN stays NaN (0x7FC0, as PyTorch converts it).
   void (*round_bf16)(const float* x, int64_t n, uint16_t* out);
-  // dot_bf16 and axpy_bf16 over fp32 rows (an fp32 model's cache), in the same lane order.
+  // Attention inner loops over ``count`` fp32 rows of n values (n a multiple of 16) ``stride`` apart (the keys
+  // or values of one cache block; a bf16 cache's widened first, widen_bf16), in fp32: out[j] = q . k_j, and
+  // y += w[j] * v_j for j in order. A dot product is 16 fp32 lanes (lane l fuses the products of the columns
+  // i = l mod 16, in order) summed pairwise as lanes l + l+8, then l + l+4, l + l+2, and 0 + 1: the same bits
+  // on every variant.
   void (*dot_f32)(const float* q, const float* k, int64_t stride, int64_t count, int64_t n, float* out);
   void (*axpy_f32)(const float* w, const float* v, int64_t stride, int64_t count, int64_t n, float* y);
   // The attention weights of one query head, in place: p = softmax(p * scale) in fp32. The largest scaled
@@ -87,6 +85,8 @@ struct IsaKernels {
   // (lane l takes the columns i = l mod 16, in order) reduced as the dot product's. out may be x.
   void (*rms_norm_bf16)(const uint16_t* x, const uint16_t* weight, int64_t n, float eps, uint16_t* out);
   void (*rms_norm_f32)(const float* x, const float* weight, int64_t n, float eps, float* out);
+  // ``rows`` bf16 rows of n values, ``stride`` apart, widened to fp32 rows packed n apart (exact).
+  void (*widen_bf16)(const uint16_t* x, int64_t stride, int64_t rows, int64_t n, float* out);
   // Tile matrix units (AMX-INT8; null on variants without one). A prompt's rows in whole blocks of 16 through
   // one 64-row tile: m a multiple of 16, out as w4a8_tile's and bit for bit its result (the same int32 group
   // sums, the same float steps). panels_ready asks the OS for the tile registers once per process: false, and

@@ -206,12 +206,10 @@ void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m
 }
 
 // isa.h's 16 lanes in two registers (lanes 0-7 and 8-15), reduced pairwise as the contract says.
-inline __m256 load8(const uint16_t* p) { return load_bf16x8(p); }
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 
 // Four keys at a time: their accumulator chains overlap, and each query load serves four keys.
-template <typename T>
-void dot_rows(const T* q, const T* k, int64_t stride, int64_t count, int64_t n, float* out) {
+void dot_rows(const float* q, const float* k, int64_t stride, int64_t count, int64_t n, float* out) {
   int64_t r = 0;
   for (; r + 4 <= count; r += 4, k += 4 * stride) {
     __m256 lo[4], hi[4];
@@ -237,8 +235,8 @@ void dot_rows(const T* q, const T* k, int64_t stride, int64_t count, int64_t n, 
 
 // kVecs * 8 values of y in registers through every row (not loaded and stored once per row), each a chain
 // of fused multiply-adds in row order.
-template <int kVecs, typename T>
-void axpy_slice(const float* w, const T* v, int64_t stride, int64_t count, float* y) {
+template <int kVecs>
+void axpy_slice(const float* w, const float* v, int64_t stride, int64_t count, float* y) {
   __m256 acc[kVecs];
   for (int r = 0; r < kVecs; ++r) acc[r] = _mm256_loadu_ps(y + 8 * r);
   for (int64_t j = 0; j < count; ++j, v += stride) {
@@ -249,8 +247,7 @@ void axpy_slice(const float* w, const T* v, int64_t stride, int64_t count, float
 }
 
 // Slices of 64 values: eight independent chains hide the multiply-add's latency.
-template <typename T>
-void axpy_rows(const float* w, const T* v, int64_t stride, int64_t count, int64_t n, float* y) {
+void axpy_rows(const float* w, const float* v, int64_t stride, int64_t count, int64_t n, float* y) {
   int64_t i = 0;
   for (; i + 64 <= n; i += 64) axpy_slice<8>(w, v + i, stride, count, y + i);
   for (; i < n; i += 16) axpy_slice<2>(w, v + i, stride, count, y + i);

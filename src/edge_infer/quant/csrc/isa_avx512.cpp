@@ -160,7 +160,6 @@ void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m
 }
 
 // isa.h's 16 lanes in one register, reduced pairwise as the contract says.
-inline __m512 load16(const uint16_t* p) { return load_bf16x16(p); }
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 
 inline float sum_lanes(__m512 acc) {
@@ -169,8 +168,7 @@ inline float sum_lanes(__m512 acc) {
 }
 
 // Four keys at a time: their accumulator chains overlap, and each query load serves four keys.
-template <typename T>
-void dot_rows(const T* q, const T* k, int64_t stride, int64_t count, int64_t n, float* out) {
+void dot_rows(const float* q, const float* k, int64_t stride, int64_t count, int64_t n, float* out) {
   int64_t r = 0;
   for (; r + 4 <= count; r += 4, k += 4 * stride) {
     __m512 acc[4];
@@ -190,8 +188,8 @@ void dot_rows(const T* q, const T* k, int64_t stride, int64_t count, int64_t n, 
 
 // kVecs * 16 values of y in registers through every row (not loaded and stored once per row), each a chain
 // of fused multiply-adds in row order.
-template <int kVecs, typename T>
-void axpy_slice(const float* w, const T* v, int64_t stride, int64_t count, float* y) {
+template <int kVecs>
+void axpy_slice(const float* w, const float* v, int64_t stride, int64_t count, float* y) {
   __m512 acc[kVecs];
   for (int r = 0; r < kVecs; ++r) acc[r] = _mm512_loadu_ps(y + 16 * r);
   for (int64_t j = 0; j < count; ++j, v += stride) {
@@ -202,8 +200,7 @@ void axpy_slice(const float* w, const T* v, int64_t stride, int64_t count, float
 }
 
 // Slices of 128 values where they fit (eight independent chains hide the multiply-add's latency), then 16.
-template <typename T>
-void axpy_rows(const float* w, const T* v, int64_t stride, int64_t count, int64_t n, float* y) {
+void axpy_rows(const float* w, const float* v, int64_t stride, int64_t count, int64_t n, float* y) {
   int64_t i = 0;
   for (; i + 128 <= n; i += 128) axpy_slice<8>(w, v + i, stride, count, y + i);
   for (; i + 64 <= n; i += 64) axpy_slice<4>(w, v + i, stride, count, y + i);

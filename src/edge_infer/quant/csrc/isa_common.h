@@ -113,22 +113,12 @@ void quantize_bf16(const uint16_t* x, int64_t k, int64_t group, int8_t* q, float
   quantize_row(x, k, group, q, alpha, sum);
 }
 
-// Defined by each variant (isa.h's lane contract), for bf16 (uint16_t) and fp32 rows.
-template <typename T>
-void dot_rows(const T* q, const T* k, int64_t stride, int64_t count, int64_t n, float* out);
-template <typename T>
-void axpy_rows(const float* w, const T* v, int64_t stride, int64_t count, int64_t n, float* y);
-
-void dot_bf16(const uint16_t* q, const uint16_t* k, int64_t stride, int64_t count, int64_t n, float* out) {
-  dot_rows(q, k, stride, count, n, out);
-}
+// Defined by each variant (isa.h's lane contract).
+void dot_rows(const float* q, const float* k, int64_t stride, int64_t count, int64_t n, float* out);
+void axpy_rows(const float* w, const float* v, int64_t stride, int64_t count, int64_t n, float* y);
 
 void dot_f32(const float* q, const float* k, int64_t stride, int64_t count, int64_t n, float* out) {
   dot_rows(q, k, stride, count, n, out);
-}
-
-void axpy_bf16(const float* w, const uint16_t* v, int64_t stride, int64_t count, int64_t n, float* y) {
-  axpy_rows(w, v, stride, count, n, y);
 }
 
 void axpy_f32(const float* w, const float* v, int64_t stride, int64_t count, int64_t n, float* y) {
@@ -187,6 +177,11 @@ void rms_norm_bf16(const uint16_t* x, const uint16_t* weight, int64_t n, float e
 
 void rms_norm_f32(const float* x, const float* weight, int64_t n, float eps, float* out) {
   rms_norm_row(x, weight, n, eps, out);
+}
+
+void widen_bf16(const uint16_t* x, int64_t stride, int64_t rows, int64_t n, float* out) {
+  for (int64_t r = 0; r < rows; ++r, x += stride, out += n)
+    for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(x[i]);
 }
 
 // models/layers/rope.py's apply_rotary on one token's bf16 heads (head h at x + h * stride), in fp32:
@@ -345,9 +340,10 @@ inline float w8a8_group(float acc, int32_t dot, float scale, float alpha) {
 // has a tile matrix unit).
 #define EDGE_INFER_ISA_TABLE_WITH_PANELS(symbol, isa_name, ready, w4a8, w8a8)                            \
   namespace edge_infer {                                                                                   \
-  extern const IsaKernels symbol = {isa_name, quantize_f32, quantize_bf16, w4a8_tile, w8a8_tile, w16_tile,  \
-                                    dot_bf16, axpy_bf16,     round_bf16,    dot_f32,   axpy_f32,           \
-                                    softmax_f32, silu_mul_bf16, silu_mul_f32, snake_f32, round_add_bf16,       \
-                                    rotate_bf16, rms_norm_bf16, rms_norm_f32, ready, w4a8,    w8a8};        \
+  extern const IsaKernels symbol = {isa_name,      quantize_f32,  quantize_bf16,  w4a8_tile,     w8a8_tile,    \
+                                    w16_tile,      round_bf16,    dot_f32,        axpy_f32,      softmax_f32,  \
+                                    silu_mul_bf16, silu_mul_f32,  snake_f32,      round_add_bf16, rotate_bf16, \
+                                    rms_norm_bf16, rms_norm_f32,  widen_bf16,     ready,         w4a8,         \
+                                    w8a8};                                                                     \
   }
 #define EDGE_INFER_ISA_TABLE(symbol, isa_name) EDGE_INFER_ISA_TABLE_WITH_PANELS(symbol, isa_name, nullptr, nullptr, nullptr)

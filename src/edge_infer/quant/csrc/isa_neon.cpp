@@ -114,7 +114,6 @@ void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m
 }
 
 // isa.h's 16 lanes in four registers (lanes 0-3, 4-7, 8-11, 12-15), reduced pairwise as the contract says.
-inline float32x4_t load4(const uint16_t* p) { return load_bf16x4(p); }
 inline float32x4_t load4(const float* p) { return vld1q_f32(p); }
 
 // Lanes 0-3, 4-7, 8-11, 12-15 reduced as the contract says: l + l+8, l + l+4, l + l+2, 0 + 1.
@@ -125,8 +124,7 @@ inline float sum_lanes(const float32x4_t acc[4]) {
 }
 
 // Two keys at a time: their accumulator chains overlap, and each query load serves both.
-template <typename T>
-void dot_rows(const T* q, const T* k, int64_t stride, int64_t count, int64_t n, float* out) {
+void dot_rows(const float* q, const float* k, int64_t stride, int64_t count, int64_t n, float* out) {
   int64_t r = 0;
   for (; r + 2 <= count; r += 2, k += 2 * stride) {
     float32x4_t a[4], b[4];
@@ -150,8 +148,8 @@ void dot_rows(const T* q, const T* k, int64_t stride, int64_t count, int64_t n, 
 
 // kVecs * 4 values of y in registers through every row (not loaded and stored once per row), each a chain
 // of fused multiply-adds in row order.
-template <int kVecs, typename T>
-void axpy_slice(const float* w, const T* v, int64_t stride, int64_t count, float* y) {
+template <int kVecs>
+void axpy_slice(const float* w, const float* v, int64_t stride, int64_t count, float* y) {
   float32x4_t acc[kVecs];
   for (int r = 0; r < kVecs; ++r) acc[r] = vld1q_f32(y + 4 * r);
   for (int64_t j = 0; j < count; ++j, v += stride) {
@@ -162,8 +160,7 @@ void axpy_slice(const float* w, const T* v, int64_t stride, int64_t count, float
 }
 
 // Slices of 64 values: sixteen independent chains hide the multiply-add's latency.
-template <typename T>
-void axpy_rows(const float* w, const T* v, int64_t stride, int64_t count, int64_t n, float* y) {
+void axpy_rows(const float* w, const float* v, int64_t stride, int64_t count, int64_t n, float* y) {
   int64_t i = 0;
   for (; i + 64 <= n; i += 64) axpy_slice<16>(w, v + i, stride, count, y + i);
   for (; i < n; i += 16) axpy_slice<4>(w, v + i, stride, count, y + i);

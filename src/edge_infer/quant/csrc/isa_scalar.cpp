@@ -57,8 +57,7 @@ void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m
 }
 
 // isa.h's 16 lanes, one float each, in the contract's order.
-template <typename T>
-void dot_rows(const T* q, const T* k, int64_t stride, int64_t count, int64_t n, float* out) {
+void dot_rows(const float* q, const float* k, int64_t stride, int64_t count, int64_t n, float* out) {
   for (int64_t r = 0; r < count; ++r, k += stride) {
     float lanes[16] = {};
     for (int64_t i = 0; i < n; i += 16)
@@ -68,8 +67,7 @@ void dot_rows(const T* q, const T* k, int64_t stride, int64_t count, int64_t n, 
 }
 
 // y += w[j] * v_j, one fused multiply-add per value, rows in order.
-template <typename T>
-void axpy_rows(const float* w, const T* v, int64_t stride, int64_t count, int64_t n, float* y) {
+void axpy_rows(const float* w, const float* v, int64_t stride, int64_t count, int64_t n, float* y) {
   for (int64_t r = 0; r < count; ++r, v += stride)
     for (int64_t i = 0; i < n; ++i) y[i] = __builtin_fmaf(w[r], to_float(v[i]), y[i]);
 }
