@@ -23,6 +23,7 @@ control_for() {
     pp-tg-*-avx-vnni) echo llamacpp-q4_k_m-avx-vnni ;;
     pp-tg-*-avx2 | pp-tg-*-avx2-zen4) echo llamacpp-q4_k_m-avx2 ;;
     tg-depth-*-avx-vnni) echo llamacpp-q4_0-avx-vnni-d1024 ;;
+    tg-depth-*-zen4) echo llamacpp-q4_0-d1024 ;;
     agent-*) echo bf16 ;;
     media-*-1t) echo transformers-bf16-1t ;;
     media-*-avx2) echo transformers-fp32-avx2 ;;
