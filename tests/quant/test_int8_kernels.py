@@ -246,14 +246,16 @@ def test_the_fused_layer_gives_the_same_bits_on_every_variant(fused_model, make_
     assert all(torch.equal(out, outputs["scalar"]) for out in outputs.values()), list(outputs)
 
 
-def test_the_fused_layer_gives_the_same_bits_on_one_thread_and_two(fused_model, make_core):
-    """Over a context long enough that attention is shared out by query head (and the products by row tile),
-    two threads must give the bits of one: a reply does not depend on the thread count."""
+@pytest.mark.parametrize("lengths", [(200, 150), (230,)], ids=["two-sequences", "one-sequence"])
+def test_the_fused_layer_gives_the_same_bits_on_one_thread_and_two(fused_model, make_core, lengths):
+    """Over a context long enough that attention is shared out by query head (one sequence's heads, a key/value
+    head's group among them, split between the threads; or a sequence each) and the products by row tile, two
+    threads must give the bits of one: a reply does not depend on the thread count."""
     _, path = fused_model
     model = make_core(path, "cpu_w4a8", max_model_len=256).model
     torch.manual_seed(0)
-    prompts = [torch.randint(0, model.cfg.vocab_size, (n,)) for n in (200, 150)]
-    blocks = [list(range(0, 26, 2)), list(range(1, 20, 2))]  # interleaved, so each sequence's rows are scattered
+    prompts = [torch.randint(0, model.cfg.vocab_size, (n,)) for n in lengths]
+    blocks = [list(range(0, 30, 2)), list(range(1, 20, 2))][:len(lengths)]  # interleaved: each one's rows scattered
     threads = torch.get_num_threads()
     outputs = []
     try:
@@ -262,7 +264,7 @@ def test_the_fused_layer_gives_the_same_bits_on_one_thread_and_two(fused_model, 
             cache = cache_for(model, 32)
             for ids, b in zip(prompts, blocks):
                 prefill(model, cache, ids, b)
-            outputs.append(decode(model, cache, [11, 42], [200, 150], blocks, True))
+            outputs.append(decode(model, cache, [11, 42][:len(lengths)], list(lengths), blocks, True))
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(outputs[0], outputs[1])
