@@ -61,7 +61,7 @@ void dot_rows(const float* q, const float* k, int64_t stride, int64_t count, int
   for (int64_t r = 0; r < count; ++r, k += stride) {
     float lanes[16] = {};
     for (int64_t i = 0; i < n; i += 16)
-      for (int j = 0; j < 16; ++j) lanes[j] = __builtin_fmaf(to_float(q[i + j]), to_float(k[i + j]), lanes[j]);
+      for (int j = 0; j < 16; ++j) lanes[j] = __builtin_fmaf(q[i + j], k[i + j], lanes[j]);
     out[r] = reduce_lanes(lanes);
   }
 }
@@ -69,7 +69,7 @@ void dot_rows(const float* q, const float* k, int64_t stride, int64_t count, int
 // y += w[j] * v_j, one fused multiply-add per value, rows in order.
 void axpy_rows(const float* w, const float* v, int64_t stride, int64_t count, int64_t n, float* y) {
   for (int64_t r = 0; r < count; ++r, v += stride)
-    for (int64_t i = 0; i < n; ++i) y[i] = __builtin_fmaf(w[r], to_float(v[i]), y[i]);
+    for (int64_t i = 0; i < n; ++i) y[i] = __builtin_fmaf(w[r], v[i], y[i]);
 }
 
 }  // namespace
