@@ -12,9 +12,11 @@ import io
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -267,6 +269,30 @@ def test_the_llm_cli_sends_a_picture(omni_server, reference, tmp_path):
     assert run.returncode == 0, run.stderr
     out = reference.chat(user(QUESTION, image(4)), SamplingParams(temperature=0, max_tokens=MAX_TOKENS))[0]
     assert run.stdout == out.outputs[0].text + "\n"
+
+
+def test_a_stopped_worker_does_not_stop_the_server_while_images_wait_for_it(omni):
+    """A 448x448 image's features are megabytes, more than the worker's command pipe holds: with the worker
+    stopped (or busy in a long step) the server queues them and keeps answering: /health says the engine is
+    unresponsive, the waiting requests end saying why, and it serves again once the worker continues."""
+    body = {"model": MODEL, "messages": user(image(7, width=448, height=448)), "max_tokens": 4}
+    with ServerProcess(omni, "--max-model-len", "2048", *LIMIT_FLAGS, "--heartbeat-timeout-s", "1.5") as server:
+        (worker,) = server.worker_pids()
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            with ThreadPoolExecutor(2) as pool:
+                asks = [pool.submit(httpx.post, server.base_url + "/v1/chat/completions", json=body, timeout=60)
+                        for _ in range(2)]
+                wait_until(lambda: httpx.get(server.base_url + "/health", timeout=2).status_code == 503,
+                           "/health to answer 503 while the worker is stopped", 20)
+                answers = [ask.result() for ask in asks]
+            assert all(a.status_code >= 500 and "stopped responding" in a.text for a in answers), answers
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        wait_until(lambda: httpx.get(server.base_url + "/health", timeout=2).status_code == 200,
+                   "/health to answer 200 again", 20)
+        assert server.worker_pids() == [worker]
+        assert httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
 
 
 # -- a server in this process, where preparation and encoding can be held at a gate ------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import signal
 import threading
 import time
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 PROGRESS_INTERVAL_S = 0.1
 # A running worker says it is alive this often, whatever its steps take (the frontend's liveness check).
 HEARTBEAT_INTERVAL_S = 0.5
+_STOP_SENDING = object()  # ends a CoreClient's sender thread
 
 
 class _Outputs:
@@ -179,7 +181,10 @@ class CoreClient:
         self._thread: threading.Thread | None = None
         self._cmd_recv, self._cmd_send = Pipe(duplex=False)
         self._out_recv, self._out_send = Pipe(duplex=False)
-        self._send_lock = threading.Lock()
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._send_error: Exception | None = None
+        self._sender = threading.Thread(target=self._send_queued, name="edge-infer-sender", daemon=True)
+        self._sender.start()
 
     # -- life cycle -----------------------------------------------------------
 
@@ -242,6 +247,8 @@ class CoreClient:
             self._proc.close()
         elif self._thread is not None:
             self._thread.join(timeout_s)
+        self._outbox.put(_STOP_SENDING)
+        self._sender.join(1.0)  # a sender still writing to a killed worker gets EPIPE and ends
         for conn in (self._cmd_send, self._out_recv):
             conn.close()
 
@@ -253,11 +260,21 @@ class CoreClient:
     # -- messages -------------------------------------------------------------
 
     def send(self, command: msg.Command | EngineConfig) -> None:
-        try:
-            with self._send_lock:
+        """Queue ``command`` for the core without waiting: the core reads its pipe between steps, and a step can
+        run for seconds (or the worker be stopped), so the pipe fills with a few requests' media; the sender
+        thread waits for it then, never the caller (a server's event loop). Raises EngineDeadError once the core
+        is gone."""
+        if self._send_error is not None or not self.alive:
+            raise errors.EngineDeadError(f"{self.exit_description()}; restart the engine") from self._send_error
+        self._outbox.put(command)
+
+    def _send_queued(self) -> None:
+        while (command := self._outbox.get()) is not _STOP_SENDING:
+            try:
                 self._cmd_send.send(command)
-        except (OSError, ValueError) as exc:
-            raise errors.EngineDeadError(f"{self.exit_description()}; restart the engine") from exc
+            except (OSError, ValueError) as exc:  # the core is gone; the reader reports it
+                self._send_error = exc
+                return
 
     def receive(self, timeout_s: float | None) -> list[msg.Report]:
         """Messages available within ``timeout_s`` (heartbeats are absorbed into ``last_heard``);
