@@ -13,6 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from edge_infer.engine.media_gate import MediaGate
+
 from .serverutil import ServerProcess
 
 pytestmark = pytest.mark.slow
@@ -186,6 +188,7 @@ class BrokenEngine:
 
     healthy = True
     dead_reason = hung_reason = down_reason = None
+    media_gate = MediaGate(1)
 
     def add_request(self, *args, **kwargs):
         raise ZeroDivisionError("a bug")

@@ -426,3 +426,41 @@ def test_a_client_that_leaves_while_its_image_is_encoded_frees_everything(local_
     gate.open()
     wait_until(lambda: settled(base_url), "no running sequence and every KV block free")
     assert scrape(base_url)['edge_infer_request_finish_total{reason=abort}'] >= 1
+
+
+def test_requests_beyond_max_num_seqs_wait_before_their_media_are_decoded(local_server, monkeypatch):
+    """Six image requests at once on a server that runs four sequences: while the first image's encode is held,
+    four requests have had their image decoded and two wait with theirs undecoded (edge_infer_media_waiting); then
+    all six are answered, and the engine never held media for more than four sequences at once: the memory plan's
+    "sequence media" item holds max_num_seqs of them, whatever the queue."""
+    from edge_infer.engine import media_prompt
+    from edge_infer.models.multimodal import MultimodalLM
+
+    service, base_url = local_server
+    decoded = []
+    load = media_prompt.load_part
+    monkeypatch.setattr(media_prompt, "load_part", lambda *a: decoded.append(a[0].where) or load(*a))
+    gate = Gate(MultimodalLM.encode)
+    monkeypatch.setattr(MultimodalLM, "encode", lambda self, *a: gate(self, *a))
+    kw = dict(model=MODEL, max_tokens=MAX_TOKENS, temperature=0, extra_body={"ignore_eos": True})
+
+    async def scenario() -> list[str]:
+        client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        asks = [asyncio.ensure_future(client.chat.completions.create(messages=user(image(10 + i), QUESTION), **kw))
+                for i in range(6)]
+        assert await asyncio.to_thread(gate.entered.wait, 60)
+        await asyncio.to_thread(wait_until, lambda: scrape(base_url)["edge_infer_media_waiting"] == 2,
+                                "two requests waiting for room")
+        assert len(decoded) == 4 and service.engine.media_gate.in_use == 4
+        gate.open()
+        return [r.choices[0].finish_reason for r in await asyncio.gather(*asks)]
+
+    assert asyncio.run(scenario()) == ["length"] * 6
+    assert len(decoded) == 6
+    m = scrape(base_url)
+    assert 2 <= m["edge_infer_media_sequences_peak"] <= 4
+    assert m["edge_infer_media_sequences"] == 0 and m["edge_infer_media_waiting"] == 0
+    assert service.engine.media_gate.in_use == 0
+    body = {"model": MODEL, "messages": user(image(), QUESTION), "max_tokens": 2, "n": 5}  # could never all run
+    response = httpx.post(base_url + "/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400 and "at most max_num_seqs=4 sequences hold media" in response.text

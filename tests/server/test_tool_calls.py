@@ -15,6 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from edge_infer.engine.frontend import Frontend
+from edge_infer.engine.media_gate import MediaGate
 from edge_infer.models.checkpoint import demo_model_dir
 from edge_infer.engine.protocol import CoreStats
 from edge_infer.engine.streams import RequestStream, StreamEvent
@@ -42,8 +43,9 @@ class ScriptedEngine:
         self.healthy = True
         self.dead_reason = self.hung_reason = self.down_reason = None
         self.core_stats = CoreStats()
+        self.media_gate = MediaGate(1)
 
-    def add_request(self, prompt, params, request_id=None, max_chunks=None) -> RequestStream:
+    def add_request(self, prompt, params, request_id=None, max_chunks=None, media_slots=None) -> RequestStream:
         stream = RequestStream(request_id, max_chunks, lambda n: None)
         loop = asyncio.get_running_loop()
         for i in range(0, len(self.text), 3):

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from edge_infer.engine.frontend import Frontend, PreparedPrompt
+from edge_infer.engine.media_gate import MediaGate, MediaSlot, MediaSlots
 from edge_infer.engine.protocol import (
     AbortRequests, AddRequest, CoreStats, Deltas, GrantCredits, ReadyInfo, Report, Stats, StatsQuery, TokenDelta,
 )
@@ -83,6 +84,7 @@ class _Active:
     fold: RequestFold
     record: RequestRecord
     uses_credits: bool
+    media_slot: MediaSlot | None = None  # given back when the request ends
     abort_ack: asyncio.Future | None = None
 
 
@@ -101,6 +103,8 @@ class AsyncEngine:
         self.ready_info: ReadyInfo | None = None
         self.dead_reason: str | None = None
         self._active: dict[str, _Active] = {}
+        # Requests with media acquire room here before their media are decoded (engine/media_gate.py).
+        self.media_gate = MediaGate(frontend.engine_config.max_num_seqs)
         self._client: CoreClient | None = None
         self._reader: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -178,7 +182,12 @@ class AsyncEngine:
         request_id: str | None = None,
         max_chunks: int | None = None,
         session_id: str | None = None,
+        media_slots: MediaSlots | None = None,
     ) -> RequestStream:
+        """Start one engine request. A prompt with media takes one of ``media_slots`` (from
+        ``media_gate.acquire``, awaited before the media were decoded); it is given back when the request ends."""
+        if prompt.media and media_slots is None:
+            raise ValueError("a prompt with media needs a slot: acquire media_gate slots before decoding its media")
         if not self.healthy:
             raise EngineDeadError(f"{self.down_reason or 'the engine is not running'}; call restart()")
         if max_chunks is not None and max_chunks < 1:
@@ -191,7 +200,7 @@ class AsyncEngine:
         record = RequestRecord(rid, session_id, list(request.prompt_token_ids))
         self._remember(record)
         self._active[rid] = _Active(stream, RequestFold.start(self.frontend.tokenizer, request.params), record,
-                                    max_chunks is not None)
+                                    max_chunks is not None, media_slots.take() if prompt.media else None)
         self._client.send(AddRequest(request))
         return stream
 
@@ -231,7 +240,7 @@ class AsyncEngine:
             acknowledged = await asyncio.wait_for(asyncio.shield(active.abort_ack), ABORT_ACK_TIMEOUT_S)
         except asyncio.TimeoutError:
             acknowledged = False
-        self._active.pop(request_id, None)
+        self._drop(request_id)
         return {
             "request_id": request_id,
             "cancelled": True,
@@ -278,12 +287,12 @@ class AsyncEngine:
         if record.cancelled:
             if delta.finish_reason == "abort" and active.abort_ack is not None and not active.abort_ack.done():
                 active.abort_ack.set_result(True)
-                self._active.pop(delta.request_id, None)
+                self._drop(delta.request_id)
             else:
                 record.late_events += 1
             return
         if delta.finish_reason == "abort":  # our own abort after a stop string; already reported
-            self._active.pop(delta.request_id, None)
+            self._drop(delta.request_id)
             return
         if active.stream.ended:
             return
@@ -313,7 +322,13 @@ class AsyncEngine:
         if step.abort_in_core:
             self._client.send(AbortRequests([delta.request_id]))  # the core still runs it; its ack clears it
         else:
-            self._active.pop(delta.request_id, None)
+            self._drop(delta.request_id)
+
+    def _drop(self, request_id: str) -> None:
+        """Forget an ended request (the core has freed it): its media slot goes back."""
+        active = self._active.pop(request_id, None)
+        if active is not None and active.media_slot is not None:
+            active.media_slot.release()
 
     def _emit(self, active: _Active, event: StreamEvent) -> None:
         active.stream.push(event)
@@ -370,7 +385,7 @@ class AsyncEngine:
                 self._emit(active, StreamEvent("error", rid, error=message, finish_reason="error"))
             if active.abort_ack is not None and not active.abort_ack.done():
                 active.abort_ack.set_result(False)
-        self._active.clear()
+            self._drop(rid)
 
     def _remember(self, record: RequestRecord) -> None:
         self.records[record.request_id] = record

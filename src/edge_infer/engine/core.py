@@ -214,6 +214,9 @@ class EngineCore:
         self._attach_media(seq, req.media, req.mrope_positions, req.mrope_delta)
         self.sequences[req.request_id] = seq
         self.scheduler.add(seq)
+        if seq.media:
+            self.stats.media_sequences += 1
+            self.stats.media_sequences_peak = max(self.stats.media_sequences_peak, self.stats.media_sequences)
         return None
 
     def _media_problem(self, prompt_ids: list[int], media: Seq[MediaInput], positions) -> str | None:
@@ -409,7 +412,8 @@ class EngineCore:
     def _finish(self, seq: Sequence, reason: str, tok: SampledToken | None = None) -> TokenDelta:
         """End ``seq`` (its blocks are released) and the delta that says so."""
         self.scheduler.finish(seq, reason)
-        self.sequences.pop(seq.request_id, None)
+        if self.sequences.pop(seq.request_id, None) is not None and seq.media:
+            self.stats.media_sequences -= 1
         return self._delta(seq, tok, finished=True)
 
     def _fail(self, seq: Sequence, message: str) -> TokenDelta:

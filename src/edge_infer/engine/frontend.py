@@ -57,6 +57,16 @@ class PreparedPrompt:
     media: list[MediaInput] = field(default_factory=list)
 
 
+@dataclass
+class RenderedChat:
+    """A chat prompt before its media are loaded: the template's text and tokens, one placeholder per part."""
+
+    text: str
+    token_ids: list[int]
+    parts: list[media_prompt.MediaPart]
+    audio_in_video: bool
+
+
 def _text_chars(value: Any) -> int:
     """Characters of all the strings in ``value`` (messages or tools)."""
     if isinstance(value, str):
@@ -150,28 +160,38 @@ class Frontend:
 
     def prepare_chat(self, messages: list[dict[str, Any]], mm_processor_kwargs: dict[str, Any] | None = None,
                      **template_kwargs: Any) -> PreparedPrompt:
-        """A conversation rendered by the chat template; special-token text in messages and tools stays text
-        unless ``specials_in_content`` is set on this frontend (models.tokenizer says why).
+        """A conversation rendered by the chat template with its media loaded: ``load_media(render_chat(...))``."""
+        return self.load_media(self.render_chat(messages, mm_processor_kwargs, **template_kwargs))
 
-        Content parts with images, audio or video (engine/media_prompt.py) are read under ``media_policy``,
-        decoded within ``media_limits`` and placed at their expanded placeholders: this can take seconds, so
-        callers with an event loop run it on a thread. ``mm_processor_kwargs``: vLLM's, ``use_audio_in_video``."""
+    def render_chat(self, messages: list[dict[str, Any]], mm_processor_kwargs: dict[str, Any] | None = None,
+                    **template_kwargs: Any) -> RenderedChat:
+        """A conversation rendered by the chat template and tokenized, its media parts checked (kinds, counts,
+        placeholders) but not read; special-token text in messages and tools stays text unless
+        ``specials_in_content`` is set on this frontend (models.tokenizer says why). ``mm_processor_kwargs``:
+        vLLM's, ``use_audio_in_video``."""
         chat = media_prompt.split_messages(messages)
         self.check_text_fits(_text_chars(chat.messages) + _text_chars(template_kwargs.get("tools")),
                              "the messages (with tools)")
         mm = self.plan.model_config.multimodal
-        limits = self.media_limits
-        media_prompt.check_parts(chat.parts, mm, self.model_name, limits, self.plan.media_kinds)
+        media_prompt.check_parts(chat.parts, mm, self.model_name, self.media_limits, self.plan.media_kinds)
         audio_in_video = media_prompt.use_audio_in_video(mm_processor_kwargs)
         text, ids = self.require_tokenizer().encode_chat(chat.messages, specials_in_content=self.specials_in_content,
                                                          **template_kwargs)
+        if chat.parts:
+            media_prompt.check_placeholders(ids, chat.parts, mm)
+        return RenderedChat(text, ids, chat.parts, audio_in_video)
+
+    def load_media(self, chat: RenderedChat) -> PreparedPrompt:
+        """The rendered chat with its media parts read under ``media_policy``, decoded within ``media_limits`` and
+        placed at their expanded placeholders: this can take seconds, so callers with an event loop run it on a
+        thread, and callers that queue requests load a request's media only when the worker has room for them
+        (engine/media_gate.py)."""
         if not chat.parts:
-            return PreparedPrompt(text, ids)
-        media_prompt.check_placeholders(ids, chat.parts, mm)
-        loaded = [media_prompt.load_part(part, self.media_processing, self.media_policy, limits, audio_in_video)
-                  for part in chat.parts]
-        ids, media = media_prompt.expand(ids, loaded, mm)
-        return PreparedPrompt(text, ids, media)
+            return PreparedPrompt(chat.text, chat.token_ids)
+        loaded = [media_prompt.load_part(part, self.media_processing, self.media_policy, self.media_limits,
+                                         chat.audio_in_video) for part in chat.parts]
+        ids, media = media_prompt.expand(chat.token_ids, loaded, self.plan.model_config.multimodal)
+        return PreparedPrompt(chat.text, ids, media)
 
     def check_text_fits(self, chars: int, what: str) -> None:
         """Refuse text that cannot fit max_model_len tokens whatever it says, before tokenizing it (a large

@@ -18,10 +18,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from edge_infer.engine.frontend import Frontend, PreparedPrompt, PromptInput
+from edge_infer.engine.frontend import Frontend, PreparedPrompt, PromptInput, RenderedChat
+from edge_infer.engine.media_gate import check_media_sequences
 from edge_infer.engine.request_fold import RequestFold
 from edge_infer.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from edge_infer.engine.protocol import AbortRequests, AddRequest, Deltas, EngineRequest
+from edge_infer.engine.protocol import AbortRequests, AddRequest, CoreStats, Deltas, EngineRequest
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.engine.worker import CoreClient
 from edge_infer.media.sources import MediaPolicy
@@ -72,6 +73,7 @@ class LLM:
             self.frontend.media_policy = media_policy
         self._client = CoreClient(self.frontend.engine_config, mode=worker)
         self.ready = self._client.start(load_progress)
+        self.core_stats = CoreStats()  # the worker's counters, as last reported
         self._counter = 0
 
     # -- public API -------------------------------------------------------------
@@ -107,8 +109,9 @@ class LLM:
         video's sound track out (Omni; it goes in by default)."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         kwargs = dict(chat_template_kwargs or {}, tools=tools, add_generation_prompt=add_generation_prompt)
-        prepared = [self.frontend.prepare_chat(conv, mm_processor_kwargs, **kwargs) for conv in conversations]
-        return self._run(prepared, sampling_params, use_tqdm)
+        # Rendered (and checked) now; their media are loaded as the worker has room for them (_run).
+        rendered = [self.frontend.render_chat(conv, mm_processor_kwargs, **kwargs) for conv in conversations]
+        return self._run(rendered, sampling_params, use_tqdm)
 
     def close(self) -> None:
         if self._client is not None:
@@ -146,46 +149,84 @@ class LLM:
             raise ValueError(f"got {len(sampling_params)} SamplingParams for {count} prompts")
         return list(sampling_params)
 
-    def _run(self, prepared: list[PreparedPrompt], sampling_params, use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, prompts: Sequence[PreparedPrompt | RenderedChat], sampling_params, use_tqdm: bool) -> list[RequestOutput]:
+        """Every prompt's samples, run in the worker. Prompts without media go to the worker at once (checked
+        first, so that a bad one raises before any runs); a prompt with media goes, its media loaded only then,
+        when fewer than max_num_seqs sequences hold media there (engine/media_gate.py says why). A prompt whose
+        media fail to load raises, and the samples already sent are aborted."""
         from tqdm import tqdm
 
-        params = self._params_for(sampling_params, len(prepared))
+        params = self._params_for(sampling_params, len(prompts))
+        prompts = [self.frontend.load_media(p) if isinstance(p, RenderedChat) and not p.parts else p for p in prompts]
+        window = self.frontend.engine_config.max_num_seqs
         batch_id = self._counter
         self._counter += 1
-        requests = []
+        layout = [[f"{batch_id}-{i}-{k}" for k in range(p.n)] for i, p in enumerate(params)]
+        ready = {i: self._requests(prompt, params[i], layout[i]) for i, prompt in enumerate(prompts)
+                 if not _has_media(prompt)}
+        for i in range(len(prompts)):
+            if i not in ready:
+                check_media_sequences(params[i].n, window)
+        sent: list[PreparedPrompt] = []  # each prompt's text and token ids, for its output (its media are sent)
         samples: dict[str, RequestFold] = {}
-        layout: list[list[str]] = []
-        for i, (prompt, p) in enumerate(zip(prepared, params)):
-            ids = []
-            for k in range(p.n):
-                # n samples of one prompt: distinct seeds when seeded, independent draws otherwise
-                sub = p.clone(n=1, seed=None if p.seed is None else p.seed + k)
-                rid = f"{batch_id}-{i}-{k}"
-                requests.append(self.frontend.request(rid, prompt, sub))
-                samples[rid] = RequestFold.start(self.frontend.tokenizer, sub)
-                ids.append(rid)
-            layout.append(ids)
+        pending: set[str] = set()
+        with_media: set[str] = set()  # the unfinished samples holding media in the worker
         arrival = time.time()
+        bar = tqdm(total=sum(map(len, layout)), desc="generating", unit="sample", disable=not use_tqdm)
+        try:
+            while len(sent) < len(prompts) or pending:
+                while len(sent) < len(prompts):
+                    i = len(sent)
+                    media = _has_media(prompts[i])
+                    if media and len(with_media) + params[i].n > window:
+                        break
+                    sent.append(self._start(prompts[i], params[i], layout[i], ready.pop(i, None), samples))
+                    prompts[i] = sent[i]  # no reference to its media left here
+                    pending.update(layout[i])
+                    if media:
+                        with_media.update(layout[i])
+                self._receive(samples, pending, with_media, bar)
+        except BaseException:
+            if pending:
+                self._client.send(AbortRequests(sorted(pending)))
+            raise
+        finally:
+            bar.close()
+        return [self._output(sent[i], ids, samples, arrival) for i, ids in enumerate(layout)]
+
+    def _start(self, prompt: PreparedPrompt | RenderedChat, params: SamplingParams, ids: list[str],
+               requests: list[EngineRequest] | None, samples: dict[str, RequestFold]) -> PreparedPrompt:
+        """Send one prompt's samples (``requests``, or built now with its media loaded); returns its text and
+        token ids without the media, which only the worker keeps."""
+        if requests is None:
+            if isinstance(prompt, RenderedChat):
+                prompt = self.frontend.load_media(prompt)
+            requests = self._requests(prompt, params, ids)
+        samples.update((r.request_id, RequestFold.start(self.frontend.tokenizer, r.params)) for r in requests)
         self._send_all(requests)
-        for prompt in prepared:  # the worker has the media now; the outputs need their token ids only
-            prompt.media = []
-        pending = set(samples)
-        bar = tqdm(total=len(pending), desc="generating", unit="sample", disable=not use_tqdm)
-        while pending:
-            for report in self._client.receive(timeout_s=1.0):
-                if not isinstance(report, Deltas):
+        return PreparedPrompt(prompt.prompt, list(prompt.token_ids))
+
+    def _requests(self, prompt: PreparedPrompt, params: SamplingParams, ids: list[str]) -> list[EngineRequest]:
+        """The engine requests of one prompt's n samples: distinct seeds when seeded, independent draws otherwise."""
+        return [self.frontend.request(rid, prompt, params.clone(n=1, seed=None if params.seed is None else params.seed + k))
+                for k, rid in enumerate(ids)]
+
+    def _receive(self, samples: dict[str, RequestFold], pending: set[str], with_media: set[str], bar) -> None:
+        """Apply the worker's deltas for a while (up to 1 s); finished samples leave ``pending``/``with_media``."""
+        for report in self._client.receive(timeout_s=1.0):
+            if not isinstance(report, Deltas):
+                continue
+            self.core_stats = report.stats
+            for delta in report.deltas:
+                if delta.request_id not in pending:
                     continue
-                for delta in report.deltas:
-                    if delta.request_id not in pending:
-                        continue
-                    step = samples[delta.request_id].apply(delta)
-                    if step.abort_in_core:
-                        self._client.send(AbortRequests([delta.request_id]))
-                    if step.finished:
-                        pending.discard(delta.request_id)
-                        bar.update(1)
-        bar.close()
-        return [self._output(prepared[i], ids, samples, arrival) for i, ids in enumerate(layout)]
+                step = samples[delta.request_id].apply(delta)
+                if step.abort_in_core:
+                    self._client.send(AbortRequests([delta.request_id]))
+                if step.finished:
+                    pending.discard(delta.request_id)
+                    with_media.discard(delta.request_id)
+                    bar.update(1)
 
     def _send_all(self, requests: list[EngineRequest]) -> None:
         """Hand the requests to the worker and keep no reference to them (nor to their media's features)."""
@@ -216,6 +257,10 @@ class LLM:
             prompt_logprobs=None if first.prompt_logprobs is None else [
                 None, *(_logprob_entry(tid, lp) for tid, lp in zip(prompt.token_ids[1:], first.prompt_logprobs))],
         )
+
+
+def _has_media(prompt: PreparedPrompt | RenderedChat) -> bool:
+    return bool(prompt.parts if isinstance(prompt, RenderedChat) else prompt.media)
 
 
 def _logprob_entry(token_id: int, logprobs: tuple[float, list[tuple[int, float]]]) -> dict[int, Logprob]:

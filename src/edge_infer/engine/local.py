@@ -141,16 +141,26 @@ class LocalTextEngine:
         """
         self._check_session(session)
         frontend = self._engine.frontend
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-            prepared = await asyncio.get_running_loop().run_in_executor(
-                self._prep, lambda: frontend.prepare_chat(prompt, mm_processor_kwargs))
-            self._check_session(session)  # closed while the prompt was prepared
-        elif isinstance(prompt, (str, list)):
-            prepared = frontend.prepare(prompt)
-        else:
-            raise InvalidRequestError(f"prompt must be text, token ids or chat messages, not {type(prompt).__name__}")
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=ignore_eos, **sampling)
-        stream = self._engine.add_request(prepared, params, request_id, max_chunks, session.session_id)
+        slots = None
+        try:
+            if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+                loop = asyncio.get_running_loop()
+                chat = await loop.run_in_executor(self._prep, lambda: frontend.render_chat(prompt, mm_processor_kwargs))
+                if chat.parts:  # room in the worker before the media are decoded (engine/media_gate.py)
+                    slots = await self._engine.media_gate.acquire(1)
+                    self._check_session(session)  # closed while it waited
+                load = frontend.load_media
+                prepared = await loop.run_in_executor(self._prep, load, chat) if chat.parts else load(chat)
+                self._check_session(session)  # closed while the prompt was prepared
+            elif isinstance(prompt, (str, list)):
+                prepared = frontend.prepare(prompt)
+            else:
+                raise InvalidRequestError(f"prompt must be text, token ids or chat messages, not {type(prompt).__name__}")
+            params = SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=ignore_eos, **sampling)
+            stream = self._engine.add_request(prepared, params, request_id, max_chunks, session.session_id, slots)
+        finally:
+            if slots is not None:
+                slots.release()  # the one not taken by a request that failed to start
         self._sessions[session.session_id].add(stream.request_id)
         return stream.request_id, stream
 

@@ -185,6 +185,8 @@ class CoreStats:
     prefix_cache_evictions: int = 0  # cached blocks reused for other tokens
     kv_blocks_cached: int = 0  # blocks findable by prefix (held or not)
     media_encoded: int = 0  # media items run through an encoder
+    media_sequences: int = 0  # sequences holding media (inputs or embeddings), queued or running
+    media_sequences_peak: int = 0  # the most at once since the core started (the plan holds max_num_seqs)
     generated_tokens: int = 0
     steps: int = 0
 

@@ -104,8 +104,8 @@ def plan_media(model_dir: str | Path, cfg: ModelConfig, tensors: dict, dtype: st
         _block_cache_item(activations.bytes),
         _item("sequence media", max_num_seqs * held,
               f"{held / MiB:,.1f} MiB per sequence at the limits x {max_num_seqs}: each item's fp32 input until it "
-              f"is encoded, then its {dtype} embeddings until the sequence finishes (the larger, per item); a "
-              f"request queued beyond {max_num_seqs} running holds its inputs too"),
+              f"is encoded, then its {dtype} embeddings until the sequence finishes (the larger, per item); requests "
+              f"beyond {max_num_seqs} sequences wait before their media are decoded"),
         _item("media preprocessing", preparing,
               f"the frontend preparing {MEDIA_PREP_THREADS} requests at the limits at once: their features, one's "
               "pickled copies for the worker, the decode and patch buffers of their largest items"),

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator
 
 from edge_infer.engine.frontend import PreparedPrompt
+from edge_infer.engine.media_gate import MediaSlots
 from edge_infer.engine.protocol import TokenLogprobs
 from edge_infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from edge_infer.engine.streams import RequestStream, StreamEvent
@@ -84,7 +85,8 @@ class Sample:
 
 
 class Generation:
-    def __init__(self, service: "TextService", prompts: list[PreparedPrompt], params: SamplingParams, stream: bool):
+    def __init__(self, service: "TextService", prompts: list[PreparedPrompt], params: SamplingParams, stream: bool,
+                 media: MediaSlots | None = None):
         self.service = service
         self.id = f"{next(_ids)}-{int(time.time() * 1000) % 10**10}"
         self.prompts = prompts
@@ -97,7 +99,8 @@ class Generation:
                     seed = None if params.seed is None else (params.seed + k) % _SEED_SPACE
                     sub = params.clone(n=1, seed=seed)
                     rid = f"{self.id}-{p}-{k}"
-                    s = engine.add_request(prompt, sub, request_id=rid, max_chunks=STREAM_BUFFER_CHUNKS if stream else None)
+                    s = engine.add_request(prompt, sub, request_id=rid, max_chunks=STREAM_BUFFER_CHUNKS if stream else None,
+                                           media_slots=media)
                     self.samples.append(Sample(len(self.samples), p, s, time.time()))
         except Exception:
             self.cancel(None)

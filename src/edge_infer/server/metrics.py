@@ -83,14 +83,21 @@ class TextMetrics:
         self.prefix_hits = Gauge("edge_infer_prefix_cache_hit_tokens", "of those, tokens found cached (not computed)", registry=r)
         self.prefix_evictions = Gauge("edge_infer_prefix_cache_evictions", "cached KV blocks reused for other tokens", registry=r)
         self.kv_cached = Gauge("edge_infer_kv_blocks_cached", "KV cache blocks findable by prefix (held or not)", registry=r)
+        self.media_sequences = Gauge("edge_infer_media_sequences", "sequences in the engine holding media (inputs or "
+                                     "embeddings); at most --max-num-seqs", registry=r)
+        self.media_sequences_peak = Gauge("edge_infer_media_sequences_peak", "the most sequences holding media at once "
+                                          "since the worker started", registry=r)
+        self.media_waiting = Gauge("edge_infer_media_waiting", "sequences of requests with media waiting for room in "
+                                   "the engine, their media not yet decoded", registry=r)
         self.plan_bytes = Gauge("edge_infer_memory_plan_bytes", "bytes the memory plan predicts", ["phase"], registry=r)
         self.plan_bytes.labels("steady").set(plan.steady_bytes)
         self.plan_bytes.labels("load_peak").set(plan.load_peak_bytes)
         self.plan_bytes.labels("kv_cache").set(plan.item("kv cache"))
 
-    def refresh(self, stats: CoreStats | None, in_flight: int) -> None:
+    def refresh(self, stats: CoreStats | None, in_flight: int, media_waiting: int = 0) -> None:
         """The gauges; ``stats`` None: the engine is down (its gauges read 0, not stale values)."""
         self.in_flight.set(in_flight)
+        self.media_waiting.set(media_waiting)
         self.engine_up.set(0 if stats is None else 1)
         stats = stats or CoreStats()
         self.queue_depth.set(stats.num_waiting)
@@ -103,3 +110,5 @@ class TextMetrics:
         self.prefix_hits.set(stats.prefix_cache_hit_tokens)
         self.prefix_evictions.set(stats.prefix_cache_evictions)
         self.kv_cached.set(stats.kv_blocks_cached)
+        self.media_sequences.set(stats.media_sequences)
+        self.media_sequences_peak.set(stats.media_sequences_peak)

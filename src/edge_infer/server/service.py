@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from edge_infer.engine.media_gate import MediaSlots
 from edge_infer.server.errors import APIError
 from edge_infer.server.protocol import ModelCard
 
@@ -42,17 +43,21 @@ class LiveRequest(Protocol):
 
 
 class Admission:
-    """Sequences held by one request until its response ends; release is idempotent."""
+    """Sequences held by one request until its response ends, and the media slots it acquired for them (those
+    its engine requests did not take); release is idempotent."""
 
     def __init__(self, state: "Service", n: int):
         self.state = state
         self.n = n
+        self.media: MediaSlots | None = None
         state.in_flight += n
 
     def release(self) -> None:
         if self.n:
             self.state.in_flight -= self.n
             self.n = 0
+        if self.media is not None:
+            self.media.release()
 
 
 class Service:

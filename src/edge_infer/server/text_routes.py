@@ -41,12 +41,15 @@ def text_router(service: TextService, auth: list[Any]) -> APIRouter:
     async def prepare_and_start(request: Request, body: SamplingFields, prepare: Any) -> tuple[Any, Generation, Any]:
         """The prepared job, its started generation and its admission ticket. Admitted first, so that a full
         server refuses (429) before it spends seconds decoding a request's media; ClientGone when the client
-        leaves during the preparation (its result is dropped)."""
+        leaves during the preparation (its result is dropped). A request with media then waits for room in the
+        worker before its media are decoded."""
         ticket = service.admit(body.n * body.prompt_count)
         try:
             media = isinstance(body, ChatCompletionRequest) and body.has_media
+            if media and service.frontend.media_limits is not None:  # queued requests hold no decoded media
+                ticket.media = await unless_disconnected(request, service.engine.media_gate.acquire(ticket.n))
             job = await unless_disconnected(request, service.off_loop(prepare, service, body, media=media))
-            return job, Generation(service, job.prompts, job.params, stream=body.stream), ticket
+            return job, Generation(service, job.prompts, job.params, stream=body.stream, media=ticket.media), ticket
         except BaseException:
             ticket.release()
             raise

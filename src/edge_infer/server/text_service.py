@@ -89,7 +89,7 @@ class TextService(Service):
 
     async def refresh_metrics(self) -> None:
         stats = await self.engine.refresh_stats() if self.engine.healthy else None
-        self.metrics.refresh(stats, self.in_flight)
+        self.metrics.refresh(stats, self.in_flight, self.engine.media_gate.waiting)
 
     async def off_loop(self, fn: Callable[..., T], *args: Any, media: bool = False) -> T:
         """``fn(*args)`` on the preparation thread (tokenizing, template rendering), or with ``media`` on one of
