@@ -123,6 +123,28 @@ def test_an_undecodable_image_fails_its_request_and_the_next_one_works(pipeline,
 
 
 @pytest.mark.slow
+def test_requests_with_media_beyond_the_thinkers_sequences_wait_outside_the_pipeline(pipeline, expected):
+    """Five image requests at once; the thinker runs two sequences: at most two are in the pipeline at a time (the
+    rest wait before their media are decoded, as in every frontend: engine/media_gate.py), each with the tokens it
+    gets alone. A text prompt does not wait."""
+    loop, omni = pipeline
+
+    async def scenario() -> tuple[int, list]:
+        runs = [asyncio.ensure_future(collect(omni, CASES["image"], sampling_params_list=[{}, GREEDY]))
+                for _ in range(5)]
+        most = 0
+        while not all(run.done() for run in runs):
+            most = max(most, *(stage.inflight for stage in omni.health().stages))
+            await asyncio.sleep(0.002)
+        return most, [run.result() for run in runs]
+
+    most, results = loop.run(scenario())
+    assert 1 <= most <= 2
+    assert [thinker_tokens(events) for events in results] == [expected["image"]] * 5
+    assert omni._media_gate.in_use == 0
+
+
+@pytest.mark.slow
 def test_the_thinker_stage_stays_within_its_reservation(pipeline):
     """The thinker holds no towers and plans none. (The encoder stage's reservation has no buffers item yet: the
     towers' activations and the media decode are sized by the encoders' memory plan, see its plan().)"""

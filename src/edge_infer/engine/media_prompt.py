@@ -89,6 +89,13 @@ def split_messages(messages: Sequence[Mapping[str, Any]]) -> SplitChat:
     return SplitChat(out, parts)
 
 
+def has_media_parts(messages: Any) -> bool:
+    """Whether any message holds an image, audio or video part (nothing checked: split_messages does that)."""
+    return isinstance(messages, (list, tuple)) and any(
+        isinstance(m, Mapping) and isinstance(m.get("content"), (list, tuple))
+        and any(isinstance(p, Mapping) and p.get("type") in MEDIA_PARTS for p in m["content"]) for m in messages)
+
+
 def _content(content: Sequence[Any], where: str, parts: list[MediaPart]) -> str | list[dict[str, Any]]:
     rendered: list[dict[str, Any]] = []
     before = len(parts)

@@ -26,6 +26,8 @@ from typing import Any, AsyncIterator, Sequence
 
 import numpy as np
 
+from edge_infer.engine.media_gate import MediaGate
+from edge_infer.engine.media_prompt import has_media_parts
 from edge_infer.memory.device import MachineProfile
 from edge_infer.runtime.config import DeployConfig, load_deploy_config
 from edge_infer.runtime.contracts import Payload, validate
@@ -78,6 +80,21 @@ def prompt_payload(prompt: Prompt) -> Payload:
     return payload
 
 
+def _media_gate(config: DeployConfig) -> MediaGate | None:
+    """Room for prompts with media (engine/media_gate.py): a text-engine stage plans media for its max_num_seqs
+    sequences and prepares a chat prompt's media as it arrives, so a prompt with media enters the pipeline only
+    when fewer than the smallest such stage's max_num_seqs are in it. None without a text-engine stage."""
+    from edge_infer.runtime.text_executor import TextEngineExecutor
+
+    seqs = [s.engine.max_num_seqs for s in config.stages
+            if issubclass(load_executor(executor_target(s.executor)), TextEngineExecutor)]
+    return MediaGate(min(seqs)) if seqs else None
+
+
+def _carries_media(payload: Payload) -> bool:
+    return payload.contract == "chat/1" and has_media_parts(json.loads(str(payload.data)))
+
+
 def _params_dict(params: Any) -> dict[str, Any]:
     if params is None:
         return {}
@@ -112,6 +129,7 @@ class AsyncOmni:
         if not self.plan.admitted:
             raise DeployRefused(self.plan)
         self._sources = {sid: load_executor(executor_target(self.config.stage(sid).executor)).input_contracts for sid in self.config.source_stages}
+        self._media_gate = _media_gate(self.config)
         self._orchestrator: Orchestrator | None = None
         self._start_lock: asyncio.Lock | None = None
         self._ids = itertools.count()
@@ -153,13 +171,18 @@ class AsyncOmni:
         await self.start()
         assert self._orchestrator is not None
         request_id = request_id or f"omni-{self._id_prefix}-{next(self._ids)}"
-        stream = self._orchestrator.submit(request_id, payload, params)
+        room = await self._media_gate.acquire(1) if self._media_gate and _carries_media(payload) else None
         try:
-            async for event in stream:
-                yield event
+            stream = self._orchestrator.submit(request_id, payload, params)
+            try:
+                async for event in stream:
+                    yield event
+            finally:
+                if not stream.ended and not self._orchestrator.closed:
+                    await self._orchestrator.abort(request_id)
         finally:
-            if not stream.ended and not self._orchestrator.closed:
-                await self._orchestrator.abort(request_id)
+            if room is not None:
+                room.release()
 
     async def abort(self, request_id: str) -> AbortReport:
         if self._orchestrator is None:
