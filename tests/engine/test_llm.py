@@ -109,6 +109,14 @@ def test_bad_requests_are_refused_clearly_and_the_engine_keeps_serving(llm):
     assert llm.generate("still fine", SamplingParams(max_tokens=3, **GREEDY))[0].finish_reason == "length"
 
 
+def test_a_command_that_cannot_be_sent_fails_in_the_caller_and_the_engine_keeps_serving(llm):
+    """Commands are queued for a sender thread (a busy worker never blocks the caller); they are pickled before
+    that, so what cannot be sent raises here instead of silently stopping every later command."""
+    with pytest.raises(Exception, match="pickle"):
+        llm._client.send(lambda: None)
+    assert llm.generate("still fine", SamplingParams(max_tokens=3, **GREEDY))[0].finish_reason == "length"
+
+
 def test_kv_budget_is_allocated_exactly(tiny_model):
     budget = 3_000_000
     with LLM(tiny_model, max_model_len=256, kv_cache_memory_bytes=budget, worker="thread") as llm:

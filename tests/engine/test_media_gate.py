@@ -1,13 +1,19 @@
 """The room requests with media wait for before their media are decoded (engine/media_gate.py): first come, first
-served, every slot given back whether its request ends, fails to start or leaves while it waits."""
+served, every slot given back whether its request ends (on its own, by a stop string, cancelled), fails to start or
+leaves while it waits; waiters of a closed engine are told so."""
 from __future__ import annotations
 
 import asyncio
+import types
 
 import pytest
 
+from edge_infer.engine.async_engine import AsyncEngine
+from edge_infer.engine.frontend import PreparedPrompt
 from edge_infer.engine.media_gate import MediaGate
-from edge_infer.errors import InvalidRequestError
+from edge_infer.engine.protocol import AbortRequests, CoreStats, Deltas, EngineRequest, TokenDelta
+from edge_infer.engine.sampling_params import SamplingParams
+from edge_infer.errors import EngineDeadError, InvalidRequestError
 
 
 async def settle() -> None:
@@ -95,5 +101,89 @@ def test_a_request_takes_no_more_slots_than_it_was_granted():
         slots.take()
         with pytest.raises(RuntimeError, match="more engine requests with media than slots"):
             slots.take()
+
+    asyncio.run(scenario())
+
+
+def test_a_waiter_cancelled_as_a_slot_comes_free_leaves_the_gate_whole():
+    """The client leaves (its waiter cancelled) and, in the same loop turn, a request ends: no error, no slot
+    lost."""
+    async def scenario() -> None:
+        gate = MediaGate(1)
+        slot = (await gate.acquire(1)).take()
+        waiter = asyncio.ensure_future(gate.acquire(1))
+        await settle()
+        waiter.cancel()
+        slot.release()
+        await settle()
+        assert waiter.cancelled() and (gate.in_use, gate.waiting) == (0, 0)
+        (await asyncio.wait_for(gate.acquire(1), 1)).release()
+
+    asyncio.run(scenario())
+
+
+def test_closing_the_gate_fails_the_requests_still_waiting():
+    async def scenario() -> None:
+        gate = MediaGate(1)
+        held = await gate.acquire(1)
+        waiter = asyncio.ensure_future(gate.acquire(1))
+        await settle()
+        gate.close("the engine is closed")
+        with pytest.raises(EngineDeadError, match="the engine is closed"):
+            await waiter
+        held.release()
+        assert gate.in_use == 0
+
+    asyncio.run(scenario())
+
+
+# -- the engine gives a request's slot back however it ends ---------------------------------------------------
+
+
+class _Stream:
+    def step(self, token_id: int) -> str:
+        return "x" if token_id == 1 else "y"
+
+    def flush(self, ids) -> str:
+        return ""
+
+
+class _Frontend:
+    """What AsyncEngine reads of a Frontend, for a one-sequence engine with a tokenizer that spells 1 as "x"."""
+
+    engine_config = types.SimpleNamespace(max_num_seqs=1)
+    tokenizer = types.SimpleNamespace(decode_stream=lambda skip: _Stream())
+
+    def request(self, rid, prompt, params, credits=None):
+        return EngineRequest(rid, prompt.token_ids, params, credits)
+
+
+class _Client:
+    alive = True
+
+    def __init__(self):
+        self.sent = []
+
+    def send(self, command) -> None:
+        self.sent.append(command)
+
+
+@pytest.mark.parametrize("ending", ["stop string, then the core's own finish",
+                                    "cancelled, then the core's own finish", "the core's abort ack"])
+def test_the_slot_comes_back_however_the_request_ends(ending):
+    async def scenario() -> None:
+        engine, client = AsyncEngine(_Frontend()), _Client()
+        engine._client, engine._loop = client, asyncio.get_running_loop()
+        slots = await engine.media_gate.acquire(1)
+        engine.add_request(PreparedPrompt("p", [5], media=[object()]), SamplingParams(max_tokens=2, stop=["x"]), "r",
+                           media_slots=slots)
+        if ending.startswith("stop string"):
+            engine._on_messages([Deltas([TokenDelta("r", token_id=1)], CoreStats())])  # "x": we abort it in the core
+            assert isinstance(client.sent[-1], AbortRequests)
+        else:
+            engine.cancel_nowait("r")
+        finish = "abort" if ending == "the core's abort ack" else "length"
+        engine._on_messages([Deltas([TokenDelta("r", token_id=2, finished=True, finish_reason=finish)], CoreStats())])
+        assert ("r" in engine._active, engine.media_gate.in_use) == (False, 0)
 
     asyncio.run(scenario())

@@ -126,7 +126,7 @@ def test_an_undecodable_image_fails_its_request_and_the_next_one_works(pipeline,
 def test_requests_with_media_beyond_the_thinkers_sequences_wait_outside_the_pipeline(pipeline, expected):
     """Five image requests at once; the thinker runs two sequences: at most two are in the pipeline at a time (the
     rest wait before their media are decoded, as in every frontend: engine/media_gate.py), each with the tokens it
-    gets alone. A text prompt does not wait."""
+    gets alone."""
     loop, omni = pipeline
 
     async def scenario() -> tuple[int, list]:

@@ -142,6 +142,8 @@ class AsyncEngine:
     async def close(self) -> None:
         for rid in list(self._active):
             self.cancel_nowait(rid)
+            self._drop(rid)  # no ack will be read: the reader stops now
+        self.media_gate.close("the engine is closed")
         self._closing = True
         if self._watchdog is not None:
             self._watchdog.cancel()
@@ -285,16 +287,19 @@ class AsyncEngine:
             return
         record = active.record
         if record.cancelled:
-            if delta.finish_reason == "abort" and active.abort_ack is not None and not active.abort_ack.done():
-                active.abort_ack.set_result(True)
-                self._drop(delta.request_id)
-            else:
+            if delta.finish_reason != "abort":
                 record.late_events += 1
+            # The core's ack, or the request finishing on its own before the abort reached the core (which then
+            # has nothing to abort and sends no ack): either way it holds nothing now.
+            if delta.finished:
+                if active.abort_ack is not None and not active.abort_ack.done():
+                    active.abort_ack.set_result(True)
+                self._drop(delta.request_id)
             return
-        if delta.finish_reason == "abort":  # our own abort after a stop string; already reported
-            self._drop(delta.request_id)
-            return
-        if active.stream.ended:
+        # our own abort after a stop string (already reported): its ack, or the core's own finish before it
+        if delta.finish_reason == "abort" or active.stream.ended:
+            if delta.finished:
+                self._drop(delta.request_id)
             return
         fold = active.fold
         step = fold.apply(delta)

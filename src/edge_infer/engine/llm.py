@@ -15,6 +15,7 @@ keeps it in this process, for tests and debugging).
 from __future__ import annotations
 
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -106,7 +107,10 @@ class LLM:
     ) -> list[RequestOutput]:
         """Conversations rendered by the chat template; user messages may hold image_url, input_audio, audio_url
         and video_url parts (a multimodal model). ``mm_processor_kwargs={"use_audio_in_video": False}`` leaves a
-        video's sound track out (Omni; it goes in by default)."""
+        video's sound track out (Omni; it goes in by default). Every conversation is rendered and checked before
+        any runs; their media are read and decoded as the worker has room for them (a batch of a thousand
+        pictures never holds a thousand decoded pictures), so media that cannot be read raise when their turn
+        comes, and the conversations still running are aborted."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         kwargs = dict(chat_template_kwargs or {}, tools=tools, add_generation_prompt=add_generation_prompt)
         # Rendered (and checked) now; their media are loaded as the worker has room for them (_run).
@@ -150,10 +154,11 @@ class LLM:
         return list(sampling_params)
 
     def _run(self, prompts: Sequence[PreparedPrompt | RenderedChat], sampling_params, use_tqdm: bool) -> list[RequestOutput]:
-        """Every prompt's samples, run in the worker. Prompts without media go to the worker at once (checked
-        first, so that a bad one raises before any runs); a prompt with media goes, its media loaded only then,
-        when fewer than max_num_seqs sequences hold media there (engine/media_gate.py says why). A prompt whose
-        media fail to load raises, and the samples already sent are aborted."""
+        """Every prompt's samples, run in the worker. Prompts without media go to the worker at once (all checked
+        first, so that a bad one raises before any runs); prompts with media go in order, each with its media
+        loaded only then, while fewer than max_num_seqs sequences hold media there (engine/media_gate.py says
+        why). A prompt whose media fail to load or check raises when its turn comes; the samples still running
+        are aborted."""
         from tqdm import tqdm
 
         params = self._params_for(sampling_params, len(prompts))
@@ -164,28 +169,27 @@ class LLM:
         layout = [[f"{batch_id}-{i}-{k}" for k in range(p.n)] for i, p in enumerate(params)]
         ready = {i: self._requests(prompt, params[i], layout[i]) for i, prompt in enumerate(prompts)
                  if not _has_media(prompt)}
-        for i in range(len(prompts)):
-            if i not in ready:
-                check_media_sequences(params[i].n, window)
-        sent: list[PreparedPrompt] = []  # each prompt's text and token ids, for its output (its media are sent)
+        with_media = deque(i for i in range(len(prompts)) if i not in ready)
+        for i in with_media:
+            check_media_sequences(params[i].n, window)
+        sent: list[PreparedPrompt | None] = [None] * len(prompts)  # each prompt's text and ids, for its output
         samples: dict[str, RequestFold] = {}
         pending: set[str] = set()
-        with_media: set[str] = set()  # the unfinished samples holding media in the worker
+        holding: set[str] = set()  # the unfinished samples holding media in the worker
         arrival = time.time()
         bar = tqdm(total=sum(map(len, layout)), desc="generating", unit="sample", disable=not use_tqdm)
         try:
-            while len(sent) < len(prompts) or pending:
-                while len(sent) < len(prompts):
-                    i = len(sent)
-                    media = _has_media(prompts[i])
-                    if media and len(with_media) + params[i].n > window:
-                        break
-                    sent.append(self._start(prompts[i], params[i], layout[i], ready.pop(i, None), samples))
+            for i, requests in ready.items():
+                sent[i] = self._start(prompts[i], params[i], layout[i], requests, samples)
+                pending.update(layout[i])
+            while with_media or pending:
+                while with_media and len(holding) + params[with_media[0]].n <= window:
+                    i = with_media.popleft()
+                    sent[i] = self._start(prompts[i], params[i], layout[i], None, samples)
                     prompts[i] = sent[i]  # no reference to its media left here
                     pending.update(layout[i])
-                    if media:
-                        with_media.update(layout[i])
-                self._receive(samples, pending, with_media, bar)
+                    holding.update(layout[i])
+                self._receive(samples, pending, holding, bar)
         except BaseException:
             if pending:
                 self._client.send(AbortRequests(sorted(pending)))
@@ -211,8 +215,8 @@ class LLM:
         return [self.frontend.request(rid, prompt, params.clone(n=1, seed=None if params.seed is None else params.seed + k))
                 for k, rid in enumerate(ids)]
 
-    def _receive(self, samples: dict[str, RequestFold], pending: set[str], with_media: set[str], bar) -> None:
-        """Apply the worker's deltas for a while (up to 1 s); finished samples leave ``pending``/``with_media``."""
+    def _receive(self, samples: dict[str, RequestFold], pending: set[str], holding: set[str], bar) -> None:
+        """Apply the worker's deltas for a while (up to 1 s); finished samples leave ``pending`` and ``holding``."""
         for report in self._client.receive(timeout_s=1.0):
             if not isinstance(report, Deltas):
                 continue
@@ -225,7 +229,7 @@ class LLM:
                     self._client.send(AbortRequests([delta.request_id]))
                 if step.finished:
                     pending.discard(delta.request_id)
-                    with_media.discard(delta.request_id)
+                    holding.discard(delta.request_id)
                     bar.update(1)
 
     def _send_all(self, requests: list[EngineRequest]) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from edge_infer.errors import InvalidRequestError
+from edge_infer.errors import EngineDeadError, InvalidRequestError
 
 
 def check_media_sequences(n: int, capacity: int) -> None:
@@ -47,10 +47,18 @@ class MediaGate:
             if granted.done() and not granted.cancelled():  # granted just as the waiter left: give them back
                 self._give_back(n)
             else:
-                self._waiting.remove((n, granted))
+                if (n, granted) in self._waiting:  # (_grant drops the entries of waiters that left)
+                    self._waiting.remove((n, granted))
                 self._grant()  # the requests behind it may fit now
             raise
         return MediaSlots(self, n)
+
+    def close(self, why: str) -> None:
+        """The engine is gone: the requests still waiting get EngineDeadError(``why``)."""
+        waiting, self._waiting = self._waiting, deque()
+        for _, granted in waiting:
+            if not granted.done():
+                granted.set_exception(EngineDeadError(why))
 
     def _give_back(self, n: int) -> None:
         self.in_use -= n
@@ -59,6 +67,9 @@ class MediaGate:
     def _grant(self) -> None:
         while self._waiting:
             n, granted = self._waiting[0]
+            if granted.done():  # its waiter was cancelled and has not run since: nothing to grant
+                self._waiting.popleft()
+                continue
             if self.in_use + n > self.capacity:
                 return
             self._waiting.popleft()

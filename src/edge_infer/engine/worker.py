@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from multiprocessing.connection import Connection, Pipe, wait
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable
 
 from edge_infer import errors
@@ -204,7 +205,7 @@ class CoreClient:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             reports = self.receive(remaining)
             if not reports and deadline is not None and time.monotonic() >= deadline:
-                self.kill()
+                self.close(0)
                 raise errors.EngineDeadError(f"the engine worker did not become ready within {timeout_s:.0f} s")
             for report in reports:
                 if isinstance(report, msg.LoadProgress) and progress is not None:
@@ -249,8 +250,9 @@ class CoreClient:
             self._thread.join(timeout_s)
         self._outbox.put(_STOP_SENDING)
         self._sender.join(1.0)  # a sender still writing to a killed worker gets EPIPE and ends
-        for conn in (self._cmd_send, self._out_recv):
-            conn.close()
+        if not self._sender.is_alive():  # else it is blocked writing to a wedged core thread: not under it
+            self._cmd_send.close()
+        self._out_recv.close()
 
     def kill(self) -> None:
         if self._proc is not None:
@@ -266,12 +268,14 @@ class CoreClient:
         is gone."""
         if self._send_error is not None or not self.alive:
             raise errors.EngineDeadError(f"{self.exit_description()}; restart the engine") from self._send_error
-        self._outbox.put(command)
+        # Pickled here, as Connection.send would: what cannot be sent fails in the caller, and what is sent is
+        # the command as it is now.
+        self._outbox.put(ForkingPickler.dumps(command))
 
     def _send_queued(self) -> None:
-        while (command := self._outbox.get()) is not _STOP_SENDING:
+        while (data := self._outbox.get()) is not _STOP_SENDING:
             try:
-                self._cmd_send.send(command)
+                self._cmd_send.send_bytes(data)
             except (OSError, ValueError) as exc:  # the core is gone; the reader reports it
                 self._send_error = exc
                 return

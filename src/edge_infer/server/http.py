@@ -183,10 +183,10 @@ async def unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
     try:
         done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
         if task not in done:
-            task.cancel()
             raise ClientGone
         return task.result()
-    finally:
+    finally:  # the client left, or this handler itself was cancelled (shutdown): the work is not wanted
+        task.cancel()
         watch.cancel()
 
 
