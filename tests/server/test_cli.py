@@ -22,3 +22,14 @@ def test_ready_banner_prints_the_url_and_a_curl_example(server):
     assert f"{server.base_url}/v1" in output
     assert f"curl {server.base_url}/v1/chat/completions" in output
     assert "memory plan:" in output
+
+
+def test_the_server_process_never_loads_torch(server):
+    """torch lives in the engine worker; the server process is planned without it (memory/overhead.json's
+    server_frontend_bytes, ~150 MiB less than with it), so answering a request must not load it there."""
+    from pathlib import Path
+
+    client = server.client()
+    model = client.models.list().data[0].id
+    assert client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=2).choices
+    assert "libtorch" not in Path(f"/proc/{server.proc.pid}/maps").read_text()

@@ -22,11 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
-
 from edge_infer.models.qwen3_tts.config import Qwen3TTSConfig
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from edge_infer.models.qwen3_tts.talker import Talker
 
 ROLE_TOKENS = 3   # <|im_start|> assistant \n
@@ -98,6 +98,8 @@ def prompt_length(config: Qwen3TTSConfig, request: VoiceRequest) -> int:
 
 
 def build_prompt(talker: Talker, config: Qwen3TTSConfig, request: VoiceRequest) -> TalkerPrompt:
+    import torch  # here, not at import: the server reads VoiceRequest and prompt_length without torch
+
     _check_layout(config, request.input_ids)
     codec = config.talker.codec
     text_ids = config.text
