@@ -4,7 +4,8 @@ Writes src/edge_infer/memory/overhead.json: RssAnon of
   - a library frontend (edge_infer's LLM/LocalTextEngine imports, a tokenizer loaded),
   - a server frontend (the same plus FastAPI, uvicorn, prometheus),
   - an engine worker (interpreter + torch + engine modules, thread pool started, no weights),
-the tokenizer's resident bytes per byte of tokenizer.json, and the
+the tokenizer's resident bytes per byte of tokenizer.json, the bytes a
+server process holds per byte of the bodies of its requests in flight, and the
 activation calibration: the RssAnon a prefill step adds, measured at two
 chunk sizes on the demo model and fitted as (factor x the shape-derived
 bytes per token) x tokens + fixed bytes, after the mask and logits; and the
@@ -17,6 +18,7 @@ the plan is for; the file records where it was measured.
 
     python scripts/measure_overhead.py               # everything
     python scripts/measure_overhead.py --encoders    # the encoders' keys only
+    python scripts/measure_overhead.py --bodies      # the server's bytes per byte of request bodies in flight
 """
 from __future__ import annotations
 
@@ -282,6 +284,89 @@ def encoder_provenance(previous: dict[str, str] | None = None) -> dict[str, str]
     return {**(previous or {}), **{calibration_class(2 if d == "bfloat16" else 4): how for d in encoder_dtypes()}}
 
 
+# Request bodies a server holds: image requests to the embedded demo (4 pictures of 294 x 294 random pixels,
+# 1.4 MB bodies) waiting for room while one long request runs.
+BODY_REQUESTS = 20
+BODY_PROBE = (f"the demo server's process (--max-num-seqs 1) with {BODY_REQUESTS} image requests of 1.4 MB waiting for "
+              "room behind a long one: RssAnon gained per body byte, median of 3 servers")
+
+
+def _body_probe() -> float:
+    """RssAnon the server process gains per byte of BODY_REQUESTS waiting requests' bodies (media not decoded)."""
+    import base64
+    import contextlib
+    import io
+    import os
+    import socket
+    import threading
+    import time
+
+    import httpx
+    import numpy as np
+    from PIL import Image
+
+    from edge_infer.memory.measure import rss_anon_bytes
+
+    def body(seed: int, max_tokens: int = 8) -> bytes:
+        parts = []
+        for i in range(4):
+            buf = io.BytesIO()
+            pixels = np.random.default_rng(seed * 4 + i).integers(0, 256, size=(294, 294, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(buf, format="PNG")
+            parts.append({"type": "image_url", "image_url": {"url": "data:image/png;base64," +
+                                                                    base64.b64encode(buf.getvalue()).decode()}})
+        messages = [{"role": "user", "content": [*parts, {"type": "text", "text": "What is in these pictures?"}]}]
+        return json.dumps({"messages": messages, "max_tokens": max_tokens, "ignore_eos": True}).encode()
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "edge_infer.cli", "serve", "--port", str(port), "--max-num-seqs", "1",
+                               "--max-body-bytes-in-flight", str(1 << 30)],
+                              env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+
+    def post(data: bytes) -> None:
+        with contextlib.suppress(httpx.HTTPError):  # the requests still waiting when the server is stopped
+            httpx.post(url + "/v1/chat/completions", content=data, headers={"Content-Type": "application/json"},
+                       timeout=600)
+
+    def waiting() -> float:
+        line = next(l for l in httpx.get(url + "/metrics", timeout=10).text.splitlines()
+                    if l.startswith("edge_infer_media_waiting "))
+        return float(line.split()[-1])
+
+    try:
+        for _ in range(600):
+            if server.poll() is not None:
+                raise RuntimeError(f"the server exited with {server.returncode}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        post(body(0))  # warm
+        threading.Thread(target=post, args=(body(1, max_tokens=1500),), daemon=True).start()
+        time.sleep(1.0)
+        before = rss_anon_bytes(server.pid)
+        bodies = [body(2 + i) for i in range(BODY_REQUESTS)]
+        for data in bodies:
+            threading.Thread(target=post, args=(data,), daemon=True).start()
+        while waiting() < BODY_REQUESTS:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        return (rss_anon_bytes(server.pid) - before) / sum(map(len, bodies))
+    finally:
+        server.kill()
+        server.wait()
+
+
+def body_calibration() -> dict[str, float]:
+    return {"server_bytes_per_body_byte": round(statistics.median(_body_probe() for _ in range(3)), 3)}
+
+
 def probe(kind: str, tokenizer_dir: str = "-") -> list[int]:
     out = subprocess.run([sys.executable, "-c", PROBE, kind, tokenizer_dir], capture_output=True, text=True, check=True)
     return [int(x) for x in out.stdout.split()]
@@ -294,6 +379,14 @@ def median(kind: str, tokenizer_dir: str = "-") -> list[int]:
 
 def main() -> None:
     sys.path.insert(0, str(ROOT / "src"))
+    if "--bodies" in sys.argv[1:]:
+        result = json.loads(OUT.read_text())
+        provenance = result.pop("provenance")
+        result.update(body_calibration())
+        provenance["body_probe"] = BODY_PROBE
+        OUT.write_text(json.dumps({**result, "provenance": provenance}, indent=2) + "\n")
+        print(json.dumps(result, indent=2))
+        return
     if "--encoders" in sys.argv[1:]:
         result = json.loads(OUT.read_text())
         provenance = result.pop("provenance")
@@ -317,6 +410,7 @@ def main() -> None:
     result = {
         "frontend_bytes": lib_base,
         "server_frontend_bytes": server_base,
+        **body_calibration(),
         "worker_bytes": worker,
         "tokenizer_bytes_per_json_byte": round(max(0, lib_tok - lib_base) / json_bytes, 3),
         **grammar_tokenizer_calibration([demo_model_dir(), big_tok], [1408, 32_000]),
@@ -342,6 +436,7 @@ def main() -> None:
                 f"the larger per-token factor, fixed part and mask cost"
             ),
             "encoder_probe": encoder_provenance(previous["provenance"].get("encoder_probe")),
+            "body_probe": BODY_PROBE,
         },
     }
     shutil.rmtree(Path(real_shape).parent)

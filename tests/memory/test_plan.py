@@ -30,6 +30,22 @@ def test_sensible_plan_is_admitted_and_itemised(tiny_model):
     assert plan.engine_config.max_model_len == 512
 
 
+def test_a_server_plans_the_request_bodies_it_holds(tiny_model):
+    """The bodies of a server's requests in flight (at most --max-body-bytes-in-flight) are an item, at the bytes
+    per body byte measured for a server process (scripts/measure_overhead.py --bodies); the library plans none."""
+    from edge_infer.memory.sizing import runtime_overhead
+
+    settings = dict(max_model_len=512, max_num_seqs=4, max_num_batched_tokens=128, frontend="server")
+    plain = plan_text_session(tiny_model, **settings)
+    server = plan_text_session(tiny_model, body_bytes_in_flight=32 << 20, **settings)
+    per_byte = runtime_overhead()["server_bytes_per_body_byte"]
+    assert 1.5 < per_byte < 3  # raw and parsed: about two copies
+    assert server.item("request bodies") == int(per_byte * (32 << 20))
+    assert server.steady_bytes - plain.steady_bytes == server.item("request bodies")
+    assert "request bodies" not in {i.name for i in plain.items}
+    assert "--max-body-bytes-in-flight" in next(i.note for i in server.items if i.name == "request bodies")
+
+
 def test_oversized_max_num_seqs_is_refused_with_reasons(tiny_model):
     plan = plan_text_session(tiny_model, max_num_seqs=100000)
     assert not plan.admitted

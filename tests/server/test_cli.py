@@ -17,6 +17,13 @@ def test_a_plan_that_does_not_fit_is_printed_and_refused_before_loading(served_m
     assert "is serving" not in out.stderr + out.stdout
 
 
+def test_a_body_budget_below_one_largest_body_is_refused_before_loading(served_model):
+    cmd = [sys.executable, "-m", "edge_infer.cli", "serve", str(served_model), "--max-body-bytes", "4096",
+           "--max-body-bytes-in-flight", "2048"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--max-body-bytes-in-flight must be at least --max-body-bytes" in out.stderr
+
+
 def test_ready_banner_prints_the_url_and_a_curl_example(server):
     output = server.output()
     assert f"{server.base_url}/v1" in output

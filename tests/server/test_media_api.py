@@ -299,7 +299,7 @@ def test_a_stopped_worker_does_not_stop_the_server_while_images_wait_for_it(omni
 
 
 @contextlib.contextmanager
-def in_process_server(model):
+def in_process_server(model, **settings):
     import uvicorn
 
     from edge_infer.engine.frontend import Frontend
@@ -308,7 +308,7 @@ def in_process_server(model):
     from edge_infer.server.text_service import TextService
 
     frontend = Frontend.create(model, dtype="float32", max_model_len=2048, max_num_seqs=4, num_threads=1)
-    service = TextService(frontend, ServeSettings(served_model_name=MODEL), worker="thread")
+    service = TextService(frontend, ServeSettings(served_model_name=MODEL, **settings), worker="thread")
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(build_app([service]), port=port, log_level="critical"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -464,3 +464,27 @@ def test_requests_beyond_max_num_seqs_wait_before_their_media_are_decoded(local_
     body = {"model": MODEL, "messages": user(image(), QUESTION), "max_tokens": 2, "n": 5}  # could never all run
     response = httpx.post(base_url + "/v1/chat/completions", json=body, timeout=60)
     assert response.status_code == 400 and "at most max_num_seqs=4 sequences hold media" in response.text
+
+
+def test_bodies_in_flight_past_the_budget_get_429_until_there_is_room(omni, monkeypatch):
+    """--max-body-bytes-in-flight: while one image request is held at the encoder, a second whose body would take
+    the bodies in flight past the budget gets 429 naming the flag (before its body is read); once the first is
+    answered there is room, and it is served."""
+    import json
+
+    from edge_infer.models.multimodal import MultimodalLM
+
+    body = {"model": MODEL, "messages": user(image(3)), "max_tokens": 2}
+    size = len(json.dumps(body).encode())
+    with in_process_server(omni, max_body_bytes_in_flight=size * 3 // 2) as (service, base_url):
+        gate = Gate(MultimodalLM.encode)
+        monkeypatch.setattr(MultimodalLM, "encode", lambda self, *a: gate(self, *a))
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(httpx.post, base_url + "/v1/chat/completions", json=body, timeout=120)
+            assert gate.entered.wait(60)
+            refused = httpx.post(base_url + "/v1/chat/completions", json=body, timeout=60)
+            gate.open()
+            assert first.result().status_code == 200
+        assert refused.status_code == 429 and refused.headers["Retry-After"]
+        assert "--max-body-bytes-in-flight" in refused.json()["error"]["message"]
+        assert httpx.post(base_url + "/v1/chat/completions", json=body, timeout=60).status_code == 200

@@ -56,6 +56,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="tool-call format in model output (default: from the chat template)")
     g.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                    help=f"largest request body accepted; bigger ones get 413 before they are read (default {DEFAULT_MAX_BODY_BYTES >> 20} MiB)")
+    g.add_argument("--max-body-bytes-in-flight", type=int, default=None,
+                   help="request bodies held at once by the requests in flight (the memory plan's 'request bodies' "
+                        "item); a request that would pass it gets 429 before its body is read (default: twice "
+                        "--max-body-bytes)")
     g.add_argument("--parse-special-tokens-in-content", action="store_true",
                    help="tokenize special-token text (e.g. <|im_end|>) in chat messages and tools as control tokens; by "
                         "default it is plain text, so a user cannot close their turn or open another role's")
@@ -92,6 +96,12 @@ def run(args: argparse.Namespace) -> int:
     if args.max_body_bytes < 1024 or (args.heartbeat_timeout_s is not None and args.heartbeat_timeout_s <= 0):
         print("error: --max-body-bytes must be at least 1024 and --heartbeat-timeout-s positive", file=sys.stderr)
         return 2
+    if args.max_body_bytes_in_flight is None:
+        args.max_body_bytes_in_flight = 2 * args.max_body_bytes
+    if args.max_body_bytes_in_flight < args.max_body_bytes:
+        print("error: --max-body-bytes-in-flight must be at least --max-body-bytes (one request of the largest "
+              "body must fit)", file=sys.stderr)
+        return 2
     if args.max_media_bytes < 1 or args.media_timeout_s <= 0:
         print(f"error: {MAX_BYTES_FLAG} and --media-timeout-s must be positive", file=sys.stderr)
         return 2
@@ -124,7 +134,8 @@ def _settings(args: argparse.Namespace, name: str, **kind_settings: Any) -> "Ser
 
     return ServeSettings(
         served_model_name=name, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None, max_queue=args.max_queue,
-        shutdown_grace_s=args.shutdown_grace_s, max_body_bytes=args.max_body_bytes, **kind_settings,
+        shutdown_grace_s=args.shutdown_grace_s, max_body_bytes=args.max_body_bytes,
+        max_body_bytes_in_flight=args.max_body_bytes_in_flight, **kind_settings,
     )
 
 
@@ -134,7 +145,8 @@ def _text_service(args: argparse.Namespace, shared: Any) -> Any:
     from edge_infer.server.tool_parsers import detect_parser
 
     # A refused plan or a bad checkpoint is reported by edge_infer.cli in one line (nothing loaded).
-    frontend = Frontend.create(args.model, frontend="server", **engine_settings(args))
+    frontend = Frontend.create(args.model, frontend="server", body_bytes_in_flight=args.max_body_bytes_in_flight,
+                               **engine_settings(args))
     frontend.media_policy = media_policy(args)
     plan = frontend.plan
     print(f"memory plan: steady {plan.steady_bytes / 2**20:,.1f} MiB, load peak {plan.load_peak_bytes / 2**20:,.1f} MiB, "

@@ -173,6 +173,7 @@ def plan_text_session(
     encoder_threads: int | None = None,
     encoder_quantization: str | None = None,
     media_limits: MediaLimits | Mapping[str, float] | None = None,
+    body_bytes_in_flight: int = 0,
 ) -> TextPlan:
     """Plan a text session; see the module docstring. Raises only for unreadable checkpoints and unknown settings.
 
@@ -185,6 +186,9 @@ def plan_text_session(
     for. A ``MediaLimits`` is taken as given; a mapping (e.g. ``{"max_image_pixels": 448 * 448}``) sets
     those limits and leaves the others at the checkpoint's defaults, lowered where a request at all the
     limits would not fit ``max_model_len`` (memory/media_plan.py). A text model ignores it.
+
+    ``body_bytes_in_flight`` (a server: its ``--max-body-bytes-in-flight``): the request bodies its requests in
+    flight may hold at once, planned at the RssAnon a server process holds per body byte (measured).
 
     ``cpu`` plans for another CPU (``hardware.cpu.PROFILES``); by default, this one. ``quantization="auto"``
     (or a ``priority`` without a quantization) picks the weight path by ``priority`` (speed, fidelity or
@@ -200,7 +204,8 @@ def plan_text_session(
                         weight_backend=weight_backend, num_threads=num_threads, seed=seed, eos_token_ids=eos_token_ids,
                         frontend=frontend, packed_head=packed_head, prefix_caching=prefix_caching,
                         kv_cache_dtype=kv_cache_dtype, encoder_threads=encoder_threads,
-                        encoder_quantization=encoder_quantization, media_limits=media_limits)
+                        encoder_quantization=encoder_quantization, media_limits=media_limits,
+                        body_bytes_in_flight=body_bytes_in_flight)
         stored_format = (cfg.quantization_config or {}).get("quant_method")
         return plan_auto(plan_text_session, model_dir, priority, cpu or detect(), stored_format, **settings)
     if frontend not in ("library", "server"):
@@ -210,6 +215,8 @@ def plan_text_session(
     r = _resolve(cfg, model_dir, quantization, dtype, cpu or detect(), weight_backend, packed_head, priority,
                  max_model_len, max_num_seqs, max_num_batched_tokens, encoder_quantization)
     items, layout = _size_items(r, model_dir, frontend, kv_cache_dtype == "int8")
+    if body_bytes_in_flight:
+        items.append(_bodies_item(body_bytes_in_flight))
     media = _media(r, model_dir, media_limits, items)
     available = available_bytes if available_bytes is not None else available_memory_bytes()
     kv_blocks = _kv_blocks(r, layout, items, available, kv_cache_memory_bytes)
@@ -416,6 +423,14 @@ def _size_items(r: _Resolved, model_dir: str, frontend: str, int8_kv: bool) -> t
         PlanItem("load transient", transient, "anon", "load", "one block being converted + the largest linear being repacked"),
         PlanItem("checkpoint pages", file_bytes, "file", "load", "memory-mapped while loading; page cache, released after"),
     ], layout
+
+
+def _bodies_item(in_flight: int) -> PlanItem:
+    per_byte = runtime_overhead()["server_bytes_per_body_byte"]
+    return PlanItem("request bodies", int(per_byte * in_flight), "anon", "steady",
+                    f"the bodies of the requests in flight, at most {in_flight / MiB:,.1f} MiB "
+                    f"(--max-body-bytes-in-flight), held raw and parsed until their responses end: {per_byte:g} bytes "
+                    "per body byte (measured)")
 
 
 def _media(r: _Resolved, model_dir: str, limits: MediaLimits | Mapping[str, float] | None,

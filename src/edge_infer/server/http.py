@@ -22,6 +22,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edge_infer.server.errors import APIError, install_handlers
+from edge_infer.server.service import RETRY_AFTER_S
 from edge_infer.server.streaming import HEADERS, MEDIA_TYPE
 
 # The status nginx logs for a client that closed the connection first; nobody reads the body.
@@ -79,11 +80,16 @@ class _BodyTooLarge(StarletteHTTPException):
 
 class BodyLimit:
     """ASGI middleware: a request body over ``max_bytes`` gets 413 — at once when Content-Length says so,
-    otherwise as soon as the bytes received pass the limit — and is never read further."""
+    otherwise as soon as the bytes received pass the limit — and is never read further. The bodies of the
+    requests in flight are held (raw and parsed) until their responses end: a request that would take them
+    past ``max_in_flight`` bytes gets 429 before its body is read (one without a Content-Length counts as
+    ``max_bytes``), so that they stay within the memory plan's "request bodies" item."""
 
-    def __init__(self, app: Any, max_bytes: int):
+    def __init__(self, app: Any, max_bytes: int, max_in_flight: int):
         self.app = app
         self.max_bytes = max_bytes
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0
 
     def _message(self, size: str) -> str:
         return f"the request body is {size}; this server accepts at most {self.max_bytes:,} bytes (--max-body-bytes)"
@@ -96,6 +102,21 @@ class BodyLimit:
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             await _send_error(send, APIError(413, self._message(f"{int(length):,} bytes"), code="body_too_large"))
             return
+        held = int(length) if length is not None and length.isdigit() else (
+            self.max_bytes if scope.get("method") in ("POST", "PUT", "PATCH") else 0)
+        if held and self.in_flight + held > self.max_in_flight:
+            await _send_error(send, APIError(
+                429, f"the requests in flight hold {self.in_flight:,} bytes of bodies; this one's {held:,} would pass "
+                f"--max-body-bytes-in-flight ({self.max_in_flight:,}); retry after {RETRY_AFTER_S} s",
+                code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}))
+            return
+        self.in_flight += held
+        try:
+            await self._limited(scope, receive, send)
+        finally:
+            self.in_flight -= held
+
+    async def _limited(self, scope: dict, receive: Callable, send: Callable) -> None:
         received = [0]
         noted = _NotedSend(send)
 
@@ -218,6 +239,6 @@ def base_app(services: Sequence[Any], metrics: Any, loader: Callable[[], Awaitab
     install_handlers(app)
     # Outermost last: the counter sees every status, the 413s and the catch-all's 500s included.
     app.add_middleware(CatchAll)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, max_in_flight=settings.max_body_bytes_in_flight)
     app.add_middleware(RequestCounter, metrics=metrics)
     return app, [Depends(api_key_check(settings.api_key))]

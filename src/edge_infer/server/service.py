@@ -34,6 +34,7 @@ class ServeSettings:
     shutdown_grace_s: float = 10.0
     tool_call_parser: str = "hermes"
     max_body_bytes: int = 16 << 20
+    max_body_bytes_in_flight: int = 32 << 20  # the bodies the requests in flight hold at once (the plan's item)
     # Special-token text in chat messages and tools tokenized as control tokens (off: as plain text).
     special_tokens_in_content: bool = False
 
