@@ -488,3 +488,22 @@ def test_bodies_in_flight_past_the_budget_get_429_until_there_is_room(omni, monk
         assert refused.status_code == 429 and refused.headers["Retry-After"]
         assert "--max-body-bytes-in-flight" in refused.json()["error"]["message"]
         assert httpx.post(base_url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+
+
+def test_a_client_that_announces_a_body_and_stalls_holds_none_of_the_budget(omni):
+    """Body bytes are counted as they arrive: two connections that announce bodies filling the budget and send
+    nothing do not turn other requests away."""
+    import socket
+
+    with in_process_server(omni, max_body_bytes=1 << 20, max_body_bytes_in_flight=2 << 20) as (service, base_url):
+        port = int(base_url.rsplit(":", 1)[1])
+        stalled = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+        try:
+            for conn in stalled:
+                conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: 1048000\r\n\r\n")
+            body = {"model": MODEL, "messages": user(image(5), QUESTION), "max_tokens": 2}
+            assert httpx.post(base_url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+        finally:
+            for conn in stalled:
+                conn.close()

@@ -210,6 +210,9 @@ def plan_text_session(
         return plan_auto(plan_text_session, model_dir, priority, cpu or detect(), stored_format, **settings)
     if frontend not in ("library", "server"):
         raise InvalidRequestError(f"frontend must be 'library' or 'server', got {frontend!r}")
+    if body_bytes_in_flight < 0 or (body_bytes_in_flight and frontend != "server"):
+        raise InvalidRequestError("body_bytes_in_flight is a server's budget of request bodies: a non-negative "
+                                  f"number with frontend='server', got {body_bytes_in_flight} with {frontend!r}")
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise InvalidRequestError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
     r = _resolve(cfg, model_dir, quantization, dtype, cpu or detect(), weight_backend, packed_head, priority,
@@ -430,7 +433,7 @@ def _bodies_item(in_flight: int) -> PlanItem:
     return PlanItem("request bodies", int(per_byte * in_flight), "anon", "steady",
                     f"the bodies of the requests in flight, at most {in_flight / MiB:,.1f} MiB "
                     f"(--max-body-bytes-in-flight), held raw and parsed until their responses end: {per_byte:g} bytes "
-                    "per body byte (measured)")
+                    "per body byte, measured on bodies of base64 media (many short messages parse to more)")
 
 
 def _media(r: _Resolved, model_dir: str, limits: MediaLimits | Mapping[str, float] | None,

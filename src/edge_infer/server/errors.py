@@ -117,7 +117,7 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = "body_too_large" if exc.status_code == 413 else None
+        code = {413: "body_too_large", 429: "queue_full"}.get(exc.status_code)
         return APIError(exc.status_code, str(exc.detail), code=code, headers=getattr(exc, "headers", None)).response()
 
     async def _engine_error(_: Request, exc: Exception) -> JSONResponse:

@@ -73,17 +73,20 @@ class CatchAll:
             await _send_error(send, APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error"))
 
 
-class _BodyTooLarge(StarletteHTTPException):
-    """Raised from ``receive`` mid-body; an HTTPException so that FastAPI's body parsing passes it on
-    (it turns other exceptions into a 400) and the handlers answer it as 413."""
+class _BodyRefused(StarletteHTTPException):
+    """Raised from ``receive`` mid-body (over the size limit, or past the budget of bodies in flight); an
+    HTTPException so that FastAPI's body parsing passes it on (it turns other exceptions into a 400) and the
+    handlers answer it with its status."""
 
 
 class BodyLimit:
     """ASGI middleware: a request body over ``max_bytes`` gets 413 — at once when Content-Length says so,
-    otherwise as soon as the bytes received pass the limit — and is never read further. The bodies of the
-    requests in flight are held (raw and parsed) until their responses end: a request that would take them
-    past ``max_in_flight`` bytes gets 429 before its body is read (one without a Content-Length counts as
-    ``max_bytes``), so that they stay within the memory plan's "request bodies" item."""
+    otherwise as soon as the bytes received pass the limit — and is never read further.
+
+    The bodies the requests in flight have received are held (raw and parsed) until their responses end: a
+    request gets 429 when its Content-Length would take them past ``max_in_flight``, before its body is read,
+    or as soon as its bytes received do, so that they stay within the memory plan's "request bodies" item.
+    Bytes are counted as they arrive: a client that announces a large body and stalls holds none."""
 
     def __init__(self, app: Any, max_bytes: int, max_in_flight: int):
         self.app = app
@@ -91,48 +94,52 @@ class BodyLimit:
         self.max_in_flight = max_in_flight
         self.in_flight = 0
 
-    def _message(self, size: str) -> str:
-        return f"the request body is {size}; this server accepts at most {self.max_bytes:,} bytes (--max-body-bytes)"
+    def _too_large(self, size: str) -> APIError:
+        return APIError(413, f"the request body is {size}; this server accepts at most {self.max_bytes:,} bytes "
+                        "(--max-body-bytes)", code="body_too_large")
+
+    def _over_budget(self, size: str) -> APIError:
+        return APIError(429, f"the requests in flight hold {self.in_flight:,} bytes of bodies; this one's {size} "
+                        f"would pass --max-body-bytes-in-flight ({self.max_in_flight:,}); retry after {RETRY_AFTER_S} s",
+                        code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         length = dict(scope.get("headers") or []).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            await _send_error(send, APIError(413, self._message(f"{int(length):,} bytes"), code="body_too_large"))
+        announced = int(length) if length is not None and length.isdigit() else 0
+        if announced > self.max_bytes:
+            await _send_error(send, self._too_large(f"{announced:,} bytes"))
             return
-        held = int(length) if length is not None and length.isdigit() else (
-            self.max_bytes if scope.get("method") in ("POST", "PUT", "PATCH") else 0)
-        if held and self.in_flight + held > self.max_in_flight:
-            await _send_error(send, APIError(
-                429, f"the requests in flight hold {self.in_flight:,} bytes of bodies; this one's {held:,} would pass "
-                f"--max-body-bytes-in-flight ({self.max_in_flight:,}); retry after {RETRY_AFTER_S} s",
-                code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}))
+        if announced and self.in_flight + announced > self.max_in_flight:
+            await _send_error(send, self._over_budget(f"{announced:,} bytes"))
             return
-        self.in_flight += held
-        try:
-            await self._limited(scope, receive, send)
-        finally:
-            self.in_flight -= held
-
-    async def _limited(self, scope: dict, receive: Callable, send: Callable) -> None:
         received = [0]
         noted = _NotedSend(send)
 
         async def limited_receive() -> dict:
             message = await receive()
             if message["type"] == "http.request":
-                received[0] += len(message.get("body", b""))
+                chunk = len(message.get("body", b""))
+                received[0] += chunk
+                self.in_flight += chunk
                 if received[0] > self.max_bytes:
-                    raise _BodyTooLarge(413, self._message(f"over {self.max_bytes:,} bytes"))
+                    error = self._too_large(f"over {self.max_bytes:,} bytes")
+                    raise _BodyRefused(413, error.message)
+                if self.in_flight > self.max_in_flight:
+                    error = self._over_budget(f"{received[0]:,} bytes so far")
+                    raise _BodyRefused(429, error.message, headers=error.headers)
             return message
 
         try:
             await self.app(scope, limited_receive, noted)
-        except _BodyTooLarge as exc:  # raised where no handler saw it
+        except _BodyRefused as exc:  # raised where no handler saw it
             if noted.status is None:
-                await _send_error(send, APIError(413, exc.detail, code="body_too_large"))
+                await _send_error(send, APIError(exc.status_code, exc.detail, headers=exc.headers,
+                                                 code="body_too_large" if exc.status_code == 413 else "queue_full"))
+        finally:
+            self.in_flight -= received[0]
 
 
 class RequestCounter:
@@ -239,6 +246,6 @@ def base_app(services: Sequence[Any], metrics: Any, loader: Callable[[], Awaitab
     install_handlers(app)
     # Outermost last: the counter sees every status, the 413s and the catch-all's 500s included.
     app.add_middleware(CatchAll)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, max_in_flight=settings.max_body_bytes_in_flight)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, max_in_flight=settings.bodies_in_flight)
     app.add_middleware(RequestCounter, metrics=metrics)
     return app, [Depends(api_key_check(settings.api_key))]

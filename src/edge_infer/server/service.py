@@ -34,9 +34,14 @@ class ServeSettings:
     shutdown_grace_s: float = 10.0
     tool_call_parser: str = "hermes"
     max_body_bytes: int = 16 << 20
-    max_body_bytes_in_flight: int = 32 << 20  # the bodies the requests in flight hold at once (the plan's item)
+    max_body_bytes_in_flight: int | None = None  # bodies the requests in flight hold (the plan's item); None: 2x
     # Special-token text in chat messages and tools tokenized as control tokens (off: as plain text).
     special_tokens_in_content: bool = False
+
+    @property
+    def bodies_in_flight(self) -> int:
+        """The budget of bodies in flight: the flag, else twice the largest body."""
+        return self.max_body_bytes_in_flight or 2 * self.max_body_bytes
 
 
 class LiveRequest(Protocol):
