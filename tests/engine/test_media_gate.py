@@ -74,17 +74,24 @@ def test_a_request_that_leaves_while_it_waits_lets_the_next_one_in():
     asyncio.run(scenario())
 
 
-def test_slots_granted_to_a_request_that_has_just_left_go_back():
+@pytest.mark.parametrize("release_first", [True, False], ids=["granted, then left", "left, then a slot came free"])
+def test_a_waiter_that_leaves_as_its_slot_comes_free_leaves_the_gate_whole(release_first):
+    """The client leaves (its waiter cancelled) in the same loop turn as a request ends, in either order: no
+    error, no slot lost, the next request gets one."""
     async def scenario() -> None:
         gate = MediaGate(1)
-        held = await gate.acquire(1)
+        slot = (await gate.acquire(1)).take()
         waiter = asyncio.ensure_future(gate.acquire(1))
         await settle()
-        held.release()  # grants the waiter's slot; the waiter has not run since
-        waiter.cancel()
+        if release_first:
+            slot.release()  # grants the waiter's slot; the waiter has not run since
+            waiter.cancel()
+        else:
+            waiter.cancel()
+            slot.release()
         await settle()
-        assert waiter.cancelled() and gate.in_use == 0
-        (await gate.acquire(1)).release()
+        assert waiter.cancelled() and (gate.in_use, gate.waiting) == (0, 0)
+        (await asyncio.wait_for(gate.acquire(1), 1)).release()
 
     asyncio.run(scenario())
 
@@ -101,23 +108,6 @@ def test_a_request_takes_no_more_slots_than_it_was_granted():
         slots.take()
         with pytest.raises(RuntimeError, match="more engine requests with media than slots"):
             slots.take()
-
-    asyncio.run(scenario())
-
-
-def test_a_waiter_cancelled_as_a_slot_comes_free_leaves_the_gate_whole():
-    """The client leaves (its waiter cancelled) and, in the same loop turn, a request ends: no error, no slot
-    lost."""
-    async def scenario() -> None:
-        gate = MediaGate(1)
-        slot = (await gate.acquire(1)).take()
-        waiter = asyncio.ensure_future(gate.acquire(1))
-        await settle()
-        waiter.cancel()
-        slot.release()
-        await settle()
-        assert waiter.cancelled() and (gate.in_use, gate.waiting) == (0, 0)
-        (await asyncio.wait_for(gate.acquire(1), 1)).release()
 
     asyncio.run(scenario())
 
