@@ -117,8 +117,11 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {413: "body_too_large", 429: "queue_full"}.get(exc.status_code)
-        return APIError(exc.status_code, str(exc.detail), code=code, headers=getattr(exc, "headers", None)).response()
+        error = getattr(exc, "error", None)  # http.BodyRefused carries its own
+        if error is None:
+            error = APIError(exc.status_code, str(exc.detail), code="body_too_large" if exc.status_code == 413 else None,
+                             headers=getattr(exc, "headers", None))
+        return error.response()
 
     async def _engine_error(_: Request, exc: Exception) -> JSONResponse:
         return from_exception(exc).response()

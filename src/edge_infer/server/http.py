@@ -73,10 +73,14 @@ class CatchAll:
             await _send_error(send, APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error"))
 
 
-class _BodyRefused(StarletteHTTPException):
+class BodyRefused(StarletteHTTPException):
     """Raised from ``receive`` mid-body (over the size limit, or past the budget of bodies in flight); an
     HTTPException so that FastAPI's body parsing passes it on (it turns other exceptions into a 400) and the
-    handlers answer it with its status."""
+    handlers answer with its ``error``."""
+
+    def __init__(self, error: APIError):
+        super().__init__(error.status, error.message, headers=error.headers)
+        self.error = error
 
 
 class BodyLimit:
@@ -125,19 +129,16 @@ class BodyLimit:
                 received[0] += chunk
                 self.in_flight += chunk
                 if received[0] > self.max_bytes:
-                    error = self._too_large(f"over {self.max_bytes:,} bytes")
-                    raise _BodyRefused(413, error.message)
+                    raise BodyRefused(self._too_large(f"over {self.max_bytes:,} bytes"))
                 if self.in_flight > self.max_in_flight:
-                    error = self._over_budget(f"{received[0]:,} bytes so far")
-                    raise _BodyRefused(429, error.message, headers=error.headers)
+                    raise BodyRefused(self._over_budget(f"{received[0]:,} bytes so far"))
             return message
 
         try:
             await self.app(scope, limited_receive, noted)
-        except _BodyRefused as exc:  # raised where no handler saw it
+        except BodyRefused as exc:  # raised where no handler saw it
             if noted.status is None:
-                await _send_error(send, APIError(exc.status_code, exc.detail, headers=exc.headers,
-                                                 code="body_too_large" if exc.status_code == 413 else "queue_full"))
+                await _send_error(send, exc.error)
         finally:
             self.in_flight -= received[0]
 
