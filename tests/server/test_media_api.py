@@ -449,8 +449,8 @@ def test_requests_beyond_max_num_seqs_wait_before_their_media_are_decoded(local_
         asks = [asyncio.ensure_future(client.chat.completions.create(messages=user(image(10 + i), QUESTION), **kw))
                 for i in range(6)]
         assert await asyncio.to_thread(gate.entered.wait, 60)
-        await asyncio.to_thread(wait_until, lambda: scrape(base_url)["edge_infer_media_waiting"] == 2,
-                                "two requests waiting for room")
+        await asyncio.to_thread(wait_until, lambda: scrape(base_url)["edge_infer_media_waiting"] == 2
+                                and len(decoded) >= 4, "two requests waiting for room, four decoding")
         assert len(decoded) == 4 and service.engine.media_gate.in_use == 4
         gate.open()
         return [r.choices[0].finish_reason for r in await asyncio.gather(*asks)]
