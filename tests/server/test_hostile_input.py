@@ -130,6 +130,39 @@ def test_malformed_json_says_where_without_calling_the_offset_a_parameter(server
     assert "not valid JSON" in error["message"] and "character 16" in error["message"]
 
 
+MANY = 100_000  # items of a few bytes each (fewer than the server parses: --max-body-items)
+
+
+@pytest.mark.parametrize("path, body, says", [
+    ("/v1/chat/completions", {"messages": [1] * MANY}, "messages: at most 2048 messages per request, got 100000"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}] * (MANY // 4)}, "at most 2048 messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 9000}]},
+     "at most 8192 content parts and tool calls per request, got 9000"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [{}] * (MANY // 4)},
+     "tools: at most 128 tools per request"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {str(i): "x" for i in
+                                                                                              range(MANY)}},
+     "logit_bias: at most 1024 logit_bias entries"),
+    ("/v1/completions", {"prompt": [1] + ["a"] * MANY}, "prompt.token_ids.1: Input should be a valid integer"),
+    ("/v1/completions", {"prompt": [[1]] * (MANY // 4)}, "prompt.token_id_lists: at most 16 prompts per request"),
+])
+def test_a_body_of_many_items_is_refused_before_they_are_validated_and_holds_no_one_up(server, path, body, says):
+    """Each item of a few bytes parses to ~1 KB and a bad one to a validation error of as much: a 300 KB body of them
+    took gigabytes and minutes of the event loop (the error report was quadratic). Now it is refused by its count,
+    naming the limit, with one error, while a small request beside it is served as fast as alone."""
+    content = json.dumps({"max_tokens": 2, **body})
+    alone = min(timed_small_request(server) for _ in range(3))
+    with ThreadPoolExecutor(2) as pool:
+        refused = pool.submit(httpx.post, server.base_url + path, content=content, timeout=120,
+                              headers={"Content-Type": "application/json"})
+        beside = pool.submit(timed_small_request, server).result()
+        r = refused.result()
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert says in message and "more)" not in message, message
+    assert beside < alone + 1.0, (beside, alone)  # loose: not held up for the whole validation
+
+
 @pytest.fixture(scope="module")
 def small_bodies(served_model):
     with ServerProcess(served_model, "--max-body-bytes", str(4 << 20)) as proc:

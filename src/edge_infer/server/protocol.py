@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, ModelWrapValidatorHandler,
+                      SerializerFunctionWrapHandler, Tag, ValidationError, model_serializer, model_validator)
 
 from edge_infer.engine.media_prompt import MEDIA_PARTS
 
@@ -21,6 +22,27 @@ MAX_N = 16
 MAX_TOP_LOGPROBS = 20
 # torch generators take seeds in [-2**63, 2**64); per-sample seeds are reduced modulo 2**64.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+# Item counts a request may hold. Each parsed item costs ~1 KB whatever its bytes ({"type":"text","text":""} is 25),
+# and a bad item one validation error of as much: without them a 4 MB body of tiny items takes gigabytes to parse.
+# Far above what fits a context window (a message or part is several tokens of chat template).
+MAX_MESSAGES = 2048
+MAX_MESSAGE_ITEMS = 8192  # content parts and tool calls, over all messages
+MAX_TOOLS = 128
+MAX_CHOICES = 1024  # guided_choice strings
+MAX_LOGIT_BIAS = 1024
+MAX_PROMPT_TOKEN_IDS = 1 << 20
+
+
+def at_most(limit: int, what: str) -> BeforeValidator:
+    """Refuse a list or object of more than ``limit`` items before any item is validated (pydantic's max_length
+    counts after validating them all, one error per bad item)."""
+
+    def check(value: Any) -> Any:
+        if isinstance(value, (list, dict)) and len(value) > limit:
+            raise ValueError(f"at most {limit} {what} per request, got {len(value)}")
+        return value
+
+    return BeforeValidator(check)
 
 
 class _Request(BaseModel):
@@ -29,44 +51,50 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
 
 
-def unencodable_text(value: Any, path: str = "") -> str | None:
+def unencodable_text(value: Any) -> str | None:
     """Where ``value`` (parsed JSON) holds text that is not valid Unicode — a lone UTF-16 surrogate, which
-    JSON's \\u escapes can spell but UTF-8 cannot — as a message naming the field; None when all is valid."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            where = path or "the request"
-            return (f"{where}: text is not valid Unicode (a lone surrogate U+{ord(value[exc.start]):04X} at character "
-                    f"{exc.start}); send UTF-8 text")
-        return None
-    if isinstance(value, dict):
-        items = value.items()
-    elif isinstance(value, list):
-        # Lists of numbers (token ids) are left to the field types: only text can be invalid here.
-        if not value or not isinstance(value[0], (str, dict, list)):
-            return None
-        items = enumerate(value)
-    else:
-        return None
-    for key, item in items:
-        if isinstance(key, str) and (problem := unencodable_text(key, path)) is not None:
-            return problem
-        if (problem := unencodable_text(item, f"{path}.{key}" if path else str(key))) is not None:
-            return problem
+    JSON's \\u escapes can spell but UTF-8 cannot — as a message naming the field; None when all is valid.
+    One pass without building paths (a body may hold a million items); the path is rebuilt for the culprit."""
+    stack: list[tuple[Any, tuple]] = [(value, ())]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if item.isascii():
+                continue
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                where = ".".join(map(str, path)) or "the request"
+                return (f"{where}: text is not valid Unicode (a lone surrogate U+{ord(item[exc.start]):04X} at "
+                        f"character {exc.start}); send UTF-8 text")
+        elif isinstance(item, dict):  # pushed last to first: the first culprit in the body is named
+            for key, member in reversed(item.items()):
+                stack.append((member, (*path, key)))
+                stack.append((key, path))
+        elif isinstance(item, list) and item and isinstance(item[0], (str, dict, list)):
+            # lists of numbers (token ids) are left to the field types: only text can be invalid here
+            stack.extend((item[i], (*path, i)) for i in range(len(item) - 1, -1, -1))
     return None
 
 
 class _TopRequest(_Request):
-    """A whole request body: its text is checked to be valid Unicode before any field is read."""
+    """A whole request body: its text is checked to be valid Unicode before any of it is used."""
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _valid_unicode(cls, data: Any) -> Any:
-        problem = unencodable_text(data)
-        if problem is not None:
+    def _valid_unicode(cls, data: Any, handler: ModelWrapValidatorHandler) -> Any:
+        # After the fields (a body refused for its item counts is not walked) and before anything uses the text;
+        # a field that refused such text (string_unicode) is named the same way.
+        try:
+            request = handler(data)
+        except ValidationError as exc:
+            if any(err["type"] == "string_unicode" for err in exc.errors(include_url=False, include_input=False)):
+                if (problem := unencodable_text(data)) is not None:
+                    raise ValueError(problem) from None
+            raise
+        if (problem := unencodable_text(data)) is not None:
             raise ValueError(problem)
-        return data
+        return request
 
 
 class _Response(BaseModel):
@@ -128,13 +156,16 @@ class SamplingFields(_TopRequest):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+    logit_bias: Annotated[dict[str, Annotated[float, Field(ge=-100, le=100)]], Field(max_length=MAX_LOGIT_BIAS),
+                          at_most(MAX_LOGIT_BIAS, "logit_bias entries")] | None = Field(
         None, description="token id (as a string) -> bias added to its logit, in [-100, 100]")
     # vLLM's structured-output extensions; at most one, enforced while decoding (docs/serving.md)
     guided_json: dict[str, Any] | str | None = Field(None, description="a JSON schema the output must match")
     guided_regex: str | None = Field(None, description="a regular expression the whole output must match")
-    guided_choice: list[Annotated[str, Field(min_length=1)]] | None = Field(
-        None, min_length=1, description="the output is exactly one of these strings")
+    guided_choice: Annotated[list[Annotated[str, Field(min_length=1)]],
+                             Field(min_length=1, max_length=MAX_CHOICES, fail_fast=True),
+                             at_most(MAX_CHOICES, "guided_choice strings")] | None = Field(
+        None, description="the output is exactly one of these strings")
     guided_grammar: str | None = Field(None, description="a grammar the output must match: Lark (llguidance) or GBNF")
 
     @model_validator(mode="after")
@@ -177,7 +208,7 @@ class TextPart(_Request):
         return data
 
 
-Content = Union[str, list[TextPart]]
+Content = Union[str, Annotated[list[TextPart], Field(fail_fast=True)]]
 
 
 class MediaURL(_Request):
@@ -218,7 +249,7 @@ class VideoPart(_Request):
 
 ContentPart = Annotated[Union[TextPart, ImagePart, InputAudioPart, AudioURLPart, VideoPart], Field(discriminator="type")]
 # User messages may carry media (a multimodal model reads them; a text model answers 400).
-UserContent = Union[str, list[ContentPart]]
+UserContent = Union[str, Annotated[list[ContentPart], Field(fail_fast=True)]]
 
 
 class FunctionCall(_Request):
@@ -253,7 +284,7 @@ class UserMessage(_Request):
 class AssistantMessage(_Request):
     role: Literal["assistant"]
     content: Content | None = None
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: Annotated[list[ToolCall], Field(fail_fast=True)] | None = None
     name: str | None = None
 
 
@@ -315,13 +346,15 @@ class ResponseFormat(_Request):
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES, fail_fast=True),
+                        at_most(MAX_MESSAGES, "messages")]
     max_tokens: int | None = Field(None, ge=1, description="deprecated by OpenAI in favour of max_completion_tokens")
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: ResponseFormat | None = None
-    tools: list[ToolDefinition] | None = None
+    tools: Annotated[list[ToolDefinition], Field(max_length=MAX_TOOLS, fail_fast=True),
+                     at_most(MAX_TOOLS, "tools")] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     mm_processor_kwargs: dict[str, Any] | None = Field(
@@ -333,6 +366,18 @@ class ChatCompletionRequest(SamplingFields):
         """Whether a message carries an image, audio or video part (its preparation decodes media)."""
         return any(isinstance(m.content, list) and any(not isinstance(p, TextPart) for p in m.content)
                    for m in self.messages)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _count_message_items(cls, data: Any) -> Any:
+        messages = data.get("messages") if isinstance(data, dict) else None
+        if isinstance(messages, list) and len(messages) <= MAX_MESSAGES:
+            items = sum(len(m[key]) for m in messages if isinstance(m, dict)
+                        for key in ("content", "tool_calls") if isinstance(m.get(key), list))
+            if items > MAX_MESSAGE_ITEMS:
+                raise ValueError(f"messages: at most {MAX_MESSAGE_ITEMS} content parts and tool calls per request, "
+                                 f"got {items}")
+        return data
 
     @model_validator(mode="after")
     def _check_chat(self) -> "ChatCompletionRequest":
@@ -356,13 +401,29 @@ class ChatCompletionRequest(SamplingFields):
 
 # -- completions -------------------------------------------------------------------
 
-TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
-PromptField = Union[
-    Annotated[str, Field(min_length=1)],
-    Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=MAX_N)],
-    TokenIds,
-    Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_N)],
-]
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1, max_length=MAX_PROMPT_TOKEN_IDS, fail_fast=True),
+                     at_most(MAX_PROMPT_TOKEN_IDS, "prompt token ids")]
+
+
+def _prompt_form(value: Any) -> str | None:
+    # The form is read off the first item, so that a bad item is named ("prompt.token_ids.3: Input should be a valid
+    # integer") instead of every form's refusal of the whole list.
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, list):
+        return {str: "texts", int: "token_ids", list: "token_id_lists"}.get(type(value[0])) if value else "texts"
+    return None
+
+
+PromptField = Annotated[Union[
+    Annotated[Annotated[str, Field(min_length=1)], Tag("text")],
+    Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=MAX_N, fail_fast=True),
+              at_most(MAX_N, "prompts"), Tag("texts")],
+    Annotated[TokenIds, Tag("token_ids")],
+    Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_N, fail_fast=True), at_most(MAX_N, "prompts"),
+              Tag("token_id_lists")],
+], Discriminator(_prompt_form, custom_error_type="prompt_form",
+                 custom_error_message="must be text, a list of texts, token ids or a list of token id lists")]
 
 
 class CompletionRequest(SamplingFields):
