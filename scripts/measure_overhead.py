@@ -5,7 +5,7 @@ Writes src/edge_infer/memory/overhead.json: RssAnon of
   - a server frontend (the same plus FastAPI, uvicorn, prometheus),
   - an engine worker (interpreter + torch + engine modules, thread pool started, no weights),
 the tokenizer's resident bytes per byte of tokenizer.json, the bytes a
-server process holds per byte of the bodies of its requests in flight, and the
+server process holds per byte, JSON item and object of the bodies of its requests in flight, and the
 activation calibration: the RssAnon a prefill step adds, measured at two
 chunk sizes on the demo model and fitted as (factor x the shape-derived
 bytes per token) x tokens + fixed bytes, after the mask and logits; and the
@@ -31,6 +31,7 @@ import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "src" / "edge_infer" / "memory" / "overhead.json"
@@ -284,39 +285,58 @@ def encoder_provenance(previous: dict[str, str] | None = None) -> dict[str, str]
     return {**(previous or {}), **{calibration_class(2 if d == "bfloat16" else 4): how for d in encoder_dtypes()}}
 
 
-# Request bodies a server holds: image requests to the embedded demo (4 pictures of 294 x 294 random pixels,
-# 1.4 MB bodies) waiting for room while one long request runs.
+# Request bodies a server holds while their requests wait for room behind a long one (the embedded demo,
+# --max-num-seqs 1): image requests (4 pictures of 294 x 294 random pixels, 1.4 MB bodies) for the bytes; then
+# bodies of many small JSON items for what each item parses to beyond its bytes: strings of two letters in an
+# unknown field (server/http.py's "items") and one-word text parts (its "objects").
 BODY_REQUESTS = 20
-BODY_PROBE = (f"the demo server's process (--max-num-seqs 1) with {BODY_REQUESTS} image requests of 1.4 MB waiting for "
-              "room behind a long one: RssAnon gained per body byte, median of 3 servers")
+BODY_ITEMS = 100_000
+BODY_PARTS = 600
+BODY_PROBE = (f"the demo server's process (--max-num-seqs 1) with {BODY_REQUESTS} requests waiting for room behind a "
+              f"long one: RssAnon gained per body byte (image requests of 1.4 MB), per item beyond that ({BODY_ITEMS:,} "
+              f"two-letter strings each), per object beyond both ({BODY_PARTS} text parts each); median of 3 servers")
 
 
-def _body_probe() -> float:
-    """RssAnon the server process gains per byte of BODY_REQUESTS waiting requests' bodies (media not decoded)."""
+def _image_body(seed: int, max_tokens: int = 8) -> bytes:
     import base64
-    import contextlib
     import io
+
+    import numpy as np
+    from PIL import Image
+
+    parts = []
+    for i in range(4):
+        buf = io.BytesIO()
+        pixels = np.random.default_rng(seed * 4 + i).integers(0, 256, size=(294, 294, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(buf, format="PNG")
+        parts.append({"type": "image_url", "image_url": {"url": "data:image/png;base64," +
+                                                                base64.b64encode(buf.getvalue()).decode()}})
+    messages = [{"role": "user", "content": [*parts, {"type": "text", "text": "What is in these pictures?"}]}]
+    return json.dumps({"messages": messages, "max_tokens": max_tokens, "ignore_eos": True}).encode()
+
+
+def _items_body(seed: int) -> bytes:
+    letters = [f"{chr(97 + (seed + i) % 26)}{chr(97 + i % 26)}" for i in range(BODY_ITEMS)]
+    return json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "extra": letters}).encode()
+
+
+def _parts_body(seed: int) -> bytes:
+    parts = [{"type": "text", "text": f"w{(seed + i) % 10}"} for i in range(BODY_PARTS)]
+    return json.dumps({"messages": [{"role": "user", "content": parts}], "max_tokens": 8}).encode()
+
+
+def _body_probe(body: Callable[[int], bytes], waiting_metric: str) -> tuple[float, list[bytes]]:
+    """RssAnon the server process gains with BODY_REQUESTS requests of ``body`` waiting (``waiting_metric`` shows
+    them all), and those bodies."""
+    import contextlib
     import os
     import socket
     import threading
     import time
 
     import httpx
-    import numpy as np
-    from PIL import Image
 
     from edge_infer.memory.measure import rss_anon_bytes
-
-    def body(seed: int, max_tokens: int = 8) -> bytes:
-        parts = []
-        for i in range(4):
-            buf = io.BytesIO()
-            pixels = np.random.default_rng(seed * 4 + i).integers(0, 256, size=(294, 294, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(buf, format="PNG")
-            parts.append({"type": "image_url", "image_url": {"url": "data:image/png;base64," +
-                                                                    base64.b64encode(buf.getvalue()).decode()}})
-        messages = [{"role": "user", "content": [*parts, {"type": "text", "text": "What is in these pictures?"}]}]
-        return json.dumps({"messages": messages, "max_tokens": max_tokens, "ignore_eos": True}).encode()
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -334,7 +354,7 @@ def _body_probe() -> float:
 
     def waiting() -> float:
         line = next(l for l in httpx.get(url + "/metrics", timeout=10).text.splitlines()
-                    if l.startswith("edge_infer_media_waiting "))
+                    if l.startswith(waiting_metric + " "))
         return float(line.split()[-1])
 
     try:
@@ -348,7 +368,7 @@ def _body_probe() -> float:
                 pass
             time.sleep(0.1)
         post(body(0))  # warm
-        threading.Thread(target=post, args=(body(1, max_tokens=1500),), daemon=True).start()
+        threading.Thread(target=post, args=(_image_body(1, max_tokens=1500),), daemon=True).start()
         time.sleep(1.0)
         before = rss_anon_bytes(server.pid)
         bodies = [body(2 + i) for i in range(BODY_REQUESTS)]
@@ -357,14 +377,42 @@ def _body_probe() -> float:
         while waiting() < BODY_REQUESTS:
             time.sleep(0.1)
         time.sleep(0.5)
-        return (rss_anon_bytes(server.pid) - before) / sum(map(len, bodies))
+        return rss_anon_bytes(server.pid) - before, bodies
     finally:
         server.kill()
         server.wait()
 
 
+def _body_costs() -> tuple[float, float, float]:
+    """Bytes held per body byte, per item beyond it and per object beyond both (server/http.py's BodyCost)."""
+    from edge_infer.server.http import BodyCost
+
+    count = BodyCost(0, 0).of
+    gained, bodies = _body_probe(_image_body, "edge_infer_media_waiting")
+    per_byte = gained / sum(map(len, bodies))
+    gained, bodies = _body_probe(_items_body, "edge_infer_queue_depth")
+    items = sum(count(b)[0] for b in bodies)
+    per_item = (gained - per_byte * sum(map(len, bodies))) / items
+    gained, bodies = _body_probe(_parts_body, "edge_infer_queue_depth")
+    objects = sum(b.count(b"{") for b in bodies)
+    others = sum(count(b)[0] for b in bodies) - objects
+    per_object = (gained - per_byte * sum(map(len, bodies)) - per_item * others) / objects
+    return per_byte, per_item, per_object
+
+
+def body_provenance() -> str:
+    from edge_infer.hardware.cpu import detect
+
+    cpu = detect()
+    return (f"{BODY_PROBE}; measured {datetime.now(timezone.utc).isoformat(timespec='seconds')} on {platform.node()} "
+            f"({cpu.model}: {cpu.isa_summary})")
+
+
 def body_calibration() -> dict[str, float]:
-    return {"server_bytes_per_body_byte": round(statistics.median(_body_probe() for _ in range(3)), 3)}
+    runs = [_body_costs() for _ in range(3)]
+    per_byte, per_item, per_object = (statistics.median(column) for column in zip(*runs))
+    return {"server_bytes_per_body_byte": round(per_byte, 3), "server_bytes_per_body_item": round(per_item, 1),
+            "server_bytes_per_body_object": round(per_object, 1)}
 
 
 def probe(kind: str, tokenizer_dir: str = "-") -> list[int]:
@@ -383,7 +431,7 @@ def main() -> None:
         result = json.loads(OUT.read_text())
         provenance = result.pop("provenance")
         result.update(body_calibration())
-        provenance["body_probe"] = BODY_PROBE
+        provenance["body_probe"] = body_provenance()
         OUT.write_text(json.dumps({**result, "provenance": provenance}, indent=2) + "\n")
         print(json.dumps(result, indent=2))
         return
@@ -436,7 +484,7 @@ def main() -> None:
                 f"the larger per-token factor, fixed part and mask cost"
             ),
             "encoder_probe": encoder_provenance(previous["provenance"].get("encoder_probe")),
-            "body_probe": BODY_PROBE,
+            "body_probe": body_provenance(),
         },
     }
     shutil.rmtree(Path(real_shape).parent)

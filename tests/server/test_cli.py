@@ -17,11 +17,15 @@ def test_a_plan_that_does_not_fit_is_printed_and_refused_before_loading(served_m
     assert "is serving" not in out.stderr + out.stdout
 
 
-def test_a_body_budget_below_one_largest_body_is_refused_before_loading(served_model):
-    cmd = [sys.executable, "-m", "edge_infer.cli", "serve", str(served_model), "--max-body-bytes", "4096",
-           "--max-body-bytes-in-flight", "2048"]
+@pytest.mark.parametrize("flags, says", [
+    (["--max-body-bytes", "4096", "--max-body-bytes-in-flight", "2048"],
+     "--max-body-bytes-in-flight must be at least --max-body-bytes"),
+    (["--max-body-items", "100"], "--max-body-items must be at least 1024"),
+])
+def test_body_limits_that_refuse_ordinary_requests_are_refused_before_loading(served_model, flags, says):
+    cmd = [sys.executable, "-m", "edge_infer.cli", "serve", str(served_model), *flags]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and "--max-body-bytes-in-flight must be at least --max-body-bytes" in out.stderr
+    assert out.returncode == 2 and says in out.stderr
 
 
 def test_ready_banner_prints_the_url_and_a_curl_example(server):

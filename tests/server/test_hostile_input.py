@@ -190,6 +190,39 @@ def test_a_body_over_the_limit_is_413_without_holding_up_a_small_request(small_b
     assert beside < alone + 1.0, (beside, alone)
 
 
+def post_chunked(base_url: str, body: bytes, chunked: bool) -> httpx.Response:
+    content = (body[i:i + 65536] for i in range(0, len(body), 65536)) if chunked else body
+    return httpx.post(base_url + "/v1/chat/completions", content=content, timeout=60,
+                      headers={"Content-Type": "application/json"})
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_body_of_more_json_items_than_the_server_parses_is_413_before_it_is_parsed(server, chunked):
+    """[1,1,...]: counted as it arrives (commas and brackets), never parsed; other requests go on."""
+    r = post_chunked(server.base_url, json.dumps({"messages": [1] * 140_000}).encode(), chunked)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+    assert "more than 131,072 JSON items" in r.json()["error"]["message"] and "--max-body-items" in r.text
+    timed_small_request(server)
+
+
+def test_a_body_costs_its_bytes_plus_its_items_at_what_they_parse_to():
+    from edge_infer.server.http import BodyCost
+
+    cost = BodyCost.measured()
+    body = b'{"a":[1,2],"b":"x, y"}'  # 1 object; 1 array, 3 commas (one in a string: a bound, not a parse)
+    assert cost.of(body) == (5, len(body) + int(cost.per_object + 4 * cost.per_item))
+    assert cost.of(b'"' + b"A" * 1000 + b'"') == (0, 1002)  # base64 media cost their bytes alone
+    assert cost.per_object > cost.per_item > 10  # bytes of body, measured (memory/overhead.json)
+
+
+def test_json_objects_count_as_the_bytes_they_parse_to(small_bodies):
+    """20,000 empty objects are 60 KB of body and several MB parsed: over a 4 MiB --max-body-bytes."""
+    r = post_chunked(small_bodies.base_url, json.dumps({"messages": [{}] * 20_000}).encode(), True)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+    assert "at most 4,194,304 bytes (--max-body-bytes; JSON items count as the bytes they parse to)" in r.text
+    timed_small_request(small_bodies)
+
+
 def test_a_chunked_body_over_the_limit_is_413_too(small_bodies):
     def chunks():
         for _ in range(6):

@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Any
 from edge_infer.engine.cli_args import add_engine_args, engine_settings
 from edge_infer.media.sources import ALLOWED_DIR_FLAG, MAX_BYTES_FLAG, REMOTE_FLAG, MediaPolicy
 from edge_infer.server.exit_codes import EXIT_ENGINE_DEAD, EXIT_LOAD_FAILED
+from edge_infer.server.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BODY_ITEMS
 
 if TYPE_CHECKING:  # pragma: no cover
     from edge_infer.server.service import ServeSettings
 
 API_KEY_ENV = "EDGE_INFER_API_KEY"
-DEFAULT_MAX_BODY_BYTES = 16 << 20
 # uvicorn's own deadline for responses after SIGTERM, beyond our grace period (which cancels them first).
 UVICORN_GRACE_MARGIN_S = 5.0
 
@@ -60,6 +60,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="request bodies held at once by the requests in flight (the memory plan's 'request bodies' "
                         "item); a request that would pass it gets 429 before its body is read (default: twice "
                         "--max-body-bytes)")
+    g.add_argument("--max-body-items", type=int, default=DEFAULT_MAX_BODY_ITEMS,
+                   help="JSON items (commas and brackets) a request body may hold; more get 413 before it is parsed "
+                        f"(default {DEFAULT_MAX_BODY_ITEMS:,})")
     g.add_argument("--parse-special-tokens-in-content", action="store_true",
                    help="tokenize special-token text (e.g. <|im_end|>) in chat messages and tools as control tokens; by "
                         "default it is plain text, so a user cannot close their turn or open another role's")
@@ -95,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.max_body_bytes < 1024 or (args.heartbeat_timeout_s is not None and args.heartbeat_timeout_s <= 0):
         print("error: --max-body-bytes must be at least 1024 and --heartbeat-timeout-s positive", file=sys.stderr)
+        return 2
+    if args.max_body_items < 1024:
+        print("error: --max-body-items must be at least 1024", file=sys.stderr)
         return 2
     if args.max_body_bytes_in_flight is None:
         args.max_body_bytes_in_flight = 2 * args.max_body_bytes
@@ -135,7 +141,7 @@ def _settings(args: argparse.Namespace, name: str, **kind_settings: Any) -> "Ser
     return ServeSettings(
         served_model_name=name, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None, max_queue=args.max_queue,
         shutdown_grace_s=args.shutdown_grace_s, max_body_bytes=args.max_body_bytes,
-        max_body_bytes_in_flight=args.max_body_bytes_in_flight, **kind_settings,
+        max_body_bytes_in_flight=args.max_body_bytes_in_flight, max_body_items=args.max_body_items, **kind_settings,
     )
 
 

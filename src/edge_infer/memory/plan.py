@@ -433,7 +433,7 @@ def _bodies_item(in_flight: int) -> PlanItem:
     return PlanItem("request bodies", int(per_byte * in_flight), "anon", "steady",
                     f"the bodies of the requests in flight, at most {in_flight / MiB:,.1f} MiB "
                     f"(--max-body-bytes-in-flight), held raw and parsed until their responses end: {per_byte:g} bytes "
-                    "per body byte, measured on bodies of base64 media (many short messages parse to more)")
+                    "per body byte (JSON items counted as the bytes they parse to)")
 
 
 def _media(r: _Resolved, model_dir: str, limits: MediaLimits | Mapping[str, float] | None,

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import secrets
 from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from fastapi import Depends, FastAPI, Request
@@ -83,24 +84,59 @@ class BodyRefused(StarletteHTTPException):
         self.error = error
 
 
+@dataclass(frozen=True)
+class BodyCost:
+    """What the server process holds for a request body, in bytes of body: its own, plus each JSON object and
+    each other item at what it parses to beyond its bytes (``[{},{},…]`` is 3 bytes per object, ~100 parsed).
+    Measured by scripts/measure_overhead.py --bodies (memory/overhead.json)."""
+
+    per_object: float
+    per_item: float
+
+    @classmethod
+    def measured(cls) -> "BodyCost":
+        from edge_infer.memory.sizing import runtime_overhead
+
+        overhead = runtime_overhead()
+        per_byte = overhead["server_bytes_per_body_byte"]
+        return cls(overhead["server_bytes_per_body_object"] / per_byte, overhead["server_bytes_per_body_item"] / per_byte)
+
+    def of(self, chunk: bytes) -> tuple[int, int]:
+        """The chunk's JSON items (an upper bound: every value past the first of its container follows a comma,
+        every container opens with a bracket; those in strings count too) and its cost."""
+        objects = chunk.count(b"{")
+        items = objects + chunk.count(b"[") + chunk.count(b",")
+        return items, len(chunk) + int(self.per_object * objects + self.per_item * (items - objects))
+
+
 class BodyLimit:
     """ASGI middleware: a request body over ``max_bytes`` gets 413 — at once when Content-Length says so,
-    otherwise as soon as the bytes received pass the limit — and is never read further.
+    otherwise as soon as the bytes received pass the limit — and is never read further. So does one of more
+    than ``max_items`` JSON items: each parses to ~100 bytes however few spell it, and the request's item counts
+    (server/protocol.py) can only be checked once it is parsed.
 
     The bodies the requests in flight have received are held (raw and parsed) until their responses end: a
     request gets 429 when its Content-Length would take them past ``max_in_flight``, before its body is read,
-    or as soon as its bytes received do, so that they stay within the memory plan's "request bodies" item.
-    Bytes are counted as they arrive: a client that announces a large body and stalls holds none."""
+    or as soon as its cost (``cost``: bytes, with its JSON items at what they parse to) does, so that they stay
+    within the memory plan's "request bodies" item. Counted as the bytes arrive: a client that announces a large
+    body and stalls holds none; a body whose cost alone passes ``max_bytes`` gets 413."""
 
-    def __init__(self, app: Any, max_bytes: int, max_in_flight: int):
+    def __init__(self, app: Any, max_bytes: int, max_in_flight: int, max_items: int, cost: BodyCost):
         self.app = app
         self.max_bytes = max_bytes
         self.max_in_flight = max_in_flight
+        self.max_items = max_items
+        self.cost = cost
         self.in_flight = 0
 
     def _too_large(self, size: str) -> APIError:
         return APIError(413, f"the request body is {size}; this server accepts at most {self.max_bytes:,} bytes "
-                        "(--max-body-bytes)", code="body_too_large")
+                        "(--max-body-bytes; JSON items count as the bytes they parse to)", code="body_too_large")
+
+    def _too_many_items(self) -> APIError:
+        return APIError(413, f"the request body holds more than {self.max_items:,} JSON items (commas and brackets, in "
+                        "strings too); this server parses at most that many per request (--max-body-items)",
+                        code="body_too_large")
 
     def _over_budget(self, size: str) -> APIError:
         return APIError(429, f"the requests in flight hold {self.in_flight:,} bytes of bodies; this one's {size} "
@@ -119,19 +155,22 @@ class BodyLimit:
         if announced and self.in_flight + announced > self.max_in_flight:
             await _send_error(send, self._over_budget(f"{announced:,} bytes"))
             return
-        received = [0]
+        held = [0, 0]  # the body's items and cost so far
         noted = _NotedSend(send)
 
         async def limited_receive() -> dict:
             message = await receive()
             if message["type"] == "http.request":
-                chunk = len(message.get("body", b""))
-                received[0] += chunk
-                self.in_flight += chunk
-                if received[0] > self.max_bytes:
+                items, cost = self.cost.of(message.get("body", b""))
+                held[0] += items
+                held[1] += cost
+                self.in_flight += cost
+                if held[1] > self.max_bytes:
                     raise BodyRefused(self._too_large(f"over {self.max_bytes:,} bytes"))
+                if held[0] > self.max_items:
+                    raise BodyRefused(self._too_many_items())
                 if self.in_flight > self.max_in_flight:
-                    raise BodyRefused(self._over_budget(f"{received[0]:,} bytes so far"))
+                    raise BodyRefused(self._over_budget(f"{held[1]:,} bytes so far"))
             return message
 
         try:
@@ -140,7 +179,7 @@ class BodyLimit:
             if noted.status is None:
                 await _send_error(send, exc.error)
         finally:
-            self.in_flight -= received[0]
+            self.in_flight -= held[1]
 
 
 class RequestCounter:
@@ -247,6 +286,7 @@ def base_app(services: Sequence[Any], metrics: Any, loader: Callable[[], Awaitab
     install_handlers(app)
     # Outermost last: the counter sees every status, the 413s and the catch-all's 500s included.
     app.add_middleware(CatchAll)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, max_in_flight=settings.bodies_in_flight)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, max_in_flight=settings.bodies_in_flight,
+                       max_items=settings.max_body_items, cost=BodyCost.measured())
     app.add_middleware(RequestCounter, metrics=metrics)
     return app, [Depends(api_key_check(settings.api_key))]

@@ -18,6 +18,7 @@ from typing import Any, Callable, Protocol
 
 from edge_infer.engine.media_gate import MediaSlots
 from edge_infer.server.errors import APIError
+from edge_infer.server.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BODY_ITEMS
 from edge_infer.server.protocol import ModelCard
 
 # Seconds a client is told to wait after a 429 (a hint: one short request's time on an edge box).
@@ -33,8 +34,9 @@ class ServeSettings:
     max_queue: int = 32
     shutdown_grace_s: float = 10.0
     tool_call_parser: str = "hermes"
-    max_body_bytes: int = 16 << 20
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_body_bytes_in_flight: int | None = None  # bodies the requests in flight hold (the plan's item); None: 2x
+    max_body_items: int = DEFAULT_MAX_BODY_ITEMS  # JSON items per body (http.json_items), counted before parsing
     # Special-token text in chat messages and tools tokenized as control tokens (off: as plain text).
     special_tokens_in_content: bool = False
 
