@@ -130,8 +130,8 @@ class BodyLimit:
         self.in_flight = 0
 
     def _too_large(self, size: str) -> APIError:
-        return APIError(413, f"the request body is {size}; this server accepts at most {self.max_bytes:,} bytes "
-                        "(--max-body-bytes; JSON items count as the bytes they parse to)", code="body_too_large")
+        return APIError(413, f"the request body {size}; this server accepts at most {self.max_bytes:,} bytes "
+                        "(--max-body-bytes)", code="body_too_large")
 
     def _too_many_items(self) -> APIError:
         return APIError(413, f"the request body holds more than {self.max_items:,} JSON items (commas and brackets, in "
@@ -139,7 +139,8 @@ class BodyLimit:
                         code="body_too_large")
 
     def _over_budget(self, size: str) -> APIError:
-        return APIError(429, f"the requests in flight hold {self.in_flight:,} bytes of bodies; this one's {size} "
+        return APIError(429, f"the requests in flight hold {self.in_flight:,} bytes of bodies (JSON items counted as "
+                        f"the bytes they parse to); this one's {size} "
                         f"would pass --max-body-bytes-in-flight ({self.max_in_flight:,}); retry after {RETRY_AFTER_S} s",
                         code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
 
@@ -150,27 +151,30 @@ class BodyLimit:
         length = dict(scope.get("headers") or []).get(b"content-length")
         announced = int(length) if length is not None and length.isdigit() else 0
         if announced > self.max_bytes:
-            await _send_error(send, self._too_large(f"{announced:,} bytes"))
+            await _send_error(send, self._too_large(f"is {announced:,} bytes"))
             return
         if announced and self.in_flight + announced > self.max_in_flight:
             await _send_error(send, self._over_budget(f"{announced:,} bytes"))
             return
-        held = [0, 0]  # the body's items and cost so far
+        items = cost = size = 0  # the body's so far
         noted = _NotedSend(send)
 
         async def limited_receive() -> dict:
+            nonlocal items, cost, size
             message = await receive()
             if message["type"] == "http.request":
-                items, cost = self.cost.of(message.get("body", b""))
-                held[0] += items
-                held[1] += cost
-                self.in_flight += cost
-                if held[1] > self.max_bytes:
-                    raise BodyRefused(self._too_large(f"over {self.max_bytes:,} bytes"))
-                if held[0] > self.max_items:
+                chunk = message.get("body", b"")
+                chunk_items, chunk_cost = self.cost.of(chunk)
+                items, cost, size = items + chunk_items, cost + chunk_cost, size + len(chunk)
+                self.in_flight += chunk_cost
+                if cost > self.max_bytes:
+                    raise BodyRefused(self._too_large(
+                        f"counts as over {self.max_bytes:,} bytes: {size:,} bytes so far, its {items:,} JSON items "
+                        "counted as the bytes they parse to"))
+                if items > self.max_items:
                     raise BodyRefused(self._too_many_items())
                 if self.in_flight > self.max_in_flight:
-                    raise BodyRefused(self._over_budget(f"{held[1]:,} bytes so far"))
+                    raise BodyRefused(self._over_budget(f"{cost:,} bytes so far"))
             return message
 
         try:
@@ -179,7 +183,7 @@ class BodyLimit:
             if noted.status is None:
                 await _send_error(send, exc.error)
         finally:
-            self.in_flight -= held[1]
+            self.in_flight -= cost
 
 
 class RequestCounter:
