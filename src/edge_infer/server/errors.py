@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edge_infer.errors import EngineDeadError, InvalidRequestError, MediaError
-from edge_infer.server.protocol import ErrorInfo, ErrorResponse
+from edge_infer.server.protocol import PROMPT_FORMS, ErrorInfo, ErrorResponse
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,12 @@ def from_exception(exc: Exception) -> APIError:
 
 
 def _loc(loc: Sequence[Any]) -> str:
-    # pydantic names the member of a union it tried ("list[tagged-union[TextPart,ImagePart,...]]"): not a field
-    parts = [str(p) for p in loc if p != "body" and "[" not in str(p)]
+    # pydantic names the member of a union it tried ("list[tagged-union[TextPart,ImagePart,...]]", the prompt's
+    # form): not a field
+    parts: list[str] = []
+    for p in map(str, loc):
+        if p != "body" and "[" not in p and not (parts[-1:] == ["prompt"] and p in PROMPT_FORMS):
+            parts.append(p)
     return ".".join(parts)
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, ModelWrapValidatorHandler,
-                      SerializerFunctionWrapHandler, Tag, ValidationError, model_serializer, model_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, SerializerFunctionWrapHandler, Tag,
+                      model_serializer, model_validator)
 
 from edge_infer.engine.media_prompt import MEDIA_PARTS
 
@@ -22,11 +22,11 @@ MAX_N = 16
 MAX_TOP_LOGPROBS = 20
 # torch generators take seeds in [-2**63, 2**64); per-sample seeds are reduced modulo 2**64.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
-# Item counts a request may hold. Each parsed item costs ~1 KB whatever its bytes ({"type":"text","text":""} is 25),
-# and a bad item one validation error of as much: without them a 4 MB body of tiny items takes gigabytes to parse.
-# Far above what fits a context window (a message or part is several tokens of chat template).
-MAX_MESSAGES = 2048
-MAX_MESSAGE_ITEMS = 8192  # content parts and tool calls, over all messages
+# Item counts a request may hold, checked before its items are validated: each costs ~0.5-1 KB validated whatever
+# its bytes ({"type":"text","text":""} is 25), and each bad one a validation error of as much. Above what a 96k-token
+# context holds (a message is at least ~6 tokens of chat template, a text part 2).
+MAX_MESSAGES = 16384
+MAX_MESSAGE_ITEMS = 32768  # content parts and tool calls, over all messages
 MAX_TOOLS = 128
 MAX_CHOICES = 1024  # guided_choice strings
 MAX_LOGIT_BIAS = 1024
@@ -78,23 +78,15 @@ def unencodable_text(value: Any) -> str | None:
 
 
 class _TopRequest(_Request):
-    """A whole request body: its text is checked to be valid Unicode before any of it is used."""
+    """A whole request body: its text is checked to be valid Unicode before any field is read."""
 
-    @model_validator(mode="wrap")
+    @model_validator(mode="before")
     @classmethod
-    def _valid_unicode(cls, data: Any, handler: ModelWrapValidatorHandler) -> Any:
-        # After the fields (a body refused for its item counts is not walked) and before anything uses the text;
-        # a field that refused such text (string_unicode) is named the same way.
-        try:
-            request = handler(data)
-        except ValidationError as exc:
-            if any(err["type"] == "string_unicode" for err in exc.errors(include_url=False, include_input=False)):
-                if (problem := unencodable_text(data)) is not None:
-                    raise ValueError(problem) from None
-            raise
-        if (problem := unencodable_text(data)) is not None:
+    def _valid_unicode(cls, data: Any) -> Any:
+        problem = unencodable_text(data)
+        if problem is not None:
             raise ValueError(problem)
-        return request
+        return data
 
 
 class _Response(BaseModel):
@@ -345,9 +337,19 @@ class ResponseFormat(_Request):
         return self
 
 
+def _count_message_items(messages: Any) -> Any:
+    if isinstance(messages, list):
+        items = sum(len(m[key]) for m in messages if isinstance(m, dict)
+                    for key in ("content", "tool_calls") if isinstance(m.get(key), list))
+        if items > MAX_MESSAGE_ITEMS:
+            raise ValueError(f"at most {MAX_MESSAGE_ITEMS} content parts and tool calls per request, got {items}")
+    return messages
+
+
 class ChatCompletionRequest(SamplingFields):
+    # at_most runs first (the last before-validator runs first): the parts are counted in at most MAX_MESSAGES
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES, fail_fast=True),
-                        at_most(MAX_MESSAGES, "messages")]
+                        BeforeValidator(_count_message_items), at_most(MAX_MESSAGES, "messages")]
     max_tokens: int | None = Field(None, ge=1, description="deprecated by OpenAI in favour of max_completion_tokens")
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
@@ -366,18 +368,6 @@ class ChatCompletionRequest(SamplingFields):
         """Whether a message carries an image, audio or video part (its preparation decodes media)."""
         return any(isinstance(m.content, list) and any(not isinstance(p, TextPart) for p in m.content)
                    for m in self.messages)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _count_message_items(cls, data: Any) -> Any:
-        messages = data.get("messages") if isinstance(data, dict) else None
-        if isinstance(messages, list) and len(messages) <= MAX_MESSAGES:
-            items = sum(len(m[key]) for m in messages if isinstance(m, dict)
-                        for key in ("content", "tool_calls") if isinstance(m.get(key), list))
-            if items > MAX_MESSAGE_ITEMS:
-                raise ValueError(f"messages: at most {MAX_MESSAGE_ITEMS} content parts and tool calls per request, "
-                                 f"got {items}")
-        return data
 
     @model_validator(mode="after")
     def _check_chat(self) -> "ChatCompletionRequest":
@@ -405,9 +395,12 @@ TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1, max_
                      at_most(MAX_PROMPT_TOKEN_IDS, "prompt token ids")]
 
 
+PROMPT_FORMS = ("text", "texts", "token_ids", "token_id_lists")  # tags in errors' loc, which errors.py leaves out
+
+
 def _prompt_form(value: Any) -> str | None:
-    # The form is read off the first item, so that a bad item is named ("prompt.token_ids.3: Input should be a valid
-    # integer") instead of every form's refusal of the whole list.
+    # The form is read off the first item, so that a bad item is named ("prompt.3: Input should be a valid integer")
+    # instead of every form's refusal of the whole list.
     if isinstance(value, str):
         return "text"
     if isinstance(value, list):
@@ -416,12 +409,12 @@ def _prompt_form(value: Any) -> str | None:
 
 
 PromptField = Annotated[Union[
-    Annotated[Annotated[str, Field(min_length=1)], Tag("text")],
+    Annotated[Annotated[str, Field(min_length=1)], Tag(PROMPT_FORMS[0])],
     Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=MAX_N, fail_fast=True),
-              at_most(MAX_N, "prompts"), Tag("texts")],
-    Annotated[TokenIds, Tag("token_ids")],
+              at_most(MAX_N, "prompts"), Tag(PROMPT_FORMS[1])],
+    Annotated[TokenIds, Tag(PROMPT_FORMS[2])],
     Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_N, fail_fast=True), at_most(MAX_N, "prompts"),
-              Tag("token_id_lists")],
+              Tag(PROMPT_FORMS[3])],
 ], Discriminator(_prompt_form, custom_error_type="prompt_form",
                  custom_error_message="must be text, a list of texts, token ids or a list of token id lists")]
 
