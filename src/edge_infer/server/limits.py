@@ -1,6 +1,6 @@
 """The request-body limits the server enforces by default (server/http.py's BodyLimit); light, for the CLI's help."""
 DEFAULT_MAX_BODY_BYTES = 16 << 20
 # JSON items per body (its commas and brackets, http.BodyCost.of), counted before it is parsed: bounds what parsing
-# one body takes (at most ~14 MB measured, benchmarks/results/hostile-shapes.json). A chat or prompt that fits a
+# one body takes (at most ~20 MB measured, benchmarks/results/hostile-shapes.json). A chat or prompt that fits a
 # 64k-token context has fewer: a message is 3 items and 6 tokens or more, a text part 3 and 2, a comma 1 and 1.
 DEFAULT_MAX_BODY_ITEMS = 1 << 17
