@@ -11,9 +11,7 @@ runs the same against another source tree in the same run.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import threading
 import time
@@ -21,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from serve_hostile import REPO, Server
+from serve_hostile import REPO, Server, before_after_parser, provenance_stamp, write_result
 
 MiB = 1 << 20
 USER = {"role": "user", "content": "a"}
@@ -84,17 +82,12 @@ def one(src: Path, data: bytes, timeout_s: float) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--before-src", type=Path, default=None, help="an earlier source tree's src/ to compare with")
+    parser = before_after_parser(__doc__)
     parser.add_argument("--timeout-s", type=float, default=60.0)
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO / "src"))
-    from edge_infer.bench.harness.provenance import collect, now_utc
-
+    stamp = provenance_stamp()
     from edge_infer.server.limits import DEFAULT_MAX_BODY_ITEMS
 
-    stamp = collect(sorted(os.sched_getaffinity(0)))
     sizes = {"under --max-body-items": shapes(DEFAULT_MAX_BODY_ITEMS - 1024), "2^20 items": shapes(1 << 20)}
     result = {"benchmark": "hostile-shapes", "model": "the embedded demo model", "timeout_s": args.timeout_s,
               "body_bytes": {size: {name: len(data) for name, data in bodies.items()} for size, bodies in sizes.items()},
@@ -106,10 +99,7 @@ def main() -> int:
             for name, data in bodies.items():
                 print(f"== {label}: {name}, {size}", file=sys.stderr)
                 result["arms"][label].setdefault(size, {})[name] = one(src, data, args.timeout_s)
-    stamp.finished_at = now_utc()
-    result["provenance"] = stamp.model_dump()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result, stamp)
     print(json.dumps(result["arms"], indent=2))
     return 0
 

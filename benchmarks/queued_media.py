@@ -13,11 +13,9 @@ earlier commit) in the same run; ``--repeats`` runs of each arm, alternated.
 """
 from __future__ import annotations
 
-import argparse
 import base64
 import io
 import json
-import os
 import sys
 import threading
 import time
@@ -27,7 +25,7 @@ import httpx
 import numpy as np
 import psutil
 
-from serve_hostile import REPO, Server, summarize
+from serve_hostile import REPO, Server, before_after_parser, provenance_stamp, summarize, write_result
 
 MiB = 1 << 20
 
@@ -92,10 +90,8 @@ def one_run(src: Path, model: list[str], flags: list[str], requests: int, images
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser = before_after_parser(__doc__)
     parser.add_argument("--model", default=None, help="checkpoint directory (default: the embedded demo model)")
-    parser.add_argument("--before-src", type=Path, default=None, help="an earlier source tree's src/ to compare with")
     parser.add_argument("--requests", type=int, default=36, help="sent at once (default: 4 running + 32 queued)")
     parser.add_argument("--images", type=int, default=4, help="pictures per request (default: the demo's limit)")
     parser.add_argument("--side", type=int, default=294, help="square pictures of this many pixels (the demo's "
@@ -103,10 +99,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("flags", nargs="*", help="more `edge-infer serve` flags (after --)")
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO / "src"))
-    from edge_infer.bench.harness.provenance import collect, now_utc
-
-    stamp = collect(sorted(os.sched_getaffinity(0)))
+    stamp = provenance_stamp()
     model = [args.model] if args.model else []
     arms = [("after", REPO / "src")] + ([("before", args.before_src)] if args.before_src else [])
     runs: dict[str, list[dict]] = {label: [] for label, _ in arms}
@@ -126,10 +119,7 @@ def main() -> int:
             "answered_s": summarize([r["answered_s"] for r in done]),
             "runs": done,
         }
-    stamp.finished_at = now_utc()
-    result["provenance"] = stamp.model_dump()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result, stamp)
     print(json.dumps({k: {n: v for n, v in a.items() if n != "runs"} for k, a in result["arms"].items()}, indent=2))
     return 0
 

@@ -115,6 +115,31 @@ def recovery(server: Server) -> dict:
     return {"recovered": True, "healthy_after_s": round(healthy + 0.05, 3), "serving_after_s": round(time.monotonic() - killed, 3)}
 
 
+def before_after_parser(doc: str) -> argparse.ArgumentParser:
+    """The flags of every benchmark here that compares this tree with an earlier one."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--before-src", type=Path, default=None, help="an earlier source tree's src/ to compare with")
+    return parser
+
+
+def provenance_stamp():
+    """This tree's edge_infer on the path, and the provenance stamp it starts (bench/harness/provenance.py)."""
+    sys.path.insert(0, str(REPO / "src"))
+    from edge_infer.bench.harness.provenance import collect
+
+    return collect(sorted(os.sched_getaffinity(0)))
+
+
+def write_result(out: Path, result: dict, stamp) -> None:
+    from edge_infer.bench.harness.provenance import now_utc
+
+    stamp.finished_at = now_utc()
+    result["provenance"] = stamp.model_dump()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+
+
 def summarize(samples: list[float]) -> dict:
     med = statistics.median(samples)
     return {"median": round(med, 4), "spread": round((max(samples) - min(samples)) / med, 3) if med else 0.0,
@@ -151,15 +176,10 @@ def measure(src: Path, repeats: int, extra: list[str]) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--before-src", type=Path, default=None, help="an earlier source tree's src/ to compare with")
+    parser = before_after_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO / "src"))
-    from edge_infer.bench.harness.provenance import collect, now_utc
-
-    stamp = collect(sorted(os.sched_getaffinity(0)))
+    stamp = provenance_stamp()
     result = {"benchmark": "serve-hostile", "model": "the embedded demo model", "repeats": args.repeats, "arms": {}}
     arms = [("after", REPO / "src", ["--max-restarts", str(args.repeats + 1)])]
     if args.before_src is not None:
@@ -167,10 +187,7 @@ def main() -> int:
     for label, src, extra in arms:
         print(f"== {label}: {src}", file=sys.stderr)
         result["arms"][label] = {"src": str(src), **measure(src, args.repeats, extra)}
-    stamp.finished_at = now_utc()
-    result["provenance"] = stamp.model_dump()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result, stamp)
     print(json.dumps(result["arms"], indent=2))
     return 0
 
