@@ -269,19 +269,25 @@ def encoder_calibrations() -> dict[str, float]:
     return {k: v for dtype in encoder_dtypes() for k, v in encoder_calibration(dtype).items()}
 
 
+def measured_here() -> str:
+    """When and on what a figure was measured, for its provenance line."""
+    from edge_infer.hardware.cpu import detect
+
+    cpu = detect()
+    return (f"measured {datetime.now(timezone.utc).isoformat(timespec='seconds')} on {platform.node()} "
+            f"({cpu.model}: {cpu.isa_summary})")
+
+
 def encoder_provenance(previous: dict[str, str] | None = None) -> dict[str, str]:
     """Per calibration class (encoder_sizing.calibration_class): how and where its keys were measured; the classes
     this CPU cannot measure (bf16 without native bf16, bf16 on AMX elsewhere) keep their ``previous`` entry."""
     import os
 
-    from edge_infer.hardware.cpu import detect
     from edge_infer.memory.encoder_sizing import calibration_class
 
-    cpu = detect()
     how = (f"memory/encoder_probe.py (glibc mmap threshold pinned), {REPEATS} fresh processes each, "
            f"{len(os.sched_getaffinity(0))} threads: random towers of a small width and the Qwen2.5-Omni-3B width, "
-           f"each at two sizes {ENCODER_SIZES}; measured {datetime.now(timezone.utc).isoformat(timespec='seconds')} "
-           f"on {platform.node()} ({cpu.model}: {cpu.isa_summary})")
+           f"each at two sizes {ENCODER_SIZES}; {measured_here()}")
     return {**(previous or {}), **{calibration_class(2 if d == "bfloat16" else 4): how for d in encoder_dtypes()}}
 
 
@@ -400,14 +406,6 @@ def _body_costs() -> tuple[float, float, float]:
     return per_byte, per_item, per_object
 
 
-def body_provenance() -> str:
-    from edge_infer.hardware.cpu import detect
-
-    cpu = detect()
-    return (f"{BODY_PROBE}; measured {datetime.now(timezone.utc).isoformat(timespec='seconds')} on {platform.node()} "
-            f"({cpu.model}: {cpu.isa_summary})")
-
-
 def body_calibration() -> dict[str, float]:
     runs = [_body_costs() for _ in range(3)]
     per_byte, per_item, per_object = (statistics.median(column) for column in zip(*runs))
@@ -431,7 +429,7 @@ def main() -> None:
         result = json.loads(OUT.read_text())
         provenance = result.pop("provenance")
         result.update(body_calibration())
-        provenance["body_probe"] = body_provenance()
+        provenance["body_probe"] = f"{BODY_PROBE}; {measured_here()}"
         OUT.write_text(json.dumps({**result, "provenance": provenance}, indent=2) + "\n")
         print(json.dumps(result, indent=2))
         return
@@ -484,7 +482,7 @@ def main() -> None:
                 f"the larger per-token factor, fixed part and mask cost"
             ),
             "encoder_probe": encoder_provenance(previous["provenance"].get("encoder_probe")),
-            "body_probe": body_provenance(),
+            "body_probe": f"{BODY_PROBE}; {measured_here()}",
         },
     }
     shutil.rmtree(Path(real_shape).parent)
