@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 from edge_infer.engine.cli_args import add_engine_args, engine_settings
 from edge_infer.media.sources import ALLOWED_DIR_FLAG, MAX_BYTES_FLAG, REMOTE_FLAG, MediaPolicy
 from edge_infer.server.exit_codes import EXIT_ENGINE_DEAD, EXIT_LOAD_FAILED
-from edge_infer.server.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BODY_ITEMS
+from edge_infer.server.limits import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES,
+                                     DEFAULT_MAX_BODY_ITEMS)
 
 if TYPE_CHECKING:  # pragma: no cover
     from edge_infer.server.service import ServeSettings
@@ -63,6 +64,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-body-items", type=int, default=DEFAULT_MAX_BODY_ITEMS,
                    help="JSON items (commas and brackets) a request body may hold; more get 413 before it is parsed "
                         f"(default {DEFAULT_MAX_BODY_ITEMS:,})")
+    g.add_argument("--header-timeout-s", type=float, default=DEFAULT_HEADER_TIMEOUT_S,
+                   help="seconds a connection gets to send a complete request head, after it opens or after its last "
+                        f"response; then it is closed (default {DEFAULT_HEADER_TIMEOUT_S:g})")
+    g.add_argument("--body-timeout-s", type=float, default=DEFAULT_BODY_TIMEOUT_S,
+                   help="seconds a request gets to send its whole body, after its head; then it gets 408 "
+                        f"(default {DEFAULT_BODY_TIMEOUT_S:g})")
     g.add_argument("--parse-special-tokens-in-content", action="store_true",
                    help="tokenize special-token text (e.g. <|im_end|>) in chat messages and tools as control tokens; by "
                         "default it is plain text, so a user cannot close their turn or open another role's")
@@ -101,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.max_body_items < 1024:
         print("error: --max-body-items must be at least 1024", file=sys.stderr)
+        return 2
+    if args.header_timeout_s <= 0 or args.body_timeout_s <= 0:
+        print("error: --header-timeout-s and --body-timeout-s must be positive", file=sys.stderr)
         return 2
     if args.max_body_bytes_in_flight is None:
         args.max_body_bytes_in_flight = 2 * args.max_body_bytes
@@ -141,7 +151,8 @@ def _settings(args: argparse.Namespace, name: str, **kind_settings: Any) -> "Ser
     return ServeSettings(
         served_model_name=name, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None, max_queue=args.max_queue,
         shutdown_grace_s=args.shutdown_grace_s, max_body_bytes=args.max_body_bytes,
-        max_body_bytes_in_flight=args.max_body_bytes_in_flight, max_body_items=args.max_body_items, **kind_settings,
+        max_body_bytes_in_flight=args.max_body_bytes_in_flight, max_body_items=args.max_body_items,
+        body_timeout_s=args.body_timeout_s, **kind_settings,
     )
 
 
@@ -217,6 +228,7 @@ def _serve(services: list[Any], args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from edge_infer.server.app import build_app
+    from edge_infer.server.connection import head_deadline_protocol
 
     class Server(uvicorn.Server):
         exit_code = 0
@@ -261,6 +273,7 @@ def _serve(services: list[Any], args: argparse.Namespace) -> int:
     config = uvicorn.Config(
         build_app(services, load), host=args.host, port=args.port, log_level=args.log_level, access_log=False,
         timeout_graceful_shutdown=args.shutdown_grace_s + UVICORN_GRACE_MARGIN_S,
+        http=head_deadline_protocol(args.header_timeout_s),
     )
     server = Server(config)
     # uvicorn re-raises the signal it handled once it has shut down; a no-op handler makes that a clean exit.

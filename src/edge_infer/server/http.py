@@ -2,7 +2,7 @@
 
 ``base_app`` builds a FastAPI app that loads the served models in the
 background and closes them at exit, with OpenAI-shaped error handlers,
-request counting, a body-size limit (413), a catch-all that turns any
+request counting, the body limits (size 413, in flight 429, time 408), a catch-all that turns any
 unexpected error into a well-formed 500, and the API-key check;
 ``EventStream`` is a streamed response that releases its requests however
 the response ends; ``unless_disconnected`` races work against the client
@@ -28,6 +28,8 @@ from edge_infer.server.streaming import HEADERS, MEDIA_TYPE
 
 # The status nginx logs for a client that closed the connection first; nobody reads the body.
 CLIENT_CLOSED = 499
+# On a refusal before the body's end: the rest of the body is not read, and the client starts afresh.
+CLOSE = {"Connection": "close"}
 log = logging.getLogger(__name__)
 
 
@@ -119,30 +121,40 @@ class BodyLimit:
     request gets 429 when its Content-Length would take them past ``max_in_flight``, before its body is read,
     or as soon as its cost (``cost``: bytes, with its JSON items at what they parse to) does, so that they stay
     within the memory plan's "request bodies" item. Counted as the bytes arrive: a client that announces a large
-    body and stalls holds none; a body whose cost alone passes ``max_bytes`` gets 413."""
+    body and stalls holds none; a body whose cost alone passes ``max_bytes`` gets 413.
 
-    def __init__(self, app: Any, max_bytes: int, max_in_flight: int, max_items: int, cost: BodyCost):
+    A body must have arrived ``timeout_s`` after its request's head, or the request gets 408: a client that
+    trickles a body holds its connection and what it has sent until then, not for good. Every refusal closes the
+    connection, so that a body still arriving after it is not read (and waited for) in vain."""
+
+    def __init__(self, app: Any, max_bytes: int, max_in_flight: int, max_items: int, cost: BodyCost, timeout_s: float):
         self.app = app
         self.max_bytes = max_bytes
         self.max_in_flight = max_in_flight
         self.max_items = max_items
         self.cost = cost
+        self.timeout_s = timeout_s
         self.in_flight = 0
 
     def _too_large(self, size: str) -> APIError:
         return APIError(413, f"the request body {size}; this server accepts at most {self.max_bytes:,} bytes "
-                        "(--max-body-bytes)", code="body_too_large")
+                        "(--max-body-bytes)", code="body_too_large", headers=CLOSE)
 
     def _too_many_items(self) -> APIError:
         return APIError(413, f"the request body holds more than {self.max_items:,} JSON items (commas and brackets, in "
                         "strings too); this server parses at most that many per request (--max-body-items)",
-                        code="body_too_large")
+                        code="body_too_large", headers=CLOSE)
 
     def _over_budget(self, size: str) -> APIError:
         return APIError(429, f"the requests in flight hold {self.in_flight:,} bytes of bodies (JSON items counted as "
                         f"the bytes they parse to); this one's {size} "
                         f"would pass --max-body-bytes-in-flight ({self.max_in_flight:,}); retry after {RETRY_AFTER_S} s",
-                        code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
+                        code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S), **CLOSE})
+
+    def _too_slow(self, size: int) -> APIError:
+        return APIError(408, f"the request body had not arrived {self.timeout_s:g} s after the request's head "
+                        f"({size:,} bytes so far); this server waits at most that long for a body (--body-timeout-s)",
+                        code="body_timeout", headers=CLOSE)
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -157,12 +169,20 @@ class BodyLimit:
             await _send_error(send, self._over_budget(f"{announced:,} bytes"))
             return
         items = cost = size = 0  # the body's so far
+        arrived = False
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
         noted = _NotedSend(send)
 
         async def limited_receive() -> dict:
-            nonlocal items, cost, size
-            message = await receive()
+            nonlocal items, cost, size, arrived
+            if arrived:  # later calls wait for the client to leave: no deadline
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), deadline - asyncio.get_running_loop().time())
+            except TimeoutError:
+                raise BodyRefused(self._too_slow(size)) from None
             if message["type"] == "http.request":
+                arrived = not message.get("more_body", False)
                 chunk = message.get("body", b"")
                 chunk_items, chunk_cost = self.cost.of(chunk)
                 items, cost, size = items + chunk_items, cost + chunk_cost, size + len(chunk)
@@ -291,6 +311,6 @@ def base_app(services: Sequence[Any], metrics: Any, loader: Callable[[], Awaitab
     # Outermost last: the counter sees every status, the 413s and the catch-all's 500s included.
     app.add_middleware(CatchAll)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, max_in_flight=settings.bodies_in_flight,
-                       max_items=settings.max_body_items, cost=BodyCost.measured())
+                       max_items=settings.max_body_items, cost=BodyCost.measured(), timeout_s=settings.body_timeout_s)
     app.add_middleware(RequestCounter, metrics=metrics)
     return app, [Depends(api_key_check(settings.api_key))]

@@ -18,7 +18,7 @@ from typing import Any, Callable, Protocol
 
 from edge_infer.engine.media_gate import MediaSlots
 from edge_infer.server.errors import APIError
-from edge_infer.server.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BODY_ITEMS
+from edge_infer.server.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BODY_ITEMS
 from edge_infer.server.protocol import ModelCard
 
 # Seconds a client is told to wait after a 429 (a hint: one short request's time on an edge box).
@@ -36,7 +36,8 @@ class ServeSettings:
     tool_call_parser: str = "hermes"
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_body_bytes_in_flight: int | None = None  # bodies the requests in flight hold (the plan's item); None: 2x
-    max_body_items: int = DEFAULT_MAX_BODY_ITEMS  # JSON items per body (http.json_items), counted before parsing
+    max_body_items: int = DEFAULT_MAX_BODY_ITEMS  # JSON items per body (http.BodyCost.of), counted before parsing
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # from the request's head to its body's end
     # Special-token text in chat messages and tools tokenized as control tokens (off: as plain text).
     special_tokens_in_content: bool = False
 
