@@ -69,6 +69,25 @@ def test_stages_on_different_devices_cannot_together_exceed_their_shared_pool(tm
     assert smaller.admitted and smaller.pools[0].fits and "ADMITTED" in smaller.render()
 
 
+def test_a_served_pipeline_books_the_servers_request_bodies_in_flight(tmp_path):
+    """Served over HTTP (speech alone), the bodies of the requests in flight are the plan's too, at what a server
+    process was measured to hold per body byte; a budget the pool cannot hold is refused, naming the flag."""
+    from edge_infer.memory.sizing import request_bodies_bytes
+
+    config = laptop_config(tmp_path, "3 GiB")
+    alone = plan_deploy(config, load_profile("laptop"))
+    served = plan_deploy(config, load_profile("laptop"), body_bytes_in_flight=32 << 20)
+    bodies = request_bodies_bytes(32 << 20)
+    assert 2 * (32 << 20) < bodies < 3 * (32 << 20)  # raw and parsed
+    assert served.admitted and served.pools[0].reserved_bytes == alone.pools[0].reserved_bytes + bodies
+    assert "server: request bodies" in served.render() and served.to_dict()["server"]["buffers_bytes"] == bodies
+    assert alone.server is None and "request bodies" not in alone.render()
+
+    too_many = plan_deploy(config, load_profile("laptop"), body_bytes_in_flight=2 * GiB)
+    (reason,) = too_many.reasons
+    assert "stages 0, 1, 2 and the server's request bodies (--max-body-bytes-in-flight) together overrun pool ram" in reason
+
+
 def test_plan_refuses_a_device_this_machine_lacks(tmp_path):
     config = laptop_config(tmp_path, "1 GiB")
     plan = plan_deploy(config)  # the detected machine

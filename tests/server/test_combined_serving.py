@@ -25,6 +25,8 @@ def test_one_process_serves_a_text_and_a_speech_model(served_model):
         assert audio.status_code == 200 and audio.headers["content-type"] == "audio/wav"
         health = httpx.get(both.base_url + "/health").json()
         assert health["status"] == "ok" and set(health["models"]) == {served_model.name, TINY_TTS.name}
+        # One process, one budget of bodies in flight: the text model's plan holds it, the speech plan does not.
+        assert "deploy plan:" in both.output() and "server: request bodies" not in both.output()
         metrics = both.metrics()
         assert metrics["edge_infer_requests_total{path=/v1/audio/speech,status=200}"] == 1
         assert metrics["edge_infer_requests_total{path=/v1/chat/completions,status=200}"] == 1

@@ -80,6 +80,15 @@ def test_audio_streams_while_the_request_runs_and_a_disconnect_cancels_it(server
     assert server.metrics()['edge_infer_request_finish_total{reason=cancelled}'] >= 1
 
 
+def test_the_plan_books_the_request_bodies_in_flight(server) -> None:
+    """A speech model served alone: its deploy plan holds the server's bodies in flight (2 x --max-body-bytes)."""
+    from edge_infer.memory.ledger import format_bytes
+    from edge_infer.memory.sizing import request_bodies_bytes
+
+    (row,) = [line for line in server.output().splitlines() if line.startswith("server: request bodies")]
+    assert format_bytes(request_bodies_bytes(2 * (16 << 20))) in row
+
+
 def test_voices_and_models(server) -> None:
     voices = httpx.get(server.base_url + "/v1/audio/voices").json()
     assert [v["id"] for v in voices["data"]] == VOICES and "english" in voices["languages"]

@@ -215,7 +215,7 @@ def _speech_service(args: argparse.Namespace, shared: Any, model: str | None) ->
             if speech_only else None
         pipeline = SpeechPipeline.for_checkpoint(model, args.stage_overrides, flags)
     name = args.served_model_name if speech_only and args.served_model_name else Path(pipeline.model or "speech").name
-    service = SpeechService(pipeline, _settings(args, name), args.max_input_chars, shared=shared)
+    service = SpeechService(pipeline, _settings(args, name), args.max_input_chars, shared=shared, plans_bodies=speech_only)
     print(service.omni.plan.render(), file=sys.stderr)
     return service
 

@@ -24,7 +24,7 @@ from edge_infer.hardware.memory import available_memory_bytes
 from edge_infer.media.limits import MediaLimits
 from edge_infer.memory.sizing import (
     CHECKPOINT_DTYPE_BYTES, MiB, activation_bytes, load_transient_bytes, resolve_dtype,
-    runtime_overhead, weight_bytes,
+    request_bodies_bytes, runtime_overhead, weight_bytes,
 )
 from edge_infer.models.checkpoint import check_checkpoint
 from edge_infer.models.config import ModelConfig
@@ -430,7 +430,7 @@ def _size_items(r: _Resolved, model_dir: str, frontend: str, int8_kv: bool) -> t
 
 def _bodies_item(in_flight: int) -> PlanItem:
     per_byte = runtime_overhead()["server_bytes_per_body_byte"]
-    return PlanItem("request bodies", int(per_byte * in_flight), "anon", "steady",
+    return PlanItem("request bodies", request_bodies_bytes(in_flight), "anon", "steady",
                     f"the bodies of the requests in flight, at most {in_flight / MiB:,.1f} MiB "
                     f"(--max-body-bytes-in-flight), held raw and parsed until their responses end: {per_byte:g} bytes "
                     "per body byte (JSON items counted as the bytes they parse to)")

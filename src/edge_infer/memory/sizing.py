@@ -32,6 +32,11 @@ def runtime_overhead() -> dict[str, Any]:
     return json.loads((Path(__file__).with_name("overhead.json")).read_text())
 
 
+def request_bodies_bytes(in_flight: int) -> int:
+    """What a server process holds for ``in_flight`` bytes of request bodies (raw and parsed), measured."""
+    return int(runtime_overhead()["server_bytes_per_body_byte"] * in_flight)
+
+
 def resolve_dtype(requested: str | None, notes: list[str], quantization: str | None = None,
                   cpu: CpuCapabilities | None = None) -> str:
     """The engine dtype; ``auto`` picks what is fast for the kernel ``quantization`` runs on, on ``cpu``."""

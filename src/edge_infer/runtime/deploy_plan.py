@@ -5,7 +5,9 @@ bytes from the config; unset items from the executor's own plan), adds the
 transport buffers it may hold (max unacknowledged payloads x its largest
 payload), books all of them against the pools of the machine profile, and
 refuses the deploy when a pool is overrun or a stage is placed on a device the
-machine lacks. Nothing is loaded.
+machine lacks. Nothing is loaded. Served over HTTP, the server's request
+bodies are booked too (``body_bytes_in_flight``, its
+``--max-body-bytes-in-flight``).
 """
 from __future__ import annotations
 
@@ -61,6 +63,7 @@ class DeployPlan:
     stages: list[StagePlan] = field(default_factory=list)
     pools: list[PoolPlan] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
+    server: Reservation | None = None  # the HTTP server's request bodies in flight, when served
 
     @property
     def admitted(self) -> bool:
@@ -77,6 +80,7 @@ class DeployPlan:
             "reasons": list(self.reasons),
             "stages": [s.to_dict() for s in self.stages],
             "pools": [p.to_dict() for p in self.pools],
+            "server": self.server.to_dict() if self.server else None,
         }
 
     def render(self) -> str:
@@ -86,6 +90,9 @@ class DeployPlan:
             [s.label, s.device, s.reservation.pool, *(format_bytes(getattr(s.reservation, i)) for i in ITEMS), format_bytes(s.reservation.total_bytes)]
             for s in self.stages
         ]
+        if self.server:
+            rows.append([self.server.owner, self.server.device, self.server.pool,
+                         *(format_bytes(getattr(self.server, i)) for i in ITEMS), format_bytes(self.server.total_bytes)])
         widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows)]
         line = lambda cells: "  ".join(str(c).ljust(w) if i < 3 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
         out = [f"deploy plan: {self.config_source} on machine profile '{self.profile.name}' ({self.profile.source})", line(cols)]
@@ -114,10 +121,16 @@ def resolve_reservation(stage: StageConfig) -> tuple[ReservationPlan, tuple[str,
     return ReservationPlan(**{f: explicit.get(f, getattr(planned, f)) for f in fields}), missing
 
 
-def plan_deploy(config: DeployConfig, profile: MachineProfile | str | None = None) -> DeployPlan:
+def plan_deploy(config: DeployConfig, profile: MachineProfile | str | None = None, body_bytes_in_flight: int = 0) -> DeployPlan:
     machine = machine_profile(profile)
     plan = DeployPlan(config.source, machine)
     ledger = SharedRamLedger(machine.pools)
+    if body_bytes_in_flight:
+        from edge_infer.memory.sizing import request_bodies_bytes  # measured per-byte cost; heavier imports
+
+        plan.server = Reservation(owner="server: request bodies", pool=machine.device("cpu").pool or machine.pools[0].name,
+                                  device="cpu", buffers_bytes=request_bodies_bytes(body_bytes_in_flight))
+        ledger.record(plan.server)
     max_unacked = config.connectors.shared_memory.max_unacked_per_producer
     for stage in config.stages:
         device = machine.device(stage.device)
@@ -152,7 +165,10 @@ def plan_deploy(config: DeployConfig, profile: MachineProfile | str | None = Non
         )
         if usage.over:
             ids = [str(s.stage_id) for s in plan.stages if s.reservation.pool == usage.pool.name]
-            who = f"stages {', '.join(ids)} together overrun" if len(ids) > 1 else f"stage {ids[0]} overruns"
+            owners = [f"stages {', '.join(ids)}" if len(ids) > 1 else f"stage {ids[0]}"] if ids else []
+            if plan.server and plan.server.pool == usage.pool.name:
+                owners.append("the server's request bodies (--max-body-bytes-in-flight)")
+            who = " and ".join(owners) + (" together overrun" if len(ids) + len(owners) > 2 else " overruns")
             plan.reasons.append(
                 f"{who} {usage.describe(devices)}; lower a stage's reservation "
                 "(kv_cache_memory_bytes, max_num_seqs, max_model_len, quantization) or move a stage to a pool with room"

@@ -118,14 +118,16 @@ class AsyncOmni:
         *,
         stage_overrides: str | dict[str, Any] | None = None,
         profile: str | os.PathLike[str] | MachineProfile | None = None,
+        body_bytes_in_flight: int = 0,
     ):
+        """``body_bytes_in_flight``: served over HTTP, the server's --max-body-bytes-in-flight, booked in the plan."""
         if isinstance(deploy_config, DeployConfig):
             if stage_overrides:
                 raise ValueError("stage_overrides apply while loading a file; pass the deploy config as a path")
             self.config = deploy_config
         else:
             self.config = load_deploy_config(deploy_config, stage_overrides)
-        self.plan = plan_deploy(self.config, profile)
+        self.plan = plan_deploy(self.config, profile, body_bytes_in_flight)
         if not self.plan.admitted:
             raise DeployRefused(self.plan)
         self._sources = {sid: load_executor(executor_target(self.config.stage(sid).executor)).input_contracts for sid in self.config.source_stages}

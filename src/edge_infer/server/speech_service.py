@@ -44,8 +44,11 @@ class SpeechService(Service):
     unit = "requests"
 
     def __init__(self, pipeline: SpeechPipeline, settings: ServeSettings, max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
-                 shared: SharedMetrics | None = None):
-        omni = AsyncOmni(pipeline.config)  # plans the deploy: raises DeployRefused before anything starts
+                 shared: SharedMetrics | None = None, plans_bodies: bool = True):
+        """``plans_bodies``: the request bodies in flight are this plan's (False beside a text model, whose plan has
+        them)."""
+        # Plans the deploy: raises DeployRefused before anything starts.
+        omni = AsyncOmni(pipeline.config, body_bytes_in_flight=settings.bodies_in_flight if plans_bodies else 0)
         talker = pipeline.config.stage(pipeline.talker_stage)
         names = {s.stage_id: s.name or f"stage{s.stage_id}" for s in pipeline.config.stages}
         super().__init__(settings, SpeechMetrics(shared or SharedMetrics(), omni.plan, names), talker.engine.max_num_seqs)
