@@ -14,7 +14,6 @@ earlier commit) in the same run; ``--repeats`` runs of each arm, alternated.
 from __future__ import annotations
 
 import base64
-import io
 import json
 import sys
 import threading
@@ -22,21 +21,12 @@ import time
 from pathlib import Path
 
 import httpx
-import numpy as np
 import psutil
 
+from edge_infer.bench.harness.media_bench import noise_png
 from serve_hostile import REPO, Server, before_after_parser, provenance_stamp, summarize, write_result
 
 MiB = 1 << 20
-
-
-def picture(seed: int, side: int) -> str:
-    from PIL import Image
-
-    pixels = np.random.default_rng(seed).integers(0, 256, size=(side, side, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
 def metrics(url: str) -> dict[str, float]:
@@ -54,7 +44,7 @@ def one_run(src: Path, model: list[str], flags: list[str], requests: int, images
     server = Server(src, model + flags)
     try:
         plan_steady = metrics(server.url)['edge_infer_memory_plan_bytes{phase="steady"}']
-        content = [{"type": "image_url", "image_url": {"url": picture(i, side)}} for i in range(images)]
+        content = [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(noise_png(i, side, side)).decode()}} for i in range(images)]
         content.append({"type": "text", "text": "What is in these pictures?"})
         body = {"messages": [{"role": "user", "content": content}], "max_tokens": 8, "ignore_eos": True}
         httpx.post(server.url + "/v1/chat/completions", json=body, timeout=300).raise_for_status()  # warm

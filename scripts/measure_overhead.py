@@ -305,18 +305,13 @@ BODY_PROBE = (f"the demo server's process (--max-num-seqs 1) with {BODY_REQUESTS
 
 def _image_body(seed: int, max_tokens: int = 8) -> bytes:
     import base64
-    import io
 
-    import numpy as np
-    from PIL import Image
+    from edge_infer.bench.harness.media_bench import noise_png
 
     parts = []
     for i in range(4):
-        buf = io.BytesIO()
-        pixels = np.random.default_rng(seed * 4 + i).integers(0, 256, size=(294, 294, 3), dtype=np.uint8)
-        Image.fromarray(pixels).save(buf, format="PNG")
-        parts.append({"type": "image_url", "image_url": {"url": "data:image/png;base64," +
-                                                                base64.b64encode(buf.getvalue()).decode()}})
+        picture = noise_png(seed * 4 + i, 294, 294)
+        parts.append({"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(picture).decode()}})
     messages = [{"role": "user", "content": [*parts, {"type": "text", "text": "What is in these pictures?"}]}]
     return json.dumps({"messages": messages, "max_tokens": max_tokens, "ignore_eos": True}).encode()
 

@@ -6,6 +6,8 @@ import io
 
 import numpy as np
 
+from edge_infer.bench.harness.media_bench import noise_png as png  # noqa: F401 (the tests' picture)
+
 
 def sine(seconds: float, rate: int, hz: float = 440.0, channels: int = 1, amplitude: float = 0.3) -> np.ndarray:
     """float32 [samples, channels]; channel c at hz * (c + 1), so a mix-down is not any one channel."""
@@ -57,16 +59,6 @@ def frames_of(count: int, height: int = 48, width: int = 64) -> list[np.ndarray]
     y, x = np.mgrid[0:height, 0:width]
     return [np.stack([(x * 4 + i * 9) % 256, (y * 5 + i * 13) % 256, ((x + y) * 3 + i * 7) % 256], axis=-1)
             .astype(np.uint8) for i in range(count)]
-
-
-def png(seed: int = 0, width: int = 64, height: int = 48) -> bytes:
-    """A PNG of random pixels (two seeds, two different images)."""
-    from PIL import Image
-
-    pixels = np.random.default_rng(seed).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 def data_url(data: bytes, mime: str) -> str:

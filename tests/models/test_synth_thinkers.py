@@ -4,7 +4,6 @@ this process and in the engine's worker process)."""
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 
 import numpy as np
@@ -22,6 +21,7 @@ from edge_infer.media.limits import MediaLimits
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.synth_thinker import CHATML, MARKERS, PRESETS, thinker_config
 from edge_infer.models.tokenizer import Tokenizer
+from media_files import png
 
 FAMILIES = ("qwen2_5_vl", "qwen2_5_omni")
 QUESTION = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}},
@@ -45,19 +45,10 @@ def saved_layout(path) -> dict:
     return config
 
 
-def picture(seed: int = 0) -> bytes:
-    from PIL import Image
-
-    pixels = np.random.default_rng(seed).integers(0, 256, size=(60, 90, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 def chat_prompt(path, tokenizer: Tokenizer) -> tuple[str, list[int], list[MediaInput]]:
     """QUESTION through the checkpoint's chat template, its one image placeholder repeated per image row."""
     text, ids = tokenizer.encode_chat(QUESTION)
-    features = image_features(decode_image(picture(), MediaLimits()), MediaProcessing.from_dir(path).vision)
+    features = image_features(decode_image(png(0, 90, 60), MediaLimits()), MediaProcessing.from_dir(path).vision)
     pad = ModelConfig.from_dir(path).multimodal.image_token_id
     at = ids.index(pad)
     ids = ids[:at] + [pad] * features.num_tokens + ids[at + 1:]
@@ -159,7 +150,7 @@ def test_an_image_chat_prompt_runs_through_llm(synth, family, worker):
         assert llm.ready.encoder_weight_bytes["vision"] > 0 and llm.ready.linear_kernels["encoder linears"] == "dense"
         params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
         got = llm.generate({"prompt_token_ids": ids, "media": media}, params)[0].outputs[0].token_ids
-        other = image_features(decode_image(picture(1), MediaLimits()), MediaProcessing.from_dir(path).vision)
+        other = image_features(decode_image(png(1, 90, 60), MediaLimits()), MediaProcessing.from_dir(path).vision)
         other = MediaInput("image", other, media[0].positions, b"other")
         changed = llm.generate({"prompt_token_ids": ids, "media": [other]}, params)[0].outputs[0].token_ids
     core = EngineCore(llm.frontend.engine_config)

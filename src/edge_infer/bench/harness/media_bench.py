@@ -78,6 +78,17 @@ def settings_from(args: argparse.Namespace) -> MediaBenchSettings:
     return s
 
 
+def noise_png(seed: int = 0, width: int = 64, height: int = 48) -> bytes:
+    """A PNG of random pixels: it does not compress, so its bytes are the largest a picture of its size sends."""
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
 def picture(size: int, seed: int) -> bytes:
     """A drawn PNG: a two-colour gradient, filled shapes, digits and a little noise, the same for the same seed."""
     import numpy as np
