@@ -133,6 +133,9 @@ def test_plan_command_prints_the_table_and_exits_by_admission(tmp_path, capsys):
     args.available_bytes, args.json = 64 * GiB, True
     assert run_deploy_plan(args) == 0
     assert '"admitted": true' in capsys.readouterr().out
+    args.json, args.server, args.max_body_bytes_in_flight = False, True, 32 << 20  # plan --server: as serve books it
+    assert run_deploy_plan(args) == 0
+    assert "server: request bodies" in capsys.readouterr().out
     args.deploy_config = str(tmp_path / "missing.yaml")
     assert run_deploy_plan(args) == 2
     assert "not found" in capsys.readouterr().err

@@ -1,6 +1,8 @@
 """``edge-infer serve`` as a command: the plan comes first, the ready banner tells how to call it."""
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 
@@ -27,6 +29,25 @@ def test_body_limits_that_refuse_ordinary_requests_are_refused_before_loading(se
     cmd = [sys.executable, "-m", "edge_infer.cli", "serve", str(served_model), *flags]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and says in out.stderr
+
+
+def test_plan_with_server_is_the_plan_serve_admits(server, served_model):
+    """`edge-infer plan --server` with the serve flags: the same steady bytes the server printed (its process and
+    request bodies included), more than the library's plan."""
+    flags = [str(served_model), "--max-num-seqs", "4", "--max-model-len", "512", "--dtype", "float32", "--num-threads", "1",
+             "--json"]
+
+    def steady_mib(*extra: str) -> tuple[str, set[str]]:
+        out = subprocess.run([sys.executable, "-m", "edge_infer.cli", "plan", *flags, *extra], capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        plan = json.loads(out.stdout)
+        return f"{plan['steady_bytes'] / 2**20:,.1f}", {item["name"] for item in plan["items"]}
+
+    served, served_items = steady_mib("--server")
+    library, library_items = steady_mib()
+    assert re.search(r"memory plan: steady ([\d,.]+) MiB", server.output()).group(1) == served
+    assert served_items - library_items == {"request bodies"} and float(library.replace(",", "")) < float(served.replace(",", ""))
 
 
 def test_ready_banner_prints_the_url_and_a_curl_example(server):

@@ -6,6 +6,7 @@ import json
 import sys
 
 from edge_infer.engine.cli_args import add_engine_args, engine_settings
+from edge_infer.server.limits import DEFAULT_MAX_BODY_BYTES
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -16,6 +17,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--available-bytes", type=int, default=None, help="plan against this much memory instead of MemAvailable")
     parser.add_argument("--cpu", default=None, metavar="PROFILE",
                         help="plan for another CPU (edge-infer doctor --help lists the profiles), not this one")
+    parser.add_argument("--server", action="store_true",
+                        help="plan as `edge-infer serve` runs it: the server's process and its request bodies in flight "
+                             "(default: as the library, LLM or LocalTextEngine, runs it)")
+    parser.add_argument("--max-body-bytes-in-flight", type=int, default=2 * DEFAULT_MAX_BODY_BYTES,
+                        help="with --server: the serve flag of that name (default: twice the default --max-body-bytes, "
+                             f"{2 * DEFAULT_MAX_BODY_BYTES >> 20} MiB)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -31,8 +38,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         cpu = profile(args.cpu) if args.cpu else None
+        served = dict(frontend="server", body_bytes_in_flight=args.max_body_bytes_in_flight) if args.server else {}
         plan = plan_text_session(resolve_model(args.model), available_bytes=args.available_bytes, cpu=cpu,
-                                 **engine_settings(args))
+                                 **served, **engine_settings(args))
     except (EdgeInferError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -34,6 +34,7 @@ def run_deploy_plan(args: argparse.Namespace) -> int:
     available = getattr(args, "available_bytes", None)
     if available is not None:
         profile = _with_available(profile, available)
-    plan = plan_deploy(config, profile)
+    served = getattr(args, "server", False)
+    plan = plan_deploy(config, profile, args.max_body_bytes_in_flight if served else 0)
     print(json.dumps(plan.to_dict(), indent=2) if getattr(args, "json", False) else plan.render())
     return 0 if plan.admitted else 1
