@@ -1,8 +1,10 @@
-"""Slow clients: a connection that sends no request head, or a body that does not arrive, is cut off after the
-server's timeouts (408 naming the flag when a request had begun), so that idle connections cannot take every file
-descriptor; a request served for longer than the timeouts is not cut off."""
+"""Slow clients: a connection that sends no request head, or a body that does not arrive, or a client that stops
+reading is cut off after the server's timeouts (408 naming the flag when a request had begun, its request cancelled
+when one was running), so that idle connections cannot take every file descriptor; a request served for longer than
+the timeouts is not cut off."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import resource
@@ -15,12 +17,13 @@ from contextlib import ExitStack
 import httpx
 import pytest
 
-from .serverutil import ServerProcess
+from .serverutil import ServerProcess, wait_until
 
 pytestmark = pytest.mark.slow
 
 HEADER_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 2.0
+SEND_TIMEOUT_S = 1.0
 CHAT = {"model": "tiny-qwen2", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
 
 
@@ -28,7 +31,7 @@ CHAT = {"model": "tiny-qwen2", "messages": [{"role": "user", "content": "Hello"}
 def server(served_model):
     # A heartbeat timeout beyond the worker's stop below: that request must wait, not end as engine_dead.
     with ServerProcess(served_model, "--header-timeout-s", str(HEADER_TIMEOUT_S), "--body-timeout-s",
-                       str(BODY_TIMEOUT_S), "--heartbeat-timeout-s", "30") as proc:
+                       str(BODY_TIMEOUT_S), "--send-timeout-s", str(SEND_TIMEOUT_S), "--heartbeat-timeout-s", "30") as proc:
         yield proc
 
 
@@ -146,3 +149,44 @@ def test_a_body_refused_before_its_end_is_not_waited_for(server):
         data, waited = read_until_closed(sock)
     status, error = error_of(data)
     assert status == 413 and error["code"] == "body_too_large" and waited < HEADER_TIMEOUT_S
+
+
+def test_a_client_that_stops_reading_is_dropped_and_its_request_cancelled(server):
+    """A streamed answer of megabytes to a client that reads none of it: once the socket is full the server waits
+    --send-timeout-s, then drops the connection and ends the request (its sequence and KV blocks freed)."""
+    body = json.dumps({**CHAT, "max_tokens": 480, "n": 4, "ignore_eos": True, "stream": True, "logprobs": True,
+                       "top_logprobs": 20}).encode()
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", server.port))
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        wait_until(lambda: server.metrics()["edge_infer_sequences_in_flight"] == 4, "the request to start", 30)
+        start = time.monotonic()
+        wait_until(lambda: server.metrics()["edge_infer_sequences_in_flight"] == 0, "the request to be ended", 60)
+        assert time.monotonic() - start > SEND_TIMEOUT_S
+        served(server)
+
+
+def test_a_body_that_arrived_in_time_is_read_however_late_the_route_asks():
+    """The deadline is for the client: a body already received is the route's, even after the deadline."""
+    from edge_infer.server.http import BodyCost, BodyLimit
+
+    async def late_route(scope, receive, send):
+        await asyncio.sleep(0.2)
+        message = await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": message["body"]})
+
+    async def received():
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    limit = BodyLimit(late_route, max_bytes=1 << 20, max_in_flight=2 << 20, max_items=1024, cost=BodyCost(100, 10),
+                      timeout_s=0.1)
+    asyncio.run(limit({"type": "http", "headers": []}, received, send))
+    assert sent[0]["status"] == 200 and sent[1]["body"] == b"{}"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -30,7 +31,7 @@ from edge_infer.engine.cli_args import add_engine_args, engine_settings
 from edge_infer.media.sources import ALLOWED_DIR_FLAG, MAX_BYTES_FLAG, REMOTE_FLAG, MediaPolicy
 from edge_infer.server.exit_codes import EXIT_ENGINE_DEAD, EXIT_LOAD_FAILED
 from edge_infer.server.limits import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES,
-                                     DEFAULT_MAX_BODY_ITEMS)
+                                     DEFAULT_MAX_BODY_ITEMS, DEFAULT_SEND_TIMEOUT_S)
 
 if TYPE_CHECKING:  # pragma: no cover
     from edge_infer.server.service import ServeSettings
@@ -70,6 +71,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--body-timeout-s", type=float, default=DEFAULT_BODY_TIMEOUT_S,
                    help="seconds a request gets to send its whole body, after its head; then it gets 408 "
                         f"(default {DEFAULT_BODY_TIMEOUT_S:g})")
+    g.add_argument("--send-timeout-s", type=float, default=DEFAULT_SEND_TIMEOUT_S,
+                   help="seconds a client may leave what it is sent unread (the socket full, or bytes left after the "
+                        f"connection closed); then the connection is dropped and its request cancelled (default "
+                        f"{DEFAULT_SEND_TIMEOUT_S:g})")
     g.add_argument("--parse-special-tokens-in-content", action="store_true",
                    help="tokenize special-token text (e.g. <|im_end|>) in chat messages and tools as control tokens; by "
                         "default it is plain text, so a user cannot close their turn or open another role's")
@@ -109,8 +114,9 @@ def run(args: argparse.Namespace) -> int:
     if args.max_body_items < 1024:
         print("error: --max-body-items must be at least 1024", file=sys.stderr)
         return 2
-    if args.header_timeout_s <= 0 or args.body_timeout_s <= 0:
-        print("error: --header-timeout-s and --body-timeout-s must be positive", file=sys.stderr)
+    if not all(math.isfinite(t) and t > 0 for t in (args.header_timeout_s, args.body_timeout_s, args.send_timeout_s)):
+        print("error: --header-timeout-s, --body-timeout-s and --send-timeout-s must be positive numbers of seconds",
+              file=sys.stderr)
         return 2
     if args.max_body_bytes_in_flight is None:
         args.max_body_bytes_in_flight = 2 * args.max_body_bytes
@@ -228,7 +234,7 @@ def _serve(services: list[Any], args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from edge_infer.server.app import build_app
-    from edge_infer.server.connection import head_deadline_protocol
+    from edge_infer.server.connection import deadline_protocol
 
     class Server(uvicorn.Server):
         exit_code = 0
@@ -273,7 +279,7 @@ def _serve(services: list[Any], args: argparse.Namespace) -> int:
     config = uvicorn.Config(
         build_app(services, load), host=args.host, port=args.port, log_level=args.log_level, access_log=False,
         timeout_graceful_shutdown=args.shutdown_grace_s + UVICORN_GRACE_MARGIN_S,
-        http=head_deadline_protocol(args.header_timeout_s),
+        http=deadline_protocol(args.header_timeout_s, args.send_timeout_s),
     )
     server = Server(config)
     # uvicorn re-raises the signal it handled once it has shut down; a no-op handler makes that a clean exit.

@@ -1,9 +1,12 @@
-"""The HTTP/1.1 connection: uvicorn's h11 protocol with a deadline for each request head.
+"""The HTTP/1.1 connection: uvicorn's h11 protocol with deadlines for a request head and for a client's reading.
 
-uvicorn waits for a request head for ever: its keep-alive timeout starts only
-after a response and stops at the next byte. A client that opens connections
-and sends nothing, or half a request line, holds a file descriptor each, and
-a few hundred of them leave the server unable to accept (slowloris).
+uvicorn waits for ever: for a request head (its keep-alive timeout starts only
+after a response and stops at the next byte), and for a client to read what
+it was sent (a response waits on a full socket; a connection closed with
+bytes unsent waits for them to go). A client that opens connections and
+sends nothing, or half a request line, or stops reading, holds a file
+descriptor each (a streamed request its sequence too), and a few hundred of
+them leave the server unable to accept (slowloris).
 """
 from __future__ import annotations
 
@@ -18,59 +21,97 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from edge_infer.server.errors import APIError
 
 
-class HeadDeadlineProtocol(H11Protocol):
+class Deadline:
+    """One resettable timer of a connection."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, seconds: float, expired: Callable[[], None]):
+        self.loop, self.seconds, self.expired = loop, seconds, expired
+        self.handle: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        self.stop()
+        self.handle = self.loop.call_later(self.seconds, self._fire)
+
+    def stop(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+    def _fire(self) -> None:
+        self.handle = None
+        self.expired()
+
+
+class DeadlineProtocol(H11Protocol):
     """A connection must send a complete request head ``header_timeout_s`` after it opens or after its previous
-    response ends, or it is closed: with a 408 when it had begun one. A request being served is the body limit's
-    (server/http.py); a body still arriving after its response gets the same deadline."""
+    response ends, or it is closed: with a 408 when it had begun one (a request being served is the body limit's,
+    server/http.py; a body still arriving after its response gets the same deadline). A client must take what it
+    is sent: a response that cannot be written for ``send_timeout_s`` (the socket and the transport's buffer
+    full), or bytes left unsent that long after the connection was closed, abort the connection, and a request
+    whose client is gone is cancelled."""
 
-    def __init__(self, *args: Any, header_timeout_s: float, **kwargs: Any):
+    def __init__(self, *args: Any, header_timeout_s: float, send_timeout_s: float, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.header_timeout_s = header_timeout_s
-        self.head_deadline: asyncio.TimerHandle | None = None
-
-    def _arm(self) -> None:
-        self._disarm()
-        self.head_deadline = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
-
-    def _disarm(self) -> None:
-        if self.head_deadline is not None:
-            self.head_deadline.cancel()
-            self.head_deadline = None
+        self.head_deadline = Deadline(self.loop, header_timeout_s, self._head_timed_out)
+        self.send_deadline = Deadline(self.loop, send_timeout_s, self._send_timed_out)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm()
+        self.head_deadline.start()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
+        self.head_deadline.stop()
+        self.send_deadline.stop()
         super().connection_lost(exc)
 
     def handle_events(self) -> None:
         cycle = self.cycle
         super().handle_events()
         if self.cycle is not cycle:  # a request's head arrived
-            self._disarm()
+            self.head_deadline.stop()
 
     def handle_websocket_upgrade(self, event: Any) -> None:  # the connection is no longer HTTP/1.1's
-        self._disarm()
+        self.head_deadline.stop()
         super().handle_websocket_upgrade(event)
 
     def on_response_complete(self) -> None:
         if not self.transport.is_closing():
-            self._arm()  # before uvicorn starts on a pipelined request, whose head disarms it
+            self.head_deadline.start()  # before uvicorn starts on a pipelined request, whose head stops it
         super().on_response_complete()
+        self._unsent_after_close()
+
+    def timeout_keep_alive_handler(self) -> None:
+        super().timeout_keep_alive_handler()
+        self._unsent_after_close()
+
+    def pause_writing(self) -> None:  # the transport's buffer is full: the client is not reading
+        super().pause_writing()
+        self.send_deadline.start()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if not self.transport.is_closing():
+            self.send_deadline.stop()
+
+    def _unsent_after_close(self) -> None:
+        if self.transport.is_closing() and self.transport.get_write_buffer_size():
+            self.send_deadline.start()
+
+    def _send_timed_out(self) -> None:
+        if self.transport.get_write_buffer_size():
+            self.transport.abort()
 
     def _head_timed_out(self) -> None:
-        self.head_deadline = None
         if self.transport.is_closing():
             return
         begun, _ = self.conn.trailing_data
         if begun and self.conn.their_state is h11.IDLE:
-            error = APIError(408, f"no complete request head {self.header_timeout_s:g} s after the connection opened or "
-                             "its last response ended; this server waits at most that long (--header-timeout-s)",
-                             code="header_timeout")
+            error = APIError(408, f"no complete request head {self.head_deadline.seconds:g} s after the connection "
+                             "opened or its last response ended; this server waits at most that long "
+                             "(--header-timeout-s)", code="header_timeout")
             self.transport.write(_raw_response(error))
         self.transport.close()
+        self._unsent_after_close()
 
 
 def _raw_response(error: APIError) -> bytes:
@@ -81,6 +122,6 @@ def _raw_response(error: APIError) -> bytes:
     return head.encode("ascii") + body
 
 
-def head_deadline_protocol(header_timeout_s: float) -> Callable[..., HeadDeadlineProtocol]:
+def deadline_protocol(header_timeout_s: float, send_timeout_s: float) -> Callable[..., DeadlineProtocol]:
     """uvicorn's ``http`` setting: builds each connection's protocol."""
-    return functools.partial(HeadDeadlineProtocol, header_timeout_s=header_timeout_s)
+    return functools.partial(DeadlineProtocol, header_timeout_s=header_timeout_s, send_timeout_s=send_timeout_s)

@@ -177,10 +177,17 @@ class BodyLimit:
             nonlocal items, cost, size, arrived
             if arrived:  # later calls wait for the client to leave: no deadline
                 return await receive()
+            # Not wait_for: on Python 3.11 it gives up on a timeout <= 0 before receive() runs, data waiting or not.
+            task = asyncio.ensure_future(receive())
             try:
-                message = await asyncio.wait_for(receive(), deadline - asyncio.get_running_loop().time())
-            except TimeoutError:
-                raise BodyRefused(self._too_slow(size)) from None
+                done, _ = await asyncio.wait({task}, timeout=max(deadline - asyncio.get_running_loop().time(), 0))
+            except asyncio.CancelledError:
+                task.cancel()
+                raise
+            if not done:
+                task.cancel()
+                raise BodyRefused(self._too_slow(size))
+            message = task.result()
             if message["type"] == "http.request":
                 arrived = not message.get("more_body", False)
                 chunk = message.get("body", b"")
