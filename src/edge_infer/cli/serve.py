@@ -72,8 +72,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="seconds a request gets to send its whole body, after its head; then it gets 408 "
                         f"(default {DEFAULT_BODY_TIMEOUT_S:g})")
     g.add_argument("--send-timeout-s", type=float, default=DEFAULT_SEND_TIMEOUT_S,
-                   help="seconds a client may leave what it is sent unread (the socket full, or bytes left after the "
-                        f"connection closed); then the connection is dropped and its request cancelled (default "
+                   help="seconds a client may take none of what it is sent (the socket full, or bytes left after the "
+                        f"connection closed); then the connection is reset and its request cancelled (default "
                         f"{DEFAULT_SEND_TIMEOUT_S:g})")
     g.add_argument("--parse-special-tokens-in-content", action="store_true",
                    help="tokenize special-token text (e.g. <|im_end|>) in chat messages and tools as control tokens; by "

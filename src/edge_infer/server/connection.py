@@ -11,7 +11,11 @@ them leave the server unable to accept (slowloris).
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import functools
+import socket
+import struct
+import termios
 from http import HTTPStatus
 from typing import Any, Callable
 
@@ -22,11 +26,15 @@ from edge_infer.server.errors import APIError
 
 
 class Deadline:
-    """One resettable timer of a connection."""
+    """One timer of a connection."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, seconds: float, expired: Callable[[], None]):
         self.loop, self.seconds, self.expired = loop, seconds, expired
         self.handle: asyncio.TimerHandle | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.handle is not None
 
     def start(self) -> None:
         self.stop()
@@ -42,21 +50,37 @@ class Deadline:
         self.expired()
 
 
+class _ClosingTransport:
+    """The connection's transport as uvicorn sees it: ``close`` also tells the protocol (uvicorn closes it from
+    several places: a response with Connection: close, an app error mid-response, an invalid request)."""
+
+    def __init__(self, transport: asyncio.Transport, closing: Callable[[], None]):
+        self._transport, self._closing = transport, closing
+
+    def close(self) -> None:
+        self._transport.close()
+        self._closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class DeadlineProtocol(H11Protocol):
     """A connection must send a complete request head ``header_timeout_s`` after it opens or after its previous
     response ends, or it is closed: with a 408 when it had begun one (a request being served is the body limit's,
     server/http.py; a body still arriving after its response gets the same deadline). A client must take what it
-    is sent: a response that cannot be written for ``send_timeout_s`` (the socket and the transport's buffer
-    full), or bytes left unsent that long after the connection was closed, abort the connection, and a request
-    whose client is gone is cancelled."""
+    is sent: when the transport's buffer is full, or the connection is closed with bytes in it, the client must
+    take some of them every ``send_timeout_s`` (as nginx's send_timeout); else the connection is reset, and a
+    request whose client is gone is cancelled."""
 
     def __init__(self, *args: Any, header_timeout_s: float, send_timeout_s: float, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.head_deadline = Deadline(self.loop, header_timeout_s, self._head_timed_out)
         self.send_deadline = Deadline(self.loop, send_timeout_s, self._send_timed_out)
+        self.unsent_at_start = 0  # bytes the client had not taken when the send deadline started
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(_ClosingTransport(transport, self._closed_by_server))  # type: ignore[arg-type]
         self.head_deadline.start()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -78,28 +102,49 @@ class DeadlineProtocol(H11Protocol):
         if not self.transport.is_closing():
             self.head_deadline.start()  # before uvicorn starts on a pipelined request, whose head stops it
         super().on_response_complete()
-        self._unsent_after_close()
 
-    def timeout_keep_alive_handler(self) -> None:
-        super().timeout_keep_alive_handler()
-        self._unsent_after_close()
-
-    def pause_writing(self) -> None:  # the transport's buffer is full: the client is not reading
+    def pause_writing(self) -> None:  # the transport's buffer is full: is the client reading?
         super().pause_writing()
-        self.send_deadline.start()
+        self._watch_sending()
 
     def resume_writing(self) -> None:
         super().resume_writing()
         if not self.transport.is_closing():
             self.send_deadline.stop()
 
-    def _unsent_after_close(self) -> None:
-        if self.transport.is_closing() and self.transport.get_write_buffer_size():
+    def _closed_by_server(self) -> None:
+        self.head_deadline.stop()
+        if self.transport.get_write_buffer_size():  # the descriptor is held until these bytes are taken
+            self._watch_sending()
+
+    def _watch_sending(self) -> None:
+        if not self.send_deadline.running:
+            self.unsent_at_start = self._unsent()
             self.send_deadline.start()
 
+    def _unsent(self) -> int:
+        """Bytes written that the client has not taken: the transport's buffer and the socket's send queue."""
+        unsent = self.transport.get_write_buffer_size()
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None and hasattr(termios, "TIOCOUTQ"):  # Linux: SIOCOUTQ
+            try:
+                unsent += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+            except OSError:
+                pass
+        return unsent
+
     def _send_timed_out(self) -> None:
-        if self.transport.get_write_buffer_size():
-            self.transport.abort()
+        unsent = self._unsent()
+        if not self.transport.get_write_buffer_size():
+            return
+        if unsent < self.unsent_at_start:  # the client took some: another period
+            self.unsent_at_start = unsent
+            self.send_deadline.start()
+            return
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:  # a reset, not a clean end the client could take for the whole response
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()
 
     def _head_timed_out(self) -> None:
         if self.transport.is_closing():
@@ -111,7 +156,6 @@ class DeadlineProtocol(H11Protocol):
                              "(--header-timeout-s)", code="header_timeout")
             self.transport.write(_raw_response(error))
         self.transport.close()
-        self._unsent_after_close()
 
 
 def _raw_response(error: APIError) -> bytes:
