@@ -1,16 +1,18 @@
 """server/connection.py on a bare uvicorn: a client that takes what it is sent, however slowly, gets all of it; one
 that takes nothing for --send-timeout-s is reset, whether its response is still being written, was closed with
-bytes unsent, or ended in an error mid-body."""
+bytes unsent, ended in an error mid-body, or the client half-closed."""
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
 
 import pytest
 import uvicorn
+from uvicorn.server import ServerState
 
-from edge_infer.server.connection import deadline_protocol
+from edge_infer.server.connection import DeadlineProtocol, deadline_protocol
 
 from .serverutil import free_port
 
@@ -78,3 +80,37 @@ def test_a_client_that_reads_slowly_but_steadily_gets_everything(port):
         data = read_at(sock, 600_000)
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and body == BODY[:size]
+
+
+class BufferedTransport(asyncio.Transport):
+    """A transport holding ``buffered`` bytes its client has not taken (under the high-water mark)."""
+
+    def __init__(self, buffered: int):
+        super().__init__()
+        self.buffered, self.closing = buffered, False
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+
+def test_bytes_left_when_the_client_half_closes_are_watched_too():
+    """On a client's EOF asyncio closes the transport itself (not through uvicorn): bytes left under the
+    high-water mark, so that the socket never paused, still get the send deadline."""
+    config = uvicorn.Config(app, log_level="critical")
+    config.load()
+    loop = asyncio.new_event_loop()
+    try:
+        protocol = DeadlineProtocol(config=config, server_state=ServerState(), app_state={}, _loop=loop,
+                                    header_timeout_s=10.0, send_timeout_s=SEND_TIMEOUT_S)
+        protocol.connection_made(BufferedTransport(buffered=30_000))
+        assert not protocol.send_deadline.running
+        protocol.eof_received()
+        assert protocol.send_deadline.running
+    finally:
+        loop.close()

@@ -11,11 +11,9 @@ them leave the server unable to accept (slowloris).
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import functools
 import socket
 import struct
-import termios
 from http import HTTPStatus
 from typing import Any, Callable
 
@@ -23,6 +21,12 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from edge_infer.server.errors import APIError
+
+try:  # Linux (and other Unix): the socket's send queue; elsewhere the transport's buffer alone
+    from fcntl import ioctl
+    from termios import TIOCOUTQ
+except ImportError:
+    ioctl = TIOCOUTQ = None
 
 
 class Deadline:
@@ -78,6 +82,7 @@ class DeadlineProtocol(H11Protocol):
         self.head_deadline = Deadline(self.loop, header_timeout_s, self._head_timed_out)
         self.send_deadline = Deadline(self.loop, send_timeout_s, self._send_timed_out)
         self.unsent_at_start = 0  # bytes the client had not taken when the send deadline started
+        self.upgraded = False  # to a websocket, whose protocol now owns the transport
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_ClosingTransport(transport, self._closed_by_server))  # type: ignore[arg-type]
@@ -94,9 +99,16 @@ class DeadlineProtocol(H11Protocol):
         if self.cycle is not cycle:  # a request's head arrived
             self.head_deadline.stop()
 
-    def handle_websocket_upgrade(self, event: Any) -> None:  # the connection is no longer HTTP/1.1's
+    def handle_websocket_upgrade(self, event: Any) -> None:  # the connection is no longer this protocol's
+        self.upgraded = True
         self.head_deadline.stop()
+        self.send_deadline.stop()
         super().handle_websocket_upgrade(event)
+
+    def eof_received(self) -> None:  # the client half-closed: asyncio closes the transport itself
+        if self.transport.get_write_buffer_size():
+            self._watch_sending()
+        return super().eof_received()
 
     def on_response_complete(self) -> None:
         if not self.transport.is_closing():
@@ -114,6 +126,8 @@ class DeadlineProtocol(H11Protocol):
 
     def _closed_by_server(self) -> None:
         self.head_deadline.stop()
+        if self.upgraded:
+            return
         if self.transport.get_write_buffer_size():  # the descriptor is held until these bytes are taken
             self._watch_sending()
 
@@ -126,10 +140,10 @@ class DeadlineProtocol(H11Protocol):
         """Bytes written that the client has not taken: the transport's buffer and the socket's send queue."""
         unsent = self.transport.get_write_buffer_size()
         sock = self.transport.get_extra_info("socket")
-        if sock is not None and hasattr(termios, "TIOCOUTQ"):  # Linux: SIOCOUTQ
+        if sock is not None and TIOCOUTQ is not None:  # Linux: SIOCOUTQ
             try:
-                unsent += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
-            except OSError:
+                unsent += struct.unpack("i", ioctl(sock.fileno(), TIOCOUTQ, b"\0" * 4))[0]
+            except (OSError, ValueError):  # not a socket's queue here, or closed (fileno -1)
                 pass
         return unsent
 
