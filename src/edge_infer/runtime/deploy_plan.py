@@ -121,7 +121,8 @@ def resolve_reservation(stage: StageConfig) -> tuple[ReservationPlan, tuple[str,
     return ReservationPlan(**{f: explicit.get(f, getattr(planned, f)) for f in fields}), missing
 
 
-def plan_deploy(config: DeployConfig, profile: MachineProfile | str | None = None, body_bytes_in_flight: int = 0) -> DeployPlan:
+def plan_deploy(config: DeployConfig, profile: MachineProfile | str | None = None,
+                body_bytes_in_flight: int = 0) -> DeployPlan:
     machine = machine_profile(profile)
     plan = DeployPlan(config.source, machine)
     ledger = SharedRamLedger(machine.pools)
