@@ -253,7 +253,7 @@ class EventStream(StreamingResponse):
 def api_key_check(api_key: str | None) -> Callable[..., None]:
     bearer = HTTPBearer(auto_error=False, description="the server's --api-key, when it has one")
 
-    def check(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+    async def check(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:  # no thread hop
         if api_key is None:
             return
         challenge = {"WWW-Authenticate": "Bearer"}

@@ -66,7 +66,20 @@ class TextService(Service):
 
     async def _start(self, progress: Callable[[int, int], None] | None) -> None:
         await self.engine.start(progress)
+        await self._warm()
         self._supervisor = asyncio.ensure_future(self._supervise())
+
+    async def _warm(self) -> None:
+        """A chat's first-use work (jinja2's import, the template's compiling, the preparation thread) now, not in
+        the first request: its latency is then every request's, and a server short of file descriptors at that
+        moment can still serve it (importing opens files)."""
+        tokenizer = self.frontend.tokenizer
+        if tokenizer is None or not tokenizer.chat_template:
+            return
+        try:
+            await self.off_loop(self.frontend.render_chat, [{"role": "user", "content": "Hello"}])
+        except Exception as exc:  # noqa: BLE001 - a template that fails here fails its requests, with the reason
+            log.warning("rendering a one-message chat at start failed: %s", exc)
 
     def down_reason(self) -> str | None:
         if self.restarting:
