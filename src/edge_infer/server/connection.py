@@ -106,8 +106,7 @@ class DeadlineProtocol(H11Protocol):
         super().handle_websocket_upgrade(event)
 
     def eof_received(self) -> None:  # the client half-closed: asyncio closes the transport itself
-        if self.transport.get_write_buffer_size():
-            self._watch_sending()
+        self._watch_what_is_left()
         return super().eof_received()
 
     def on_response_complete(self) -> None:
@@ -126,9 +125,12 @@ class DeadlineProtocol(H11Protocol):
 
     def _closed_by_server(self) -> None:
         self.head_deadline.stop()
-        if self.upgraded:
-            return
-        if self.transport.get_write_buffer_size():  # the descriptor is held until these bytes are taken
+        if not self.upgraded:
+            self._watch_what_is_left()
+
+    def _watch_what_is_left(self) -> None:
+        """A closing transport keeps its descriptor until the bytes in its buffer are taken."""
+        if self.transport.get_write_buffer_size():
             self._watch_sending()
 
     def _watch_sending(self) -> None:
@@ -148,9 +150,9 @@ class DeadlineProtocol(H11Protocol):
         return unsent
 
     def _send_timed_out(self) -> None:
-        unsent = self._unsent()
-        if not self.transport.get_write_buffer_size():
+        if not self.transport.get_write_buffer_size():  # all handed to the socket: nothing waits on the client
             return
+        unsent = self._unsent()
         if unsent < self.unsent_at_start:  # the client took some: another period
             self.unsent_at_start = unsent
             self.send_deadline.start()
