@@ -1,0 +1,124 @@
+"""The int8 dot-product instruction's peak on this CPU: the ceiling the W4A8/W8A8 tile kernels are measured against.
+
+    python benchmarks/dot_peak.py --out benchmarks/results/dot-peak-zen4.json [--seconds 2] [--processes 1 2]
+
+A loop of 12 independent ``vpdpbusd`` accumulator chains (enough to hide the instruction's latency), on zmm
+registers where the CPU has AVX512-VNNI and on ymm where it has AVX512-VNNI or AVX-VNNI, compiled with the C++
+compiler the kernels are built with, run in 1 and in N processes at once (each pinned to its own core, as the
+kernels' threads are). Reported per width: G multiply-adds/s per core (64 per zmm instruction, 32 per ymm) and
+in all, the median of the processes' rates and the lowest. docs/multimodal.md compares the tile kernels' rates
+(``edge-infer bench kernels``) with it.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CHAINS = 12
+# One process's loop: CHAINS independent vpdpbusd chains on one register width, run for argv[1] seconds;
+# prints the instructions per second. Each chain is its own variable (an array was spilled to the stack by GCC).
+SOURCE = r"""
+#include <immintrin.h>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#define STEP(a) asm volatile("vpdpbusd %2, %1, %0" : "+v"(a) : "v"(u), "v"(s));
+#define ALL STEP(a0) STEP(a1) STEP(a2) STEP(a3) STEP(a4) STEP(a5) STEP(a6) STEP(a7) STEP(a8) STEP(a9) STEP(a10) STEP(a11)
+template <typename V>
+double run(double seconds, V u, V s) {
+  V a0 = u, a1 = u, a2 = u, a3 = u, a4 = u, a5 = u, a6 = u, a7 = u, a8 = u, a9 = u, a10 = u, a11 = u;
+  const auto start = std::chrono::steady_clock::now();
+  long rounds = 0;
+  double elapsed = 0;
+  while (elapsed < seconds) {
+    for (int n = 0; n < 100000; ++n) { ALL }
+    rounds += 100000;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  V keep[12] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11};
+  asm volatile("" : : "r"(keep) : "memory");
+  return rounds * 12.0 / elapsed;
+}
+int main(int argc, char** argv) {
+  const double seconds = atof(argv[1]);
+  const bool zmm = argv[2][0] == 'z';
+  const double rate = zmm ? run(seconds, _mm512_set1_epi8(3), _mm512_set1_epi8(5))
+                          : run(seconds, _mm256_set1_epi8(3), _mm256_set1_epi8(5));
+  printf("%.6e\n", rate);
+}
+"""
+MACS_PER_INSTRUCTION = {"zmm": 64, "ymm": 32}
+
+
+def widths(features: set[str]) -> list[tuple[str, tuple[str, ...]]]:
+    """The register widths this CPU runs vpdpbusd on, with the compiler flags for each."""
+    found = []
+    if "avx512_vnni" in features:
+        found.append(("zmm", ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")))
+        found.append(("ymm", ("-mavx512f", "-mavx512vl", "-mavx512vnni")))
+    elif "avx_vnni" in features:
+        found.append(("ymm", ("-mavx2", "-mavxvnni")))
+    return found
+
+
+def measure(binary: Path, width: str, processes: int, seconds: float) -> list[float]:
+    """G multiply-adds/s of each of ``processes`` copies run at once, each pinned to its own core."""
+    cores = sorted(os.sched_getaffinity(0))
+    if processes > len(cores):
+        raise SystemExit(f"--processes {processes}: this process may run on {len(cores)} core(s)")
+    procs = [subprocess.Popen([str(binary), str(seconds), width], stdout=subprocess.PIPE, text=True,
+                              preexec_fn=lambda core=core: os.sched_setaffinity(0, {core}))
+             for core in cores[:processes]]
+    return [float(p.communicate()[0]) * MACS_PER_INSTRUCTION[width] / 1e9 for p in procs]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--seconds", type=float, default=2.0, help="seconds per run (default 2)")
+    p.add_argument("--processes", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--runs", type=int, default=3, help="runs per case; the median is reported (default 3)")
+    args = p.parse_args()
+    sys.path.insert(0, str(REPO / "src"))
+    from edge_infer.bench.harness.arm_output import stamp, write_json_atomic
+    from edge_infer.bench.harness.provenance import now_utc
+    from edge_infer.hardware.cpu import detect
+
+    started = now_utc()
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        raise SystemExit("no C++ compiler (g++ or c++) on PATH; set CXX")
+    cases = widths(set(detect().features))
+    if not cases:
+        raise SystemExit("this CPU has no vpdpbusd (neither AVX512-VNNI nor AVX-VNNI): nothing to measure")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for width, flags in cases:
+            binary = Path(tmp) / f"dot_peak_{width}"
+            source = Path(tmp) / "dot_peak.cpp"
+            source.write_text(SOURCE)
+            subprocess.run([compiler, "-O2", "-std=c++17", *flags, str(source), "-o", str(binary)], check=True)
+            for processes in args.processes:
+                runs = [measure(binary, width, processes, args.seconds) for _ in range(args.runs)]
+                per_core = statistics.median(statistics.median(r) for r in runs)
+                rows.append({"width": width, "processes": processes, "gmacs_per_core": round(per_core, 1),
+                             "gmacs_all_cores": round(per_core * processes, 1),
+                             "lowest_core": round(min(min(r) for r in runs), 1),
+                             "runs": [[round(v, 1) for v in r] for r in runs]})
+                print(f"vpdpbusd {width}, {processes} process(es): {per_core:.1f} G multiply-adds/s per core",
+                      file=sys.stderr)
+    result = {"benchmark": "dot-peak", "chains": CHAINS, "seconds": args.seconds, "compiler": compiler, "rows": rows}
+    write_json_atomic(args.out, {**result, "provenance": stamp(started)})
+    print(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
