@@ -447,37 +447,54 @@ void check_rms_norm(const std::vector<const IsaKernels*>& variants, Rng& rng, in
     if (!std::isnan(R::value(want[i]))) fail(variants[0]->name, "rms_norm of a NaN row", i, static_cast<float>(R::value(want[i])), NAN);
 }
 
+// round_bf16 and round_add_bf16 over ``n`` values: the reference against the formula, every variant against the
+// reference. Values of both signs and many magnitudes, ties to even either way, infinities and NaNs of both signs.
+void check_rounding(const std::vector<const IsaKernels*>& variants, Rng& rng, int n) {
+  std::vector<float> to_round(n);
+  for (float& v : to_round) v = std::ldexp(rng.uniform(), rng.below(40) - 20);
+  for (int i = 0; i < n; i += 5) {  // exactly halfway between two bf16 values: rounds to the even one
+    uint32_t bits;
+    std::memcpy(&bits, &to_round[i], sizeof bits);
+    bits = (bits & 0xFFFF0000u) | 0x8000u;
+    std::memcpy(&to_round[i], &bits, sizeof bits);
+  }
+  const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, 3.4028235e38f};  // the largest float rounds to infinity
+  for (int i = 0; i < 5; ++i) to_round[rng.below(n)] = specials[i];
+  auto nan_or = [](float v, uint16_t bits) -> uint16_t { return std::isnan(v) ? 0x7FC0 : bits; };
+  std::vector<uint16_t> rounded_ref(n);
+  variants[0]->round_bf16(to_round.data(), n, rounded_ref.data());
+  for (int i = 0; i < n; ++i)
+    if (rounded_ref[i] != nan_or(to_round[i], to_bf16(to_round[i])))
+      fail(variants[0]->name, "round_bf16", i, rounded_ref[i], nan_or(to_round[i], to_bf16(to_round[i])));
+  for (size_t v = 1; v < variants.size(); ++v) {
+    std::vector<uint16_t> rounded(n);
+    variants[v]->round_bf16(to_round.data(), n, rounded.data());
+    if (rounded != rounded_ref) fail(variants[v]->name, "round_bf16", n, 0, 0);
+  }
+  // round_add_bf16: the product rounded, then the bias added in fp32 and rounded (a NaN product stays NaN).
+  std::vector<uint16_t> bias(n), added_ref(n);
+  for (uint16_t& b : bias) b = to_bf16(std::ldexp(rng.uniform(), rng.below(40) - 20));
+  bias[rng.below(n)] = to_bf16(-INFINITY);
+  variants[0]->round_add_bf16(to_round.data(), bias.data(), n, added_ref.data());
+  for (int i = 0; i < n; ++i) {
+    const float sum = from_bf16(rounded_ref[i]) + from_bf16(bias[i]);
+    if (added_ref[i] != nan_or(sum, to_bf16(sum))) fail(variants[0]->name, "round_add_bf16", i, added_ref[i], to_bf16(sum));
+  }
+  for (size_t v = 1; v < variants.size(); ++v) {
+    std::vector<uint16_t> added(n);
+    variants[v]->round_add_bf16(to_round.data(), bias.data(), n, added.data());
+    if (added != added_ref) fail(variants[v]->name, "round_add_bf16", n, 0, 0);
+  }
+}
+
 // The vector helpers (attention loops over both cache types, attention weights, SwiGLU's activation, RMSNorm,
 // bf16 rounding, SnakeBeta): the same bits on every variant.
 void run_vector_case(const std::vector<const IsaKernels*>& variants, Rng& rng) {
   const int n = 16 * (1 + rng.below(16)), count = 1 + rng.below(16), stride = n + 16 * rng.below(3);
   check_attention_loops<Bf16Rows>(variants, rng, n, count, stride);
   check_attention_loops<F32Rows>(variants, rng, n, count, stride);
-  std::vector<float> to_round(n);
-  for (float& v : to_round) v = rng.uniform() * 8.f;
-  to_round[0] = NAN;
-  std::vector<uint16_t> rounded_ref(n);
-  variants[0]->round_bf16(to_round.data(), n, rounded_ref.data());
-  for (int i = 0; i < n; ++i)
-    if (rounded_ref[i] != (i == 0 ? 0x7FC0 : to_bf16(to_round[i]))) fail(variants[0]->name, "round_bf16", i, rounded_ref[i], 0);
-  for (size_t v = 1; v < variants.size(); ++v) {
-    std::vector<uint16_t> rounded(n);
-    variants[v]->round_bf16(to_round.data(), n, rounded.data());
-    if (rounded != rounded_ref) fail(variants[v]->name, "round_bf16", 0, 0, 0);
-  }
-  // round_add_bf16: the product rounded, then the bias added in fp32 and rounded (a NaN product stays NaN).
-  std::vector<uint16_t> bias(n), added_ref(n);
-  for (uint16_t& b : bias) b = to_bf16((rng.uniform() * 2.f - 1.f) * 4.f);
-  variants[0]->round_add_bf16(to_round.data(), bias.data(), n, added_ref.data());
-  for (int i = 0; i < n; ++i) {
-    const uint16_t want = i == 0 ? 0x7FC0 : to_bf16(from_bf16(rounded_ref[i]) + from_bf16(bias[i]));
-    if (added_ref[i] != want) fail(variants[0]->name, "round_add_bf16", i, added_ref[i], want);
-  }
-  for (size_t v = 1; v < variants.size(); ++v) {
-    std::vector<uint16_t> added(n);
-    variants[v]->round_add_bf16(to_round.data(), bias.data(), n, added.data());
-    if (added != added_ref) fail(variants[v]->name, "round_add_bf16", 0, 0, 0);
-  }
+  check_rounding(variants, rng, n);
+  check_rounding(variants, rng, 1 + rng.below(80));  // any length: the vector variants' remainders
   // rotate_bf16: three heads of n values, 16 apart beyond their width, against the formula in floats.
   const int heads = 3, head_stride = n + 16;
   std::vector<uint16_t> heads_in(heads * head_stride), rotated_ref(heads * n);

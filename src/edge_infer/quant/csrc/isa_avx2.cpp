@@ -11,6 +11,7 @@
 // variant's code can be checked on a CPU that has AVX512-VNNI but not AVX-VNNI.
 #include <immintrin.h>
 
+#define EDGE_INFER_OWN_ROUNDING  // round_bf16 and round_add_bf16 below
 #include "isa_common.h"
 #include "isa_x86.h"
 
@@ -65,6 +66,41 @@ constexpr int kNibbleSteps = 4;
 inline __m256 load_bf16x8(const uint16_t* p) {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+// to_bf16 on 8 lanes, the result left in the upper halves of fp32 lanes (a bf16 value as fp32, exactly): round to
+// nearest even in the integer bits, a NaN to 0x7FC0.
+inline __m256 round_to_bf16(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_and_si256(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))),
+                                           _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u)));
+  return _mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)),
+                          _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+// Two vectors of round_to_bf16's values as 16 bf16 in order (vpackusdw interleaves the 128-bit halves).
+inline void store_bf16x16(uint16_t* p, __m256 a, __m256 b) {
+  const __m256i packed = _mm256_packus_epi32(_mm256_srli_epi32(_mm256_castps_si256(a), 16),
+                                             _mm256_srli_epi32(_mm256_castps_si256(b), 16));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_permute4x64_epi64(packed, 0xD8));
+}
+
+// A product's rows are stored 64 values at a time: straight-line code, no alias checks or remainder loops to pay
+// for on each (the same functions as isa_common.h's).
+void round_bf16(const float* x, int64_t n, uint16_t* out) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    store_bf16x16(out + i, round_to_bf16(_mm256_loadu_ps(x + i)), round_to_bf16(_mm256_loadu_ps(x + i + 8)));
+  for (; i < n; ++i) out[i] = to_bf16(x[i]);
+}
+
+void round_add_bf16(const float* x, const uint16_t* bias, int64_t n, uint16_t* out) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    store_bf16x16(out + i, round_to_bf16(_mm256_add_ps(round_to_bf16(_mm256_loadu_ps(x + i)), load_bf16x8(bias + i))),
+                  round_to_bf16(_mm256_add_ps(round_to_bf16(_mm256_loadu_ps(x + i + 8)), load_bf16x8(bias + i + 8))));
+  for (; i < n; ++i) out[i] = to_bf16(bf16_to_float(to_bf16(x[i])) + bf16_to_float(bias[i]));
 }
 
 inline __m256i broadcast4(const int8_t* p) {

@@ -141,9 +141,20 @@ inline float from_float<float>(float x) { return x; }
 template <>
 inline uint16_t from_float<uint16_t>(float x) { return to_bf16(x); }
 
+// A variant that defines EDGE_INFER_OWN_ROUNDING before including this file writes these two itself, with the same
+// bits: the compiler vectorizes the loops, but for a tile's row of 64 values (each product's store) its alias checks
+// and remainder loops cost more than the rounding (isa_avx512.cpp).
+#ifndef EDGE_INFER_OWN_ROUNDING
 void round_bf16(const float* x, int64_t n, uint16_t* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(x[i]);
 }
+
+// Each rounding its own loop, as round_bf16's: the compiler vectorizes one select per loop.
+void round_add_bf16(const float* x, const uint16_t* bias, int64_t n, uint16_t* out) {
+  round_bf16(x, n, out);
+  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(bf16_to_float(out[i]) + bf16_to_float(bias[i]));
+}
+#endif
 
 // The 16 lanes of a sum reduced pairwise, as the dot product's (isa.h): l + l+8, l + l+4, l + l+2, then 0 + 1.
 inline float reduce_lanes(float* lanes) {
@@ -196,12 +207,6 @@ void rotate_bf16(const uint16_t* x, int64_t heads, int64_t stride, int64_t d, co
     for (int64_t i = half; i < d; ++i) y[i] = __builtin_fmaf(bf16_to_float(x[i - half]), sin[i], bf16_to_float(x[i]) * cos[i]);
     for (int64_t i = 0; i < d; ++i) out[i] = to_bf16(y[i]);
   }
-}
-
-// Each rounding its own loop, as round_bf16's: the compiler vectorizes one select per loop.
-void round_add_bf16(const float* x, const uint16_t* bias, int64_t n, uint16_t* out) {
-  round_bf16(x, n, out);
-  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(bf16_to_float(out[i]) + bf16_to_float(bias[i]));
 }
 
 // e^x for -87 <= x <= 88: x = n ln 2 + r with |r| <= ln 2 / 2 (ln 2 in two float parts), e^r from its Taylor
