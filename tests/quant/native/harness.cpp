@@ -447,9 +447,19 @@ void check_rms_norm(const std::vector<const IsaKernels*>& variants, Rng& rng, in
     if (!std::isnan(R::value(want[i]))) fail(variants[0]->name, "rms_norm of a NaN row", i, static_cast<float>(R::value(want[i])), NAN);
 }
 
+float from_bits(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
 // round_bf16 and round_add_bf16 over ``n`` values: the reference against the formula, every variant against the
-// reference. Values of both signs and many magnitudes, ties to even either way, infinities and NaNs of both signs.
+// reference, and nothing written past ``n``. Values of both signs and many magnitudes, ties to even either way,
+// zeros of both signs, subnormals, infinities, the largest float (it rounds to infinity) and NaNs of either sign,
+// quiet and with a payload in the low half only (a NaN must be told from x, not from its rounding).
 void check_rounding(const std::vector<const IsaKernels*>& variants, Rng& rng, int n) {
+  constexpr uint16_t kGuard = 0xA5A5;
+  constexpr int kSlack = 16;  // a whole vector past n: a tail written as a full vector shows
   std::vector<float> to_round(n);
   for (float& v : to_round) v = std::ldexp(rng.uniform(), rng.below(40) - 20);
   for (int i = 0; i < n; i += 5) {  // exactly halfway between two bf16 values: rounds to the even one
@@ -458,33 +468,38 @@ void check_rounding(const std::vector<const IsaKernels*>& variants, Rng& rng, in
     bits = (bits & 0xFFFF0000u) | 0x8000u;
     std::memcpy(&to_round[i], &bits, sizeof bits);
   }
-  const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, 3.4028235e38f};  // the largest float rounds to infinity
-  for (int i = 0; i < 5; ++i) to_round[rng.below(n)] = specials[i];
+  const float specials[] = {NAN, -NAN, from_bits(0x7F800001u), from_bits(0xFF807FFFu), INFINITY, -INFINITY,
+                            3.4028235e38f, 0.f, -0.f, from_bits(0x00018000u), from_bits(0x8000FFFFu)};
+  for (float v : specials) to_round[rng.below(n)] = v;
   auto nan_or = [](float v, uint16_t bits) -> uint16_t { return std::isnan(v) ? 0x7FC0 : bits; };
-  std::vector<uint16_t> rounded_ref(n);
-  variants[0]->round_bf16(to_round.data(), n, rounded_ref.data());
+  auto run = [&](const IsaKernels* isa, const uint16_t* bias) {
+    std::vector<uint16_t> out(n + kSlack, kGuard);
+    if (bias == nullptr)
+      isa->round_bf16(to_round.data(), n, out.data());
+    else
+      isa->round_add_bf16(to_round.data(), bias, n, out.data());
+    for (int i = n; i < n + kSlack; ++i)
+      if (out[i] != kGuard) fail(isa->name, bias == nullptr ? "round_bf16 past n" : "round_add_bf16 past n", i, out[i], kGuard);
+    out.resize(n);
+    return out;
+  };
+  const std::vector<uint16_t> rounded_ref = run(variants[0], nullptr);
   for (int i = 0; i < n; ++i)
     if (rounded_ref[i] != nan_or(to_round[i], to_bf16(to_round[i])))
       fail(variants[0]->name, "round_bf16", i, rounded_ref[i], nan_or(to_round[i], to_bf16(to_round[i])));
-  for (size_t v = 1; v < variants.size(); ++v) {
-    std::vector<uint16_t> rounded(n);
-    variants[v]->round_bf16(to_round.data(), n, rounded.data());
-    if (rounded != rounded_ref) fail(variants[v]->name, "round_bf16", n, 0, 0);
-  }
+  for (size_t v = 1; v < variants.size(); ++v)
+    if (run(variants[v], nullptr) != rounded_ref) fail(variants[v]->name, "round_bf16", n, 0, 0);
   // round_add_bf16: the product rounded, then the bias added in fp32 and rounded (a NaN product stays NaN).
-  std::vector<uint16_t> bias(n), added_ref(n);
+  std::vector<uint16_t> bias(n);
   for (uint16_t& b : bias) b = to_bf16(std::ldexp(rng.uniform(), rng.below(40) - 20));
   bias[rng.below(n)] = to_bf16(-INFINITY);
-  variants[0]->round_add_bf16(to_round.data(), bias.data(), n, added_ref.data());
+  const std::vector<uint16_t> added_ref = run(variants[0], bias.data());
   for (int i = 0; i < n; ++i) {
     const float sum = from_bf16(rounded_ref[i]) + from_bf16(bias[i]);
-    if (added_ref[i] != nan_or(sum, to_bf16(sum))) fail(variants[0]->name, "round_add_bf16", i, added_ref[i], to_bf16(sum));
+    if (added_ref[i] != nan_or(sum, to_bf16(sum))) fail(variants[0]->name, "round_add_bf16", i, added_ref[i], nan_or(sum, to_bf16(sum)));
   }
-  for (size_t v = 1; v < variants.size(); ++v) {
-    std::vector<uint16_t> added(n);
-    variants[v]->round_add_bf16(to_round.data(), bias.data(), n, added.data());
-    if (added != added_ref) fail(variants[v]->name, "round_add_bf16", n, 0, 0);
-  }
+  for (size_t v = 1; v < variants.size(); ++v)
+    if (run(variants[v], bias.data()) != added_ref) fail(variants[v]->name, "round_add_bf16", n, 0, 0);
 }
 
 // The vector helpers (attention loops over both cache types, attention weights, SwiGLU's activation, RMSNorm,
