@@ -2,11 +2,12 @@
 
     python benchmarks/dot_peak.py --out benchmarks/results/dot-peak-zen4.json [--seconds 2] [--processes 1 2]
 
-A loop of 12 independent ``vpdpbusd`` accumulator chains (enough to hide the instruction's latency), on zmm
-registers where the CPU has AVX512-VNNI and on ymm where it has AVX512-VNNI or AVX-VNNI, compiled with the C++
-compiler the kernels are built with, run in 1 and in N processes at once (each pinned to its own core, as the
-kernels' threads are). Reported per width: G multiply-adds/s per core (64 per zmm instruction, 32 per ymm) and
-in all, the median of the processes' rates and the lowest. docs/multimodal.md compares the tile kernels' rates
+A loop of 12 independent ``vpdpbusd`` accumulator chains (enough to hide the instruction's latency), in each
+form this CPU has: ``zmm`` and ``ymm`` (EVEX, AVX512-VNNI: what the avx512-vnni kernels use, and its 256-bit
+width) and ``ymm-vex`` (AVX-VNNI: what the avx-vnni kernels use), compiled with the C++ compiler the kernels
+are built with, run in 1 and in N processes at once (each pinned to its own CPU, as the kernels' threads are).
+Reported per form: G multiply-adds/s per core (64 per zmm instruction, 32 per ymm) and in all, the median of
+the processes' rates and the lowest. docs/multimodal.md compares the tile kernels' rates
 (``edge-infer bench kernels``) with it.
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ SOURCE = r"""
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#define STEP(a) asm volatile("vpdpbusd %2, %1, %0" : "+v"(a) : "v"(u), "v"(s));
+#define STEP(a) asm volatile(DOT " %2, %1, %0" : "+v"(a) : "v"(u), "v"(s));
 #define ALL STEP(a0) STEP(a1) STEP(a2) STEP(a3) STEP(a4) STEP(a5) STEP(a6) STEP(a7) STEP(a8) STEP(a9) STEP(a10) STEP(a11)
 template <typename V>
 double run(double seconds, V u, V s) {
@@ -47,36 +48,44 @@ double run(double seconds, V u, V s) {
   return rounds * 12.0 / elapsed;
 }
 int main(int argc, char** argv) {
-  const double seconds = atof(argv[1]);
-  const bool zmm = argv[2][0] == 'z';
-  const double rate = zmm ? run(seconds, _mm512_set1_epi8(3), _mm512_set1_epi8(5))
-                          : run(seconds, _mm256_set1_epi8(3), _mm256_set1_epi8(5));
-  printf("%.6e\n", rate);
+#ifdef ZMM
+  printf("%.6e\n", run(atof(argv[1]), _mm512_set1_epi8(3), _mm512_set1_epi8(5)));
+#else
+  printf("%.6e\n", run(atof(argv[1]), _mm256_set1_epi8(3), _mm256_set1_epi8(5)));
+#endif
 }
 """
-MACS_PER_INSTRUCTION = {"zmm": 64, "ymm": 32}
+MACS_PER_INSTRUCTION = {"zmm": 64, "ymm": 32, "ymm-vex": 32}
+_AVX512_VNNI = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
 
 
-def widths(features: set[str]) -> list[tuple[str, tuple[str, ...]]]:
-    """The register widths this CPU runs vpdpbusd on, with the compiler flags for each."""
+def forms(features: set[str]) -> list[tuple[str, tuple[str, ...]]]:
+    """The forms of vpdpbusd this CPU runs, with the compiler flags for each (the assembler picks the EVEX
+    encoding for ymm registers unless told {vex})."""
     found = []
     if "avx512_vnni" in features:
-        found.append(("zmm", ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")))
-        found.append(("ymm", ("-mavx512f", "-mavx512vl", "-mavx512vnni")))
-    elif "avx_vnni" in features:
-        found.append(("ymm", ("-mavx2", "-mavxvnni")))
+        found.append(("zmm", (*_AVX512_VNNI, "-DZMM", "-DDOT=\"vpdpbusd\"")))
+        found.append(("ymm", (*_AVX512_VNNI, "-DDOT=\"vpdpbusd\"")))
+    if "avx_vnni" in features:
+        found.append(("ymm-vex", ("-mavx2", "-mavxvnni", "-DDOT=\"%{vex%} vpdpbusd\"")))
     return found
 
 
 def measure(binary: Path, width: str, processes: int, seconds: float) -> list[float]:
-    """G multiply-adds/s of each of ``processes`` copies run at once, each pinned to its own core."""
+    """G multiply-adds/s of each of ``processes`` copies run at once, each pinned to its own CPU."""
     cores = sorted(os.sched_getaffinity(0))
     if processes > len(cores):
         raise SystemExit(f"--processes {processes}: this process may run on {len(cores)} core(s)")
-    procs = [subprocess.Popen([str(binary), str(seconds), width], stdout=subprocess.PIPE, text=True,
+    procs = [subprocess.Popen([str(binary), str(seconds)], stdout=subprocess.PIPE, text=True,
                               preexec_fn=lambda core=core: os.sched_setaffinity(0, {core}))
              for core in cores[:processes]]
-    return [float(p.communicate()[0]) * MACS_PER_INSTRUCTION[width] / 1e9 for p in procs]
+    rates = []
+    for p in procs:
+        out = p.communicate()[0]
+        if p.returncode != 0:
+            raise SystemExit(f"the {width} loop failed (exit {p.returncode}): does this CPU run that form?")
+        rates.append(float(out) * MACS_PER_INSTRUCTION[width] / 1e9)
+    return rates
 
 
 def main() -> int:
@@ -92,16 +101,16 @@ def main() -> int:
     from edge_infer.hardware.cpu import detect
 
     started = now_utc()
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if compiler is None:
-        raise SystemExit("no C++ compiler (g++ or c++) on PATH; set CXX")
-    cases = widths(set(detect().features))
+        raise SystemExit("no C++ compiler (c++ or g++) on PATH; set CXX")
+    cases = forms(set(detect().features))
     if not cases:
         raise SystemExit("this CPU has no vpdpbusd (neither AVX512-VNNI nor AVX-VNNI): nothing to measure")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for width, flags in cases:
-            binary = Path(tmp) / f"dot_peak_{width}"
+            binary = Path(tmp) / f"dot_peak_{width}"  # one process's loop in this form
             source = Path(tmp) / "dot_peak.cpp"
             source.write_text(SOURCE)
             subprocess.run([compiler, "-O2", "-std=c++17", *flags, str(source), "-o", str(binary)], check=True)
