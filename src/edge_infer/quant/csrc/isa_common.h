@@ -143,7 +143,7 @@ inline uint16_t from_float<uint16_t>(float x) { return to_bf16(x); }
 
 // A variant that defines EDGE_INFER_OWN_ROUNDING before including this file writes these two itself, with the same
 // bits: the compiler vectorizes the loops, but for a tile's row of 64 values (each product's store) its alias checks
-// and remainder loops cost more than the rounding (isa_avx512.cpp).
+// and remainder loops cost more than the rounding (isa_avx512.cpp, isa_avx2.cpp).
 #ifndef EDGE_INFER_OWN_ROUNDING
 void round_bf16(const float* x, int64_t n, uint16_t* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(x[i]);
