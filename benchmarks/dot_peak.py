@@ -109,10 +109,10 @@ def main() -> int:
         raise SystemExit("this CPU has no vpdpbusd (neither AVX512-VNNI nor AVX-VNNI): nothing to measure")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "dot_peak.cpp"
+        source.write_text(SOURCE)
         for width, flags in cases:
             binary = Path(tmp) / f"dot_peak_{width}"  # one process's loop in this form
-            source = Path(tmp) / "dot_peak.cpp"
-            source.write_text(SOURCE)
             subprocess.run([compiler, "-O2", "-std=c++17", *flags, str(source), "-o", str(binary)], check=True)
             for processes in args.processes:
                 runs = [measure(binary, width, processes, args.seconds) for _ in range(args.runs)]
