@@ -8,7 +8,9 @@ import pytest
 
 from edge_infer.cli import main
 from edge_infer.config import QuantConfig
+from edge_infer.engine.llm import LLM
 from edge_infer.errors import CheckpointError, InvalidRequestError
+from edge_infer.quant.native import missing_requirement
 from edge_infer.memory.plan import plan_text_session
 from edge_infer.quant.export import quantize_checkpoint
 
@@ -96,3 +98,32 @@ def test_the_cli_writes_8bit_checkpoints_and_refuses_asymmetric_ones(tmp_path, t
     assert "wrote cpu_int8 g64 sym checkpoint" in capsys.readouterr().out
     raw = json.loads((tmp_path / "q8" / "config.json").read_text())["quantization_config"]
     assert (raw["quant_method"], raw["bits"], raw["group_size"]) == ("cpu_int8", 8, 64)
+
+
+def poisoned_copy(src, dst, name: str, value: float):
+    """A copy of checkpoint ``src`` whose tensor ``name`` holds ``value`` at row 3."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    for path in dst.glob("*.safetensors"):
+        tensors = load_file(path)
+        if name in tensors:
+            tensors[name][3, 1] = value
+            save_file(tensors, path, metadata={"format": "pt"})
+            return dst
+    raise AssertionError(f"{name} not in {src}")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_weight_with_no_codes_is_named_by_quantize_and_by_quantized_loading(tmp_path, tiny_model, capsys, value):
+    """NaN or infinity in a weight: `edge-infer quantize` and loading with cpu_int4 / cpu_w4a8 stop and name the
+    tensor and the rows, instead of writing or running codes that mean nothing."""
+    name = "model.layers.1.self_attn.k_proj.weight"
+    bad = poisoned_copy(tiny_model, tmp_path / "bad", name, value)
+    assert main(["quantize", str(bad), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert name in err and "NaN or infinite weight" in err
+    kinds = ["cpu_int4"] + ([] if missing_requirement() else ["cpu_w4a8"])
+    for quantization in kinds:
+        with pytest.raises(CheckpointError, match=rf"{name}, row 3 holds a NaN or infinite weight"):
+            LLM(bad, quantization=quantization, worker="thread", max_model_len=64)

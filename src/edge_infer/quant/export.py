@@ -154,8 +154,13 @@ def _row_blocks(reader: CheckpointReader, name: str, rows: int, cols: int, group
 def _encode(reader: CheckpointReader, name: str, rows: int, cols: int, quant: QuantConfig) -> dict[str, torch.Tensor]:
     """The tensors stored for one quantized weight, quantized a block of rows at a time."""
     parts: dict[str, list[torch.Tensor]] = {}
-    for weight in _row_blocks(reader, name, rows, cols, quant.group_size):
-        q = quantize_rows(weight, quant.group_size, quant.symmetric, quant.bits)
+    step = repack_block_rows(cols, quant.group_size)
+    for start in range(0, rows, step):
+        weight = reader.rows(name, start, min(rows, start + step))
+        try:
+            q = quantize_rows(weight, quant.group_size, quant.symmetric, quant.bits)
+        except ValueError as exc:  # a NaN or infinite weight: its codes would mean nothing
+            raise CheckpointError(f"{name}, quantizing rows {start}-{start + len(weight) - 1}: {exc}; fix the checkpoint") from None
         blocks = {name: pack_nibbles(q.codes) if quant.bits == 4 else q.codes, name + SCALE_SUFFIX: q.scales}
         if not quant.symmetric:
             blocks[name + ZERO_SUFFIX] = q.zeros

@@ -19,8 +19,7 @@ from edge_infer.config import QuantConfig
 from edge_infer.errors import CheckpointError
 from edge_infer.models.layers.linear import Linear
 from edge_infer.models.loader import CheckpointReader, LinearInstaller
-from edge_infer.quant.kernel import Int4Kernel, require_int4_kernel
-from edge_infer.quant.quantize import QuantizedRows, dequantize_rows, quantize_rows, unpack_nibbles
+from edge_infer.quant.kernel import Int4Kernel, PackedWeights, require_int4_kernel
 from edge_infer.quant.sizes import check_quant_config, padded, repack_block_rows
 
 # Names of the extra tensors a quantized checkpoint stores next to "<name>" (docs/quantization.md).
@@ -60,10 +59,11 @@ def is_prequantized(reader: CheckpointReader, name: str) -> bool:
     return reader.info(name).dtype in CODE_DTYPES.values()
 
 
-def quantized_blocks(
-    reader: CheckpointReader, sources: tuple[str, ...], rows: int, cols: int, quant: QuantConfig, block_rows: int
-) -> Iterator[tuple[int, QuantizedRows]]:
-    """(first row, codes/scales/zeros) blocks of the linear stacked from ``sources``."""
+def fill_kernel(kernel: PackedWeights, reader: CheckpointReader, sources: tuple[str, ...], quant: QuantConfig,
+                block_rows: int) -> None:
+    """Write the linear stacked from ``sources`` into ``kernel`` a block of rows at a time: float weights
+    quantized, a checkpoint's stored codes packed as they are."""
+    rows, cols = kernel.out_features, kernel.in_features
     stored = [is_prequantized(reader, name) for name in sources]
     if any(stored) and not all(stored):
         raise CheckpointError(f"tensors {', '.join(sources)} mix stored codes and float weights; re-run edge-infer quantize")
@@ -86,21 +86,38 @@ def quantized_blocks(
         raise CheckpointError(f"tensors {', '.join(sources)} give {sum(n for _, n in extents)} rows; config.json implies {rows}")
     for start, pieces in row_block_pieces(extents, block_rows):
         if prequantized:
-            yield start, _read_codes(reader, pieces, groups, quant.symmetric, quant.bits)
-        else:
-            weight = torch.cat([reader.rows(p.name, p.start, p.stop) for p in pieces])
-            yield start, quantize_rows(weight, quant.group_size, quant.symmetric, quant.bits)
+            kernel.write_rows(start, *_read_codes(reader, pieces, groups, quant.symmetric))
+            continue
+        weight = _cat([reader.rows(p.name, p.start, p.stop) for p in pieces])
+        try:
+            kernel.write_weight_rows(start, weight, quant.symmetric)
+        except ValueError as exc:  # a NaN or infinite weight: its codes would mean nothing
+            raise CheckpointError(f"{_where_not_finite(pieces, weight)} holds a NaN or infinite weight, or one too large "
+                                  f"to quantize ({exc}); fix the checkpoint") from None
 
 
-def _read_codes(reader: CheckpointReader, pieces: list[Piece], groups: int, symmetric: bool, bits: int) -> QuantizedRows:
-    stored = [reader.rows(p.name, p.start, p.stop) for p in pieces]
-    codes = torch.cat([unpack_nibbles(s) for s in stored] if bits == 4 else stored)
-    scales = torch.cat([_side_tensor(reader, p, SCALE_SUFFIX, groups) for p in pieces])
-    if symmetric:
-        zeros = torch.zeros_like(scales)
-    else:
-        zeros = torch.cat([_side_tensor(reader, p, ZERO_SUFFIX, groups) for p in pieces])
-    return QuantizedRows(codes, scales, zeros)
+def _where_not_finite(pieces: list[Piece], weight: torch.Tensor) -> str:
+    """The tensor and row of a block's first NaN or infinity (else the block: a group too wide to scale)."""
+    bad = (~torch.isfinite(weight)).any(dim=1).nonzero()
+    row = int(bad[0, 0]) if len(bad) else None
+    for p in pieces:
+        if row is not None and row < p.stop - p.start:
+            return f"{p.name}, row {p.start + row}"
+        row = None if row is None else row - (p.stop - p.start)
+    return ", ".join(f"{p.name} rows {p.start}-{p.stop - 1}" for p in pieces)
+
+
+def _cat(blocks: list[torch.Tensor]) -> torch.Tensor:
+    return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+
+
+def _read_codes(reader: CheckpointReader, pieces: list[Piece], groups: int,
+                symmetric: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A block's stored codes (4 bits: two per byte, as stored), scales and zeros."""
+    codes = _cat([reader.rows(p.name, p.start, p.stop) for p in pieces])
+    scales = _cat([_side_tensor(reader, p, SCALE_SUFFIX, groups) for p in pieces])
+    zeros = torch.zeros_like(scales) if symmetric else _cat([_side_tensor(reader, p, ZERO_SUFFIX, groups) for p in pieces])
+    return codes, scales, zeros
 
 
 def _side_tensor(reader: CheckpointReader, piece: Piece, suffix: str, groups: int) -> torch.Tensor:
@@ -130,11 +147,8 @@ def quantized_installer(quant: QuantConfig, fallback: LinearInstaller) -> Linear
         if target == "lm_head" and not quant.quantize_head:
             fallback(linear, target, sources, reader, dtype)
             return
-        rows, cols = linear.out_features, linear.in_features
-        kernel = kernel_class(rows, cols, quant.group_size, dtype)
-        block_rows = repack_block_rows(cols, quant.group_size)
-        for start, block in quantized_blocks(reader, sources, rows, cols, quant, block_rows):
-            kernel.write_rows(start, block.codes, block.scales, block.zeros)
+        kernel = kernel_class(linear.out_features, linear.in_features, quant.group_size, dtype)
+        fill_kernel(kernel, reader, sources, quant, repack_block_rows(linear.in_features, quant.group_size))
         linear.kernel = kernel
 
     return install

@@ -15,7 +15,6 @@ computes the same tokens on AVX2, AVX-VNNI, AVX-512 and NEON.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from edge_infer.models.weight_arena import packed_zeros
 from edge_infer.quant import native
@@ -33,7 +32,6 @@ class Int8ActivationKernel(PackedWeights):
     ``variant`` is the ISA variant it runs on (``native.require``; tests may name another).
     """
 
-    bits: int
     columns_per_step: int  # input columns per 4 bytes of a row in the packed layout
 
     def __init__(self, out_features: int, in_features: int, group_size: int, dtype: torch.dtype,
@@ -56,23 +54,25 @@ class Int8ActivationKernel(PackedWeights):
         return self.packed, self.scales
 
     def write_rows(self, start: int, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> None:
-        """Pack rows ``start .. start + len(codes)`` (``start`` a multiple of 64): ``codes [rows, Kp]``,
+        """Pack rows ``start .. start + len(codes)`` (``start`` a multiple of 64): ``codes [rows, Kp]``, or for
+        4 bits ``[rows, Kp / 2]`` two per byte as a checkpoint stores them (``quantize.pack_nibbles``);
         ``scales`` and ``zeros`` ``[rows, Kp / group_size]`` (zeros ignored by 8-bit weights)."""
-        assert start % TILE_ROWS == 0, "blocks must start on a row tile"
-        n = min(codes.shape[0], self.out_features - start)
-        tiles = -(-n // TILE_ROWS)
-        pad = tiles * TILE_ROWS - n
-        first = start // TILE_ROWS
-        codes = F.pad(codes[:n].to(self.packed.dtype), (0, 0, 0, pad))
-        self.packed[first:first + tiles] = self._pack_codes(codes.view(tiles, TILE_ROWS, self.cols_padded))
-        side = torch.stack((scales[:n], zeros[:n])) if self.bits == 4 else scales[:n].unsqueeze(0)
-        side = F.pad(side.to(torch.bfloat16), (0, 0, 0, pad)).view(len(side), tiles, TILE_ROWS, -1)
-        # [parts, tiles, 64, groups] -> [tiles, groups, parts, 64] (8-bit: one part, squeezed)
-        self.scales[first:first + tiles] = side.permute(1, 3, 0, 2).reshape(self.scales[first:first + tiles].shape)
+        first = self._first_tile(start, codes.shape[0])
+        side = [t[: self.out_features - start].to(torch.bfloat16).contiguous() for t in (scales, zeros)]
+        torch.ops.edge_infer.pack_into_tiles(codes[: self.out_features - start].to(self.packed.dtype).contiguous(),
+                                             side[0], side[1] if self.bits == 4 else None, self.packed, self.scales,
+                                             self.bits, self.group_size, first)
 
-    def _pack_codes(self, codes: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
-        """``[tiles, 64, Kp]`` codes -> ``[tiles, Kp / columns_per_step, 64, 4]``."""
-        raise NotImplementedError
+    def write_weight_rows(self, start: int, weight: torch.Tensor, symmetric: bool) -> None:
+        """Quantize float rows ``weight [rows, in_features]`` as ``quantize.quantize_rows`` does (the same codes
+        and scales) and pack them from row ``start`` on, in one pass per 64-row tile."""
+        first = self._first_tile(start, weight.shape[0])
+        torch.ops.edge_infer.quantize_into_tiles(weight[: self.out_features - start].contiguous(), self.packed,
+                                                 self.scales, self.bits, self.group_size, symmetric, first)
+
+    def _first_tile(self, start: int, rows: int) -> int:
+        assert start % TILE_ROWS == 0 and 0 <= start < self.out_features, "blocks must start on a row tile"
+        return start // TILE_ROWS
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         return self(x)
@@ -111,11 +111,6 @@ class W4A8Kernel(Int8ActivationKernel):
     bits = 4
     columns_per_step = 8
 
-    def _pack_codes(self, codes: torch.Tensor) -> torch.Tensor:
-        tiles = codes.shape[0]
-        halves = codes.view(tiles, TILE_ROWS, self.cols_padded // 8, 2, 4)
-        return (halves[:, :, :, 0] | (halves[:, :, :, 1] << 4)).permute(0, 2, 1, 3)
-
     def _unpack_codes(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.stack((rows & 15, rows >> 4), dim=2).reshape(rows.shape[0], self.cols_padded)
 
@@ -126,9 +121,6 @@ class W8A8Kernel(Int8ActivationKernel):
     name = "cpu-w8a8"
     bits = 8
     columns_per_step = 4
-
-    def _pack_codes(self, codes: torch.Tensor) -> torch.Tensor:
-        return codes.view(codes.shape[0], TILE_ROWS, self.cols_padded // 4, 4).permute(0, 2, 1, 3)
 
     def _unpack_codes(self, rows: torch.Tensor) -> torch.Tensor:
         return rows.reshape(rows.shape[0], self.cols_padded)

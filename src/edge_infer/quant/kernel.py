@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from edge_infer.errors import KernelUnavailableError
 from edge_infer.models.layers.linear import WeightKernel
 from edge_infer.models.weight_arena import packed_zeros
+from edge_infer.quant.quantize import quantize_rows, unpack_nibbles
 from edge_infer.quant.sizes import ROW_MULTIPLE, padded
 
 BLOCK_ALIGN = 64  # the largest row tile of any layout; blocks of rows start at multiples of it
@@ -56,6 +57,8 @@ class PackedWeights(WeightKernel):
     """What the quantized kernels share: tensors in the kernel's own layout (``resident``), inputs
     zero-padded to whole groups, and the byte count."""
 
+    bits: int  # 4 or 8
+
     def __init__(self, out_features: int, in_features: int, group_size: int):
         self.out_features = out_features
         self.in_features = in_features
@@ -73,6 +76,16 @@ class PackedWeights(WeightKernel):
         """The tensors that hold the weight."""
         raise NotImplementedError
 
+    def write_rows(self, start: int, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> None:  # pragma: no cover - interface
+        """Pack rows ``start .. start + len(codes)`` (``start`` a multiple of 64) of codes already chosen."""
+        raise NotImplementedError
+
+    def write_weight_rows(self, start: int, weight: torch.Tensor, symmetric: bool) -> None:
+        """Quantize float rows ``weight [rows, in_features]`` (``quantize.quantize_rows``) and pack them from row
+        ``start`` on."""
+        q = quantize_rows(weight, self.group_size, symmetric, self.bits)
+        self.write_rows(start, q.codes, q.scales, q.zeros)
+
     @property
     def nbytes(self) -> int:
         n = sum(t.numel() * t.element_size() for t in self.resident())
@@ -83,6 +96,7 @@ class Int4Kernel(PackedWeights):
     """``x @ W.T`` for a weight ``[out_features, in_features]`` held as packed int4 (PyTorch's tinygemm)."""
 
     name = "cpu-int4"
+    bits = 4
 
     def __init__(self, out_features: int, in_features: int, group_size: int, dtype: torch.dtype):
         super().__init__(out_features, in_features, group_size)
@@ -97,9 +111,12 @@ class Int4Kernel(PackedWeights):
     def write_rows(self, start: int, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> None:
         """Pack rows ``start .. start + len(codes)``; ``start`` must be a multiple of 64.
 
-        ``codes`` uint8/int32 ``[rows, Kp]``, ``scales`` and ``zeros`` ``[rows, Kp / group_size]``.
+        ``codes`` uint8/int32 ``[rows, Kp]``, or ``[rows, Kp / 2]`` two per byte as a checkpoint stores them;
+        ``scales`` and ``zeros`` ``[rows, Kp / group_size]``.
         """
         assert start % BLOCK_ALIGN == 0, "blocks must start on a row tile"
+        if codes.shape[1] == self.cols_padded // 2:
+            codes = unpack_nibbles(codes)
         n = codes.shape[0]
         end = min(start + n, self.out_features)
         stop = self.rows_padded if end == self.out_features else end

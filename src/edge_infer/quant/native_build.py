@@ -66,7 +66,12 @@ OPTIONAL_SOURCES = {
     "x86_64": (IsaSource("attention-avx512-bf16", "attention_avx512bf16.cpp",
                          ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")),),
 }
-BINDING_SOURCES = ("linear.cpp", "decode_layer.cpp", "snake.cpp", "elementwise.cpp", "block_cache.cpp", "attention.cpp")
+BINDING_SOURCES = ("linear.cpp", "decode_layer.cpp", "snake.cpp", "elementwise.cpp", "block_cache.cpp", "attention.cpp",
+                   "pack.cpp")
+# The binding's flags: -fopenmp, as at::parallel_for runs on the OpenMP pool PyTorch already started (same
+# libgomp soname); -fno-trapping-math lets the compiler vectorize the loops that select between floats (clamps
+# and minima, in pack.cpp) without changing any value (it drops only the floating-point exception flags).
+BINDING_FLAGS = ("-O3", "-fopenmp", "-fno-trapping-math")
 LIBRARY_NAME = "edge_infer_native.so"
 VARIANTS_FILE = "variants.json"  # the variants the build holds, readable without loading the library
 
@@ -99,7 +104,7 @@ def missing_toolchain() -> str | None:
 def library_path() -> Path:
     """Where the library built from these sources and flags for this torch and architecture lives."""
     sources = ISA_SOURCES.get(arch(), ()) + OPTIONAL_SOURCES.get(arch(), ())
-    key = hashlib.sha256(f"{metadata.version('torch')} {arch()} {COMMON_FLAGS} {sources}".encode())
+    key = hashlib.sha256(f"{metadata.version('torch')} {arch()} {COMMON_FLAGS} {BINDING_FLAGS} {sources}".encode())
     for path in sorted(p for p in CSRC.iterdir() if p.suffix in (".cpp", ".h")):
         key.update(path.name.encode() + path.read_bytes())
     cache = Path(os.environ.get("EDGE_INFER_KERNEL_CACHE", Path.home() / ".cache" / "edge-infer" / "kernels"))
@@ -184,8 +189,7 @@ def compile_library(library: str) -> None:
     try:
         objects, built = compile_isa_objects(work / "isa", ISA_SOURCES[arch()])
         objects += compile_optional_objects(work / "isa", OPTIONAL_SOURCES.get(arch(), ()))
-        # -fopenmp: at::parallel_for runs on the OpenMP pool PyTorch already started (same libgomp soname).
-        load(name=target.stem, sources=[str(CSRC / s) for s in BINDING_SOURCES], extra_cflags=["-O3", "-fopenmp"],
+        load(name=target.stem, sources=[str(CSRC / s) for s in BINDING_SOURCES], extra_cflags=list(BINDING_FLAGS),
              extra_ldflags=[*map(str, objects), "-fopenmp"], build_directory=str(work), is_python_module=False,
              verbose=False)
         (work / VARIANTS_FILE).write_text(json.dumps(built))

@@ -69,6 +69,7 @@ def quantize_rows(weight: torch.Tensor, group_size: int, symmetric: bool, bits: 
         scale = ((hi - lo) / 15).clamp_min(MIN_SCALE).to(SCALE_DTYPE)
         zero = (lo + 8 * scale.float()).to(SCALE_DTYPE)
         groups.sub_(zero.float().unsqueeze(-1))
+    _check_finite(lo, hi, scale, zero)
     groups.div_(scale.float().unsqueeze(-1)).round_().add_(8).clamp_(0, 15)
     return QuantizedRows(groups.to(torch.uint8).view(rows, padded_cols), scale, zero)
 
@@ -78,8 +79,20 @@ def _quantize_rows_int8(weight: torch.Tensor, group_size: int) -> QuantizedRows:
     rows, padded_cols = groups.shape[0], groups.shape[1] * group_size
     lo, hi = torch.aminmax(groups, dim=-1)
     scale = (torch.maximum(-lo, hi) / 127).clamp_min(MIN_SCALE).to(SCALE_DTYPE)
+    _check_finite(lo, hi, scale, scale)
     groups.div_(scale.float().unsqueeze(-1)).round_().clamp_(-127, 127)
     return QuantizedRows(groups.to(torch.int8).view(rows, padded_cols), scale, torch.zeros_like(scale))
+
+
+def _check_finite(*per_group: torch.Tensor) -> None:
+    """Refuse (ValueError) a group holding NaN or infinity, or whose bf16 scale or zero overflows: its codes
+    would mean nothing."""
+    ok = torch.ones_like(per_group[0], dtype=torch.bool)
+    for t in per_group:
+        ok &= torch.isfinite(t)
+    if not bool(ok.all()):
+        row = int((~ok).any(dim=-1).nonzero()[0, 0])
+        raise ValueError(f"row {row} of the block holds a NaN or infinite weight, or one too large to quantize")
 
 
 def dequantize_rows(q: QuantizedRows, group_size: int, cols: int | None = None) -> torch.Tensor:

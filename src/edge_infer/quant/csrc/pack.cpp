@@ -1,0 +1,266 @@
+// Writing weights into the int8-activation kernels' 64-row tiles (layouts in isa.h) while a model loads.
+// As PyTorch operators, quantizing a block of rows took ~8 passes over a widened copy and packing it a
+// strided copy of 4-byte pieces: most of a 3B thinker's load (W4A8 decoder and towers from bf16: 29 s, from
+// stored codes 20.5 s; here 15 s and 12 s, on a VM whose fresh memory faults in slowly). Each half tile is
+// one task: its rows are read once, their codes chosen as quantize.py chooses them (the same fp32
+// operations in the same order, so the same bits) and written where the kernels read them.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <vector>
+
+namespace edge_infer {
+namespace {
+
+constexpr int64_t kTileRows = 64;
+constexpr float kMinScale = 1e-12f;  // quantize.py's MIN_SCALE: keeps an all-zero group's scale finite
+
+uint16_t bf16_bits(float value) {  // round to nearest even (the values here are finite)
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+float bf16_value(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &wide, 4);
+  return value;
+}
+
+// Round half to even, as torch.round: exact for |x| < 2^22 in the default rounding mode (the callers
+// clamp first: every code lies in [-127, 127]), and vectorizable, unlike a call to nearbyintf.
+float round_even(float x) {
+  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
+  return (x + kShift) - kShift;
+}
+
+// Where a packed weight's tiles start: the codes [tiles, k / columns_per_step, 64, 4] bytes and the bf16
+// scales [tiles, groups, parts, 64] (parts: scale and zero for 4 bits, the scale alone for 8).
+struct TileDest {
+  uint8_t* codes;
+  uint16_t* scales;
+  int64_t bits, k, group, parts, first_tile;
+
+  int64_t steps() const { return k / (bits == 4 ? 8 : 4); }
+  uint8_t* tile_codes(int64_t tile) const { return codes + tile * steps() * kTileRows * 4; }
+  uint16_t* tile_scales(int64_t tile) const { return scales + tile * (k / group) * parts * kTileRows; }
+
+  // One row's codes (k of them, one per byte: 0..15 for 4 bits, -127..127 for 8) into row r of a tile.
+  void put_codes(uint8_t* tile, int64_t r, const uint8_t* row) const {
+    uint8_t* out = tile + r * 4;
+    if (bits == 4) {  // columns k..k+7: byte i holds column k+i (low nibble) and k+4+i (high)
+      for (int64_t s = 0; s < steps(); ++s, row += 8, out += kTileRows * 4)
+        for (int i = 0; i < 4; ++i) out[i] = static_cast<uint8_t>(row[i] | (row[4 + i] << 4));
+    } else {
+      for (int64_t s = 0; s < steps(); ++s, row += 4, out += kTileRows * 4) std::memcpy(out, row, 4);
+    }
+  }
+
+  // Row ``row`` of the block (counted from first_tile's first row): its codes and per-group side values.
+  void put_row(int64_t row, const uint8_t* row_codes, const uint16_t* scale, const uint16_t* zero) const {
+    const int64_t tile = first_tile + row / kTileRows, r = row % kTileRows;
+    put_codes(tile_codes(tile), r, row_codes);
+    uint16_t* side = tile_scales(tile) + r;
+    for (int64_t g = 0; g < k / group; ++g, side += parts * kTileRows) {
+      side[0] = scale[g];
+      if (parts == 2) side[kTileRows] = zero[g];
+    }
+  }
+};
+
+// Half tiles are the tasks: a block of one tile (a wide linear's 64 rows) is still two, and two threads never
+// write one cache line (a half tile's pieces of one step are 128 contiguous bytes, its side values 64).
+constexpr int64_t kTaskRows = 32;
+
+// run(first, last) over the block's rows padded to whole tiles, [first, last) in whole tasks.
+template <typename F>
+void for_each_task(int64_t rows, const F& run) {
+  const int64_t tasks = (rows + kTileRows - 1) / kTileRows * (kTileRows / kTaskRows);
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) { run(begin * kTaskRows, end * kTaskRows); });
+}
+
+TileDest tile_dest(const at::Tensor& codes, const at::Tensor& scales, int64_t bits, int64_t group, int64_t first_tile,
+                   int64_t rows) {
+  TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8, got ", bits);
+  TORCH_CHECK(codes.dim() == 4 && codes.is_contiguous() && codes.size(2) == kTileRows && codes.size(3) == 4 &&
+                  codes.scalar_type() == (bits == 4 ? at::kByte : at::kChar),
+              "codes must be the kernel's contiguous [tiles, steps, 64, 4] tensor");
+  const int64_t k = codes.size(1) * (bits == 4 ? 8 : 4), parts = bits == 4 ? 2 : 1, groups = group > 0 ? k / group : 0;
+  TORCH_CHECK(group > 0 && k % group == 0, "group size ", group, " does not divide ", k, " padded columns");
+  TORCH_CHECK(scales.scalar_type() == at::kBFloat16 && scales.is_contiguous() &&
+                  scales.numel() == codes.size(0) * groups * parts * kTileRows,
+              "scales must be the kernel's contiguous bf16 [tiles, groups, ", parts, ", 64] tensor");
+  const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
+  TORCH_CHECK(first_tile >= 0 && first_tile + tiles <= codes.size(0), "rows from tile ", first_tile, " on do not fit ",
+              codes.size(0), " tiles");
+  return {static_cast<uint8_t*>(codes.data_ptr()), reinterpret_cast<uint16_t*>(scales.data_ptr<at::BFloat16>()), bits, k, group,
+          parts, first_tile};
+}
+
+// A float's bits as an integer that orders as the float does (NaN aside): the group's minimum and maximum
+// as integer reductions, which the compiler vectorizes (a float min/max reduction it will not reorder).
+int32_t order_key(int32_t bits) { return bits ^ ((bits >> 31) & 0x7fffffff); }  // its own inverse
+
+float from_key(int32_t key) {
+  const int32_t bits = order_key(key);
+  float value;
+  std::memcpy(&value, &bits, 4);
+  return value;
+}
+
+// Codes of one group: clamp(round((v - zero) / scale) + offset, lowest, highest), as quantize.py's fp32 steps.
+void group_codes(const float* v, int64_t n, float scale, float zero, float offset, float lowest, float highest,
+                 uint8_t* out) {
+  for (int64_t j = 0; j < n; ++j) {
+    float q = std::min(std::max((v[j] - zero) / scale, -256.0f), 256.0f);
+    q = std::min(std::max(round_even(q) + offset, lowest), highest);
+    out[j] = static_cast<uint8_t>(static_cast<int>(q));  // 8-bit codes wrap to their int8 bits
+  }
+}
+
+// Codes and side values of one row of a float weight, as quantize.py's quantize_rows computes them; false
+// when a group holds NaN or infinity, or its scale or zero would overflow (the codes would mean nothing).
+// ``values`` is scratch for one group.
+template <typename T>
+bool quantize_row(const T* w, int64_t cols, const TileDest& d, bool symmetric, float* values, uint8_t* codes,
+                  uint16_t* scale, uint16_t* zero) {
+  for (int64_t g = 0; g * d.group < d.k; ++g) {
+    const int64_t c0 = g * d.group, real = std::max<int64_t>(0, std::min(d.group, cols - c0));
+    for (int64_t j = 0; j < real; ++j) values[j] = static_cast<float>(w[c0 + j]);
+    std::fill(values + real, values + d.group, 0.0f);  // padded columns are zeros and count, as in quantize.py
+    int32_t lo = INT32_MAX, hi = INT32_MIN;
+    uint32_t special = 0;  // NaN's and infinity's exponent
+    for (int64_t j = 0; j < d.group; ++j) {
+      int32_t bits;
+      std::memcpy(&bits, values + j, 4);
+      special |= static_cast<uint32_t>((bits & 0x7f800000) == 0x7f800000);
+      const int32_t key = order_key(bits);
+      lo = std::min(lo, key);
+      hi = std::max(hi, key);
+    }
+    if (special) return false;
+    const float low = from_key(lo), high = from_key(hi);
+    float s, z = 0.0f;
+    if (d.bits == 8 || symmetric) {
+      scale[g] = bf16_bits(std::max(std::max(-low, high) / (d.bits == 8 ? 127.0f : 7.0f), kMinScale));
+      zero[g] = 0;
+      s = bf16_value(scale[g]);
+    } else {
+      scale[g] = bf16_bits(std::max((high - low) / 15.0f, kMinScale));
+      s = bf16_value(scale[g]);
+      zero[g] = bf16_bits(low + 8.0f * s);
+      z = bf16_value(zero[g]);
+    }
+    if (!std::isfinite(s) || !std::isfinite(z)) return false;
+    if (d.bits == 8)
+      group_codes(values, d.group, s, 0.0f, 0.0f, -127.0f, 127.0f, codes + c0);
+    else
+      group_codes(values, d.group, s, z, 8.0f, 0.0f, 15.0f, codes + c0);
+  }
+  return true;
+}
+
+template <typename T>
+void quantize_tiles(const at::Tensor& weight, const TileDest& d, bool symmetric) {
+  const int64_t rows = weight.size(0), cols = weight.size(1), groups = d.k / d.group;
+  const T* w = weight.data_ptr<T>();
+  std::mutex bad_lock;
+  int64_t first_bad = std::numeric_limits<int64_t>::max();
+  for_each_task(rows, [&](int64_t first, int64_t last) {
+    std::vector<float> values(d.group);
+    std::vector<uint8_t> codes(d.k);
+    std::vector<uint16_t> scale(groups), zero(groups);
+    for (int64_t row = first; row < last; ++row) {
+      if (row >= rows) {  // a partial last tile: zero codes and side values (weights of 0, never stored out)
+        std::fill(codes.begin(), codes.end(), 0);
+        std::fill(scale.begin(), scale.end(), 0);
+        std::fill(zero.begin(), zero.end(), 0);
+      } else if (!quantize_row(w + row * cols, cols, d, symmetric, values.data(), codes.data(), scale.data(), zero.data())) {
+        std::lock_guard<std::mutex> hold(bad_lock);
+        first_bad = std::min(first_bad, row);
+        continue;
+      }
+      d.put_row(row, codes.data(), scale.data(), zero.data());
+    }
+  });
+  TORCH_CHECK_VALUE(first_bad == std::numeric_limits<int64_t>::max(), "row ", first_bad,
+                    " of the block holds a NaN or infinite weight, or one too large to quantize");
+}
+
+// weight [rows, cols] (fp32, bf16 or fp16, contiguous) quantized group-wise into the tiles from first_tile on.
+void quantize_into_tiles(const at::Tensor& weight, at::Tensor& codes, at::Tensor& scales, int64_t bits, int64_t group,
+                         bool symmetric, int64_t first_tile) {
+  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous(), "weight must be a contiguous [rows, columns] tensor");
+  const TileDest d = tile_dest(codes, scales, bits, group, first_tile, weight.size(0));
+  TORCH_CHECK(weight.size(1) <= d.k && weight.size(1) > d.k - group, "weight has ", weight.size(1),
+              " columns; the kernel takes ", d.k, " padded to groups of ", group);
+  TORCH_CHECK(bits == 4 || symmetric, "8-bit weights are symmetric");
+  switch (weight.scalar_type()) {
+    case at::kFloat: return quantize_tiles<float>(weight, d, symmetric);
+    case at::kBFloat16: return quantize_tiles<at::BFloat16>(weight, d, symmetric);
+    case at::kHalf: return quantize_tiles<at::Half>(weight, d, symmetric);
+    default: TORCH_CHECK_VALUE(false, "quantizing takes fp32, bf16 or fp16 weights, got ", weight.scalar_type());
+  }
+}
+
+// Codes already chosen (a checkpoint's): codes [rows, k] one per byte, or for 4 bits [rows, k / 2] two per
+// byte as stored (column 2j in the low nibble); scales and zeros [rows, k / group] bf16 (zeros: 4 bits only).
+void pack_into_tiles(const at::Tensor& row_codes, const at::Tensor& row_scales, const c10::optional<at::Tensor>& row_zeros,
+                     at::Tensor& codes, at::Tensor& scales, int64_t bits, int64_t group, int64_t first_tile) {
+  const int64_t rows = row_codes.size(0);
+  const TileDest d = tile_dest(codes, scales, bits, group, first_tile, rows);
+  const bool nibbles = bits == 4 && row_codes.size(1) == d.k / 2;
+  TORCH_CHECK(row_codes.dim() == 2 && row_codes.is_contiguous() && row_codes.element_size() == 1 &&
+                  (nibbles || row_codes.size(1) == d.k),
+              "codes must be contiguous bytes [rows, ", d.k, "]", bits == 4 ? " or two per byte" : "");
+  const int64_t groups = d.k / group;
+  for (const at::Tensor* t : {&row_scales, row_zeros.has_value() ? &*row_zeros : &row_scales})
+    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous() && t->dim() == 2 && t->size(0) == rows &&
+                    t->size(1) == groups,
+                "scales and zeros must be contiguous bf16 [", rows, ", ", groups, "]");
+  const uint8_t* in = static_cast<const uint8_t*>(row_codes.data_ptr());
+  const uint16_t* s_in = reinterpret_cast<const uint16_t*>(row_scales.data_ptr<at::BFloat16>());
+  const uint16_t* z_in = row_zeros.has_value() ? reinterpret_cast<const uint16_t*>(row_zeros->data_ptr<at::BFloat16>()) : nullptr;
+  for_each_task(rows, [&](int64_t first, int64_t last) {
+    std::vector<uint8_t> unpacked(d.k);
+    std::vector<uint16_t> none(groups, 0);
+    for (int64_t row = first; row < last; ++row) {
+      if (row >= rows) {  // a partial last tile, as above
+        std::fill(unpacked.begin(), unpacked.end(), 0);
+        d.put_row(row, unpacked.data(), none.data(), none.data());
+        continue;
+      }
+      const uint8_t* row_in = in + row * row_codes.size(1);
+      if (nibbles)
+        for (int64_t j = 0; j < d.k / 2; ++j) {
+          unpacked[2 * j] = row_in[j] & 15;
+          unpacked[2 * j + 1] = row_in[j] >> 4;
+        }
+      d.put_row(row, nibbles ? unpacked.data() : row_in, s_in + row * groups, z_in ? z_in + row * groups : none.data());
+    }
+  });
+}
+
+}  // namespace
+}  // namespace edge_infer
+
+TORCH_LIBRARY_FRAGMENT(edge_infer, lib) {
+  lib.def("quantize_into_tiles(Tensor weight, Tensor(a!) codes, Tensor(b!) scales, int bits, int group, bool symmetric, "
+          "int first_tile) -> ()");
+  lib.def("pack_into_tiles(Tensor row_codes, Tensor row_scales, Tensor? row_zeros, Tensor(a!) codes, Tensor(b!) scales, "
+          "int bits, int group, int first_tile) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(edge_infer, CPU, lib) {
+  lib.impl("quantize_into_tiles", &edge_infer::quantize_into_tiles);
+  lib.impl("pack_into_tiles", &edge_infer::pack_into_tiles);
+}
