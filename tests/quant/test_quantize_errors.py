@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -120,10 +121,11 @@ def test_a_weight_with_no_codes_is_named_by_quantize_and_by_quantized_loading(tm
     tensor and the rows, instead of writing or running codes that mean nothing."""
     name = "model.layers.1.self_attn.k_proj.weight"
     bad = poisoned_copy(tiny_model, tmp_path / "bad", name, value)
-    assert main(["quantize", str(bad), str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err
-    assert name in err and "NaN or infinite weight" in err
+    for simulate in ([], ["--simulate"]):
+        assert main(["quantize", str(bad), str(tmp_path / "out"), *simulate]) == 2
+        assert f"{name}, row 3 holds a NaN or infinite weight" in capsys.readouterr().err
+        assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
     kinds = ["cpu_int4"] + ([] if missing_requirement() else ["cpu_w4a8"])
     for quantization in kinds:
-        with pytest.raises(CheckpointError, match=rf"{name}, row 3 holds a NaN or infinite weight"):
+        with pytest.raises(CheckpointError, match=re.escape(f"{name}, row 3 holds a NaN or infinite weight")):
             LLM(bad, quantization=quantization, worker="thread", max_model_len=64)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from edge_infer.quant.native import missing_requirement
-from edge_infer.quant.quantize import pack_nibbles, quantize_rows
+from edge_infer.quant.quantize import NonFiniteWeightError, pack_nibbles, quantize_rows
 from edge_infer.quant.sizes import GROUP_SIZES
 
 pytestmark = pytest.mark.skipif(missing_requirement() is not None, reason=str(missing_requirement()))
@@ -47,17 +47,19 @@ def hard_weights(rows: int, cols: int, group: int, bits: int, symmetric: bool) -
     (ties go to even), all-zero groups and rows, zeros of both signs, subnormals, a lone value in a group."""
     torch.manual_seed(rows * 131 + cols + group + bits)
     w = torch.randn(rows, cols) * torch.logspace(-30, 30, cols, base=2.0)[torch.randperm(cols)]
-    # Ties: a group whose largest magnitude is top * s gets the scale s exactly (s is a bf16 value), so its other
-    # values (c + 0.5) * s sit halfway between codes c and c + 1.
+    # Ties: a group whose largest magnitude is top * s gets the scale s exactly (s a power of two: exact in bf16
+    # and fp16, and so is top * s), so its other values (c + 0.5) * s sit halfway between codes c and c + 1.
+    # Asymmetric: lo = -6 s and hi = 9 s give the scale s and the zero 2 s exactly, the values' ties after it.
     top = 127 if bits == 8 else 7
     for r in range(0, rows, 3):
-        s = float(torch.tensor(2.0 ** (r % 13 - 6) * 1.3).bfloat16())
-        halves = (torch.randint(-top, top, (group,)) + 0.5) * s
-        halves[0] = top * s
-        if not symmetric:  # scale (hi - lo) / 15 exactly s and zero lo + 8 s on a bf16 value: lo = -8 s, hi = 7 s
-            halves = (torch.randint(-8, 7, (group,)) + 0.5) * s
-            halves[0], halves[1] = -8 * s, 7 * s
-        w[r, :min(group, cols)] = halves[:min(group, cols)]
+        s = 2.0 ** (r % 13 - 6)
+        if symmetric:
+            ties = (torch.randint(-top, top, (group,)) + 0.5) * s
+            ties[0] = top * s
+        else:
+            ties = (torch.randint(-6, 8, (group,)) + 0.5) * s
+            ties[0], ties[1] = -6 * s, 9 * s
+        w[r, :min(group, cols)] = ties[:min(group, cols)]
     w[1::7] = 0.0
     w[2::5, :group] = -0.0
     w[3::11, : group // 2] = torch.randn(group // 2) * 1e-41  # subnormal in fp32, zero in bf16 and fp16
@@ -117,9 +119,10 @@ def test_a_weight_with_no_codes_is_refused_by_both_quantizers(kind, bad):
     if not refused:
         q = quantize_rows(weight, 64, symmetric, bits)
         kernel.write_weight_rows(0, weight, symmetric)
-        assert torch.equal(kernel.packed, layout(kernel, q.codes, q.scales, q.zeros)[0])
+        packed, side = layout(kernel, q.codes, q.scales, q.zeros)
+        assert torch.equal(kernel.packed, packed) and torch.equal(kernel.scales, side)
         return
-    with pytest.raises(ValueError, match="row 66 of the block holds a NaN or infinite weight"):
-        quantize_rows(weight, 64, symmetric, bits)
-    with pytest.raises(ValueError, match="row 66 of the block holds a NaN or infinite weight"):
-        kernel.write_weight_rows(0, weight, symmetric)
+    for quantize in (lambda: quantize_rows(weight, 64, symmetric, bits), lambda: kernel.write_weight_rows(0, weight, symmetric)):
+        with pytest.raises(NonFiniteWeightError, match="row 66 holds a NaN or infinite weight") as refused_row:
+            quantize()
+        assert refused_row.value.row == 66

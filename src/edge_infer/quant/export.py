@@ -39,7 +39,7 @@ from edge_infer.models.encoder_weights import is_tower_spec
 from edge_infer.models.loader import CheckpointReader
 from edge_infer.models.weights import weight_specs
 from edge_infer.quant.install import FLOAT_DTYPES, SCALE_SUFFIX, ZERO_SUFFIX
-from edge_infer.quant.quantize import dequantize_rows, pack_nibbles, quantize_rows
+from edge_infer.quant.quantize import NonFiniteWeightError, QuantizedRows, dequantize_rows, pack_nibbles, quantize_rows
 from edge_infer.quant.sizes import (
     ROW_GROUP, TENSOR_GROUP, checkpoint_quantization_config, check_quant_config, is_quantized, repack_block_rows,
 )
@@ -102,23 +102,11 @@ def quantize_checkpoint(
     partial = dst.with_name(dst.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    writer = _ShardWriter(partial, shard_bytes)
-    with CheckpointReader(src) as reader:
-        for done, name in enumerate(sorted(index), start=1):
-            info = index[name]
-            if name in targets:
-                rows, cols = info.shape
-                if simulate:
-                    encoded = _simulate(reader, name, rows, cols, quant)
-                else:
-                    encoded = _encode(reader, name, rows, cols, quant)
-                for key, tensor in encoded.items():
-                    writer.add(key, tensor)
-            else:
-                writer.add(name, reader.rows(name, 0, info.shape[0]) if info.shape else next(reader.row_blocks(name))[1])
-            if progress is not None:
-                progress(done, len(index))
-        written = writer.close()  # while the source is open: copied tensors may still read its mapped pages
+    try:
+        written = _write_weights(src, partial, index, targets, quant, simulate, shard_bytes, progress)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)  # a refused tensor (or ^C) leaves no half-written shards
+        raise
     raw = dict(cfg.raw)
     if not simulate:
         raw["quantization_config"] = checkpoint_quantization_config(quant, towers)
@@ -138,6 +126,25 @@ def quantize_checkpoint(
     )
 
 
+def _write_weights(src: Path, out: Path, index: dict, targets: dict[str, int], quant: QuantConfig, simulate: bool,
+                   shard_bytes: int, progress: Callable[[int, int], None] | None) -> int:
+    """Every tensor of ``src`` into shards under ``out``: ``targets`` quantized (or simulated), the rest copied."""
+    writer = _ShardWriter(out, shard_bytes)
+    with CheckpointReader(src) as reader:
+        for done, name in enumerate(sorted(index), start=1):
+            info = index[name]
+            if name in targets:
+                rows, cols = info.shape
+                encoded = (_simulate if simulate else _encode)(reader, name, rows, cols, quant)
+                for key, tensor in encoded.items():
+                    writer.add(key, tensor)
+            else:
+                writer.add(name, reader.rows(name, 0, info.shape[0]) if info.shape else next(reader.row_blocks(name))[1])
+            if progress is not None:
+                progress(done, len(index))
+        return writer.close()  # while the source is open: copied tensors may still read its mapped pages
+
+
 def _check_destination(src: Path, dst: Path) -> None:
     if dst.resolve() == src.resolve():
         raise InvalidRequestError("the output directory must differ from the source checkpoint")
@@ -145,22 +152,26 @@ def _check_destination(src: Path, dst: Path) -> None:
         raise InvalidRequestError(f"{dst} already exists and is not an empty directory; choose a new output directory")
 
 
-def _row_blocks(reader: CheckpointReader, name: str, rows: int, cols: int, group: int) -> Iterator[torch.Tensor]:
-    step = repack_block_rows(cols, group)
+def _row_blocks(reader: CheckpointReader, name: str, rows: int, step: int,
+                quantize: Callable[[torch.Tensor], object]) -> Iterator[object]:
+    """``quantize`` of each block of ``step`` rows of ``name``; a row without codes is refused naming the tensor
+    and row."""
     for start in range(0, rows, step):
-        yield reader.rows(name, start, min(rows, start + step))
+        try:
+            yield quantize(reader.rows(name, start, min(rows, start + step)))
+        except NonFiniteWeightError as exc:
+            raise CheckpointError(f"{name}, row {start + exc.row} holds a NaN or infinite weight, or one too large "
+                                  f"to quantize (its codes would mean nothing); fix the checkpoint") from None
 
 
 def _encode(reader: CheckpointReader, name: str, rows: int, cols: int, quant: QuantConfig) -> dict[str, torch.Tensor]:
     """The tensors stored for one quantized weight, quantized a block of rows at a time."""
     parts: dict[str, list[torch.Tensor]] = {}
-    step = repack_block_rows(cols, quant.group_size)
-    for start in range(0, rows, step):
-        weight = reader.rows(name, start, min(rows, start + step))
-        try:
-            q = quantize_rows(weight, quant.group_size, quant.symmetric, quant.bits)
-        except ValueError as exc:  # a NaN or infinite weight: its codes would mean nothing
-            raise CheckpointError(f"{name}, quantizing rows {start}-{start + len(weight) - 1}: {exc}; fix the checkpoint") from None
+
+    def quantize(weight: torch.Tensor) -> QuantizedRows:
+        return quantize_rows(weight, quant.group_size, quant.symmetric, quant.bits)
+
+    for q in _row_blocks(reader, name, rows, repack_block_rows(cols, quant.group_size), quantize):
         blocks = {name: pack_nibbles(q.codes) if quant.bits == 4 else q.codes, name + SCALE_SUFFIX: q.scales}
         if not quant.symmetric:
             blocks[name + ZERO_SUFFIX] = q.zeros
@@ -171,17 +182,18 @@ def _encode(reader: CheckpointReader, name: str, rows: int, cols: int, quant: Qu
 
 def _simulate(reader: CheckpointReader, name: str, rows: int, cols: int, quant: QuantConfig) -> dict[str, torch.Tensor]:
     """The weight as the quantizer would reproduce it, in the source dtype."""
-    if quant.group_size == TENSOR_GROUP:
-        weight = reader.rows(name, 0, rows)
-        flat = weight.reshape(1, rows * cols)
-        q = quantize_rows(flat, rows * cols, quant.symmetric, quant.bits)
-        return {name: dequantize_rows(q, rows * cols).view(rows, cols).to(weight.dtype)}
+    if quant.group_size == TENSOR_GROUP:  # one block: the whole matrix as one row
+        def simulate(weight: torch.Tensor) -> torch.Tensor:
+            q = quantize_rows(weight.reshape(1, rows * cols), rows * cols, quant.symmetric, quant.bits)
+            return dequantize_rows(q, rows * cols).view(rows, cols).to(weight.dtype)
+
+        return {name: next(_row_blocks(reader, name, rows, rows, simulate))}
     group = cols if quant.group_size == ROW_GROUP else quant.group_size
-    blocks = [
-        dequantize_rows(quantize_rows(w, group, quant.symmetric, quant.bits), group, cols).to(w.dtype)
-        for w in _row_blocks(reader, name, rows, cols, group)
-    ]
-    return {name: torch.cat(blocks)}
+
+    def simulate(weight: torch.Tensor) -> torch.Tensor:
+        return dequantize_rows(quantize_rows(weight, group, quant.symmetric, quant.bits), group, cols).to(weight.dtype)
+
+    return {name: torch.cat(list(_row_blocks(reader, name, rows, repack_block_rows(cols, group), simulate)))}
 
 
 class _ShardWriter:

@@ -20,6 +20,7 @@ from edge_infer.errors import CheckpointError
 from edge_infer.models.layers.linear import Linear
 from edge_infer.models.loader import CheckpointReader, LinearInstaller
 from edge_infer.quant.kernel import Int4Kernel, PackedWeights, require_int4_kernel
+from edge_infer.quant.quantize import NonFiniteWeightError
 from edge_infer.quant.sizes import check_quant_config, padded, repack_block_rows
 
 # Names of the extra tensors a quantized checkpoint stores next to "<name>" (docs/quantization.md).
@@ -91,20 +92,18 @@ def fill_kernel(kernel: PackedWeights, reader: CheckpointReader, sources: tuple[
         weight = _cat([reader.rows(p.name, p.start, p.stop) for p in pieces])
         try:
             kernel.write_weight_rows(start, weight, quant.symmetric)
-        except ValueError as exc:  # a NaN or infinite weight: its codes would mean nothing
-            raise CheckpointError(f"{_where_not_finite(pieces, weight)} holds a NaN or infinite weight, or one too large "
-                                  f"to quantize ({exc}); fix the checkpoint") from None
+        except NonFiniteWeightError as exc:
+            raise CheckpointError(f"{_source_row(pieces, exc.row)} holds a NaN or infinite weight, or one too large to "
+                                  f"quantize (its codes would mean nothing); fix the checkpoint") from None
 
 
-def _where_not_finite(pieces: list[Piece], weight: torch.Tensor) -> str:
-    """The tensor and row of a block's first NaN or infinity (else the block: a group too wide to scale)."""
-    bad = (~torch.isfinite(weight)).any(dim=1).nonzero()
-    row = int(bad[0, 0]) if len(bad) else None
+def _source_row(pieces: list[Piece], row: int) -> str:
+    """Row ``row`` of a block stacked from ``pieces``, as its tensor's name and row."""
     for p in pieces:
-        if row is not None and row < p.stop - p.start:
+        if row < p.stop - p.start:
             return f"{p.name}, row {p.start + row}"
-        row = None if row is None else row - (p.stop - p.start)
-    return ", ".join(f"{p.name} rows {p.start}-{p.stop - 1}" for p in pieces)
+        row -= p.stop - p.start
+    raise IndexError(row)
 
 
 def _cat(blocks: list[torch.Tensor]) -> torch.Tensor:

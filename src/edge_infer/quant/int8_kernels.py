@@ -19,7 +19,7 @@ import torch
 from edge_infer.models.weight_arena import packed_zeros
 from edge_infer.quant import native
 from edge_infer.quant.kernel import PackedWeights
-from edge_infer.quant.quantize import QuantizedRows, dequantize_rows
+from edge_infer.quant.quantize import NonFiniteWeightError, QuantizedRows, dequantize_rows
 
 TILE_ROWS = 64  # output rows per packed tile (csrc/isa.h)
 
@@ -53,25 +53,28 @@ class Int8ActivationKernel(PackedWeights):
     def resident(self) -> tuple[torch.Tensor, ...]:
         return self.packed, self.scales
 
-    def write_rows(self, start: int, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> None:
+    def write_rows(self, start: int, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None) -> None:
         """Pack rows ``start .. start + len(codes)`` (``start`` a multiple of 64): ``codes [rows, Kp]``, or for
         4 bits ``[rows, Kp / 2]`` two per byte as a checkpoint stores them (``quantize.pack_nibbles``);
-        ``scales`` and ``zeros`` ``[rows, Kp / group_size]`` (zeros ignored by 8-bit weights)."""
-        first = self._first_tile(start, codes.shape[0])
-        side = [t[: self.out_features - start].to(torch.bfloat16).contiguous() for t in (scales, zeros)]
-        torch.ops.edge_infer.pack_into_tiles(codes[: self.out_features - start].to(self.packed.dtype).contiguous(),
-                                             side[0], side[1] if self.bits == 4 else None, self.packed, self.scales,
-                                             self.bits, self.group_size, first)
+        ``scales`` and ``zeros`` ``[rows, Kp / group_size]`` (zeros: 4 bits only)."""
+        n = self.out_features - start
+        side = [t[:n].to(torch.bfloat16).contiguous() for t in ((scales, zeros) if self.bits == 4 else (scales,))]
+        torch.ops.edge_infer.pack_into_tiles(codes[:n].to(self.packed.dtype).contiguous(), side[0],
+                                             side[1] if self.bits == 4 else None, self.packed, self.scales,
+                                             self.bits, self.group_size, self._first_tile(start))
 
     def write_weight_rows(self, start: int, weight: torch.Tensor, symmetric: bool) -> None:
         """Quantize float rows ``weight [rows, in_features]`` as ``quantize.quantize_rows`` does (the same codes
-        and scales) and pack them from row ``start`` on, in one pass per 64-row tile."""
-        first = self._first_tile(start, weight.shape[0])
-        torch.ops.edge_infer.quantize_into_tiles(weight[: self.out_features - start].contiguous(), self.packed,
-                                                 self.scales, self.bits, self.group_size, symmetric, first)
+        and scales, and NonFiniteWeightError for a row without codes) and pack them from row ``start`` on."""
+        bad = torch.ops.edge_infer.quantize_into_tiles(weight[: self.out_features - start].contiguous(), self.packed,
+                                                       self.scales, self.bits, self.group_size, symmetric,
+                                                       self._first_tile(start))
+        if bad >= 0:
+            raise NonFiniteWeightError(bad)
 
-    def _first_tile(self, start: int, rows: int) -> int:
-        assert start % TILE_ROWS == 0 and 0 <= start < self.out_features, "blocks must start on a row tile"
+    def _first_tile(self, start: int) -> int:
+        if start % TILE_ROWS or not 0 <= start < self.out_features:
+            raise ValueError(f"blocks of rows start on a 64-row tile inside the weight, not at row {start}")
         return start // TILE_ROWS
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:

@@ -54,8 +54,17 @@ def _working_groups(weight: torch.Tensor, group_size: int) -> torch.Tensor:
     return w.view(rows, padded_cols // group_size, group_size)
 
 
+class NonFiniteWeightError(ValueError):
+    """A row holds a NaN or infinite weight, or a group too wide for a finite bf16 scale: it has no codes."""
+
+    def __init__(self, row: int):
+        super().__init__(f"row {row} holds a NaN or infinite weight, or one too large to quantize")
+        self.row = row  # of the rows given
+
+
 def quantize_rows(weight: torch.Tensor, group_size: int, symmetric: bool, bits: int = 4) -> QuantizedRows:
-    """Quantize ``weight [rows, K]`` to ``bits`` (4 or 8; 8 is symmetric); K is zero-padded to a multiple of ``group_size``."""
+    """Quantize ``weight [rows, K]`` to ``bits`` (4 or 8; 8 is symmetric); K is zero-padded to a multiple of ``group_size``.
+    Raises NonFiniteWeightError for a row without codes."""
     if bits == 8:
         return _quantize_rows_int8(weight, group_size)
     rows = weight.shape[0]
@@ -79,20 +88,18 @@ def _quantize_rows_int8(weight: torch.Tensor, group_size: int) -> QuantizedRows:
     rows, padded_cols = groups.shape[0], groups.shape[1] * group_size
     lo, hi = torch.aminmax(groups, dim=-1)
     scale = (torch.maximum(-lo, hi) / 127).clamp_min(MIN_SCALE).to(SCALE_DTYPE)
-    _check_finite(lo, hi, scale, scale)
+    _check_finite(lo, hi, scale)
     groups.div_(scale.float().unsqueeze(-1)).round_().clamp_(-127, 127)
     return QuantizedRows(groups.to(torch.int8).view(rows, padded_cols), scale, torch.zeros_like(scale))
 
 
 def _check_finite(*per_group: torch.Tensor) -> None:
-    """Refuse (ValueError) a group holding NaN or infinity, or whose bf16 scale or zero overflows: its codes
-    would mean nothing."""
+    """Refuse a group holding NaN or infinity, or whose bf16 scale or zero overflows: its codes would mean nothing."""
     ok = torch.ones_like(per_group[0], dtype=torch.bool)
     for t in per_group:
         ok &= torch.isfinite(t)
     if not bool(ok.all()):
-        row = int((~ok).any(dim=-1).nonzero()[0, 0])
-        raise ValueError(f"row {row} of the block holds a NaN or infinite weight, or one too large to quantize")
+        raise NonFiniteWeightError(int((~ok).any(dim=-1).nonzero()[0, 0]))
 
 
 def dequantize_rows(q: QuantizedRows, group_size: int, cols: int | None = None) -> torch.Tensor:

@@ -8,7 +8,7 @@
 // every variant computes the same integer sums and the same float operations
 // in the same order, so their outputs are bit-identical to it.
 //
-// Layouts (built by edge_infer/quant/w4a8.py and w8a8.py; 64-row tiles, padded with zero rows):
+// Layouts (written by csrc/pack.cpp while loading; 64-row tiles, padded with zero rows):
 //   W4A8 codes  uint8 [Np/64, Kp/8, 64, 4]: for 8 input columns k..k+7, row r's 4 bytes hold
 //               codes (k+i) | (k+4+i) << 4, i = 0..3; a code q stands for (q - 8) * scale + zero.
 //        sz     bf16  [Np/64, Kp/G, 2, 64]: each group's 64 scales, then its 64 zeros.

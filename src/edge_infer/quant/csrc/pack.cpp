@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -77,8 +76,9 @@ struct TileDest {
   }
 };
 
-// Half tiles are the tasks: a block of one tile (a wide linear's 64 rows) is still two, and two threads never
-// write one cache line (a half tile's pieces of one step are 128 contiguous bytes, its side values 64).
+// Half tiles are the tasks: a block of one tile (a wide linear's 64 rows) is still two, and on 64-byte cache
+// lines two threads never write one line (the tensors start on a line; a half tile's pieces of one step are
+// 128 contiguous bytes, its side values of a group 64).
 constexpr int64_t kTaskRows = 32;
 
 // run(first, last) over the block's rows padded to whole tiles, [first, last) in whole tasks.
@@ -157,7 +157,7 @@ bool quantize_row(const T* w, int64_t cols, const TileDest& d, bool symmetric, f
     } else {
       scale[g] = bf16_bits(std::max((high - low) / 15.0f, kMinScale));
       s = bf16_value(scale[g]);
-      zero[g] = bf16_bits(low + 8.0f * s);
+      zero[g] = bf16_bits(low + 8.0f * s);  // 8 s is exact: fused into one multiply-add (ARM) it rounds the same
       z = bf16_value(zero[g]);
     }
     if (!std::isfinite(s) || !std::isfinite(z)) return false;
@@ -169,8 +169,9 @@ bool quantize_row(const T* w, int64_t cols, const TileDest& d, bool symmetric, f
   return true;
 }
 
+// The first row (of the block) without codes, or -1; the rows before and after it are written.
 template <typename T>
-void quantize_tiles(const at::Tensor& weight, const TileDest& d, bool symmetric) {
+int64_t quantize_tiles(const at::Tensor& weight, const TileDest& d, bool symmetric) {
   const int64_t rows = weight.size(0), cols = weight.size(1), groups = d.k / d.group;
   const T* w = weight.data_ptr<T>();
   std::mutex bad_lock;
@@ -192,12 +193,12 @@ void quantize_tiles(const at::Tensor& weight, const TileDest& d, bool symmetric)
       d.put_row(row, codes.data(), scale.data(), zero.data());
     }
   });
-  TORCH_CHECK_VALUE(first_bad == std::numeric_limits<int64_t>::max(), "row ", first_bad,
-                    " of the block holds a NaN or infinite weight, or one too large to quantize");
+  return first_bad == std::numeric_limits<int64_t>::max() ? -1 : first_bad;
 }
 
-// weight [rows, cols] (fp32, bf16 or fp16, contiguous) quantized group-wise into the tiles from first_tile on.
-void quantize_into_tiles(const at::Tensor& weight, at::Tensor& codes, at::Tensor& scales, int64_t bits, int64_t group,
+// weight [rows, cols] (fp32, bf16 or fp16, contiguous) quantized group-wise into the tiles from first_tile on;
+// returns the first row holding a NaN or infinity, or a group too wide for a finite bf16 scale (no codes), or -1.
+int64_t quantize_into_tiles(const at::Tensor& weight, at::Tensor& codes, at::Tensor& scales, int64_t bits, int64_t group,
                          bool symmetric, int64_t first_tile) {
   TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous(), "weight must be a contiguous [rows, columns] tensor");
   const TileDest d = tile_dest(codes, scales, bits, group, first_tile, weight.size(0));
@@ -210,17 +211,18 @@ void quantize_into_tiles(const at::Tensor& weight, at::Tensor& codes, at::Tensor
     case at::kHalf: return quantize_tiles<at::Half>(weight, d, symmetric);
     default: TORCH_CHECK_VALUE(false, "quantizing takes fp32, bf16 or fp16 weights, got ", weight.scalar_type());
   }
+  return -1;  // not reached
 }
 
 // Codes already chosen (a checkpoint's): codes [rows, k] one per byte, or for 4 bits [rows, k / 2] two per
 // byte as stored (column 2j in the low nibble); scales and zeros [rows, k / group] bf16 (zeros: 4 bits only).
 void pack_into_tiles(const at::Tensor& row_codes, const at::Tensor& row_scales, const c10::optional<at::Tensor>& row_zeros,
                      at::Tensor& codes, at::Tensor& scales, int64_t bits, int64_t group, int64_t first_tile) {
+  TORCH_CHECK(row_codes.dim() == 2, "codes must be a [rows, columns] tensor");
   const int64_t rows = row_codes.size(0);
   const TileDest d = tile_dest(codes, scales, bits, group, first_tile, rows);
   const bool nibbles = bits == 4 && row_codes.size(1) == d.k / 2;
-  TORCH_CHECK(row_codes.dim() == 2 && row_codes.is_contiguous() && row_codes.element_size() == 1 &&
-                  (nibbles || row_codes.size(1) == d.k),
+  TORCH_CHECK(row_codes.is_contiguous() && row_codes.element_size() == 1 && (nibbles || row_codes.size(1) == d.k),
               "codes must be contiguous bytes [rows, ", d.k, "]", bits == 4 ? " or two per byte" : "");
   const int64_t groups = d.k / group;
   for (const at::Tensor* t : {&row_scales, row_zeros.has_value() ? &*row_zeros : &row_scales})
@@ -255,7 +257,7 @@ void pack_into_tiles(const at::Tensor& row_codes, const at::Tensor& row_scales, 
 
 TORCH_LIBRARY_FRAGMENT(edge_infer, lib) {
   lib.def("quantize_into_tiles(Tensor weight, Tensor(a!) codes, Tensor(b!) scales, int bits, int group, bool symmetric, "
-          "int first_tile) -> ()");
+          "int first_tile) -> int");
   lib.def("pack_into_tiles(Tensor row_codes, Tensor row_scales, Tensor? row_zeros, Tensor(a!) codes, Tensor(b!) scales, "
           "int bits, int group, int first_tile) -> ()");
 }
