@@ -9,6 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from testutil import runnable_variants
+
 from edge_infer.quant.native import missing_requirement
 from edge_infer.quant.quantize import NonFiniteWeightError, pack_nibbles, quantize_rows
 from edge_infer.quant.sizes import GROUP_SIZES
@@ -16,6 +18,8 @@ from edge_infer.quant.sizes import GROUP_SIZES
 pytestmark = pytest.mark.skipif(missing_requirement() is not None, reason=str(missing_requirement()))
 TILE = 64
 KINDS = {"w4-sym": (4, True), "w4-asym": (4, False), "w8": (8, True)}
+# The quantizer's loops are compiled for AVX2 and the baseline; the scalar variant takes the baseline's.
+LOOPS = runnable_variants()[:1] + ["scalar"] if missing_requirement() is None else []
 
 
 def kernel_class(bits: int):
@@ -68,17 +72,19 @@ def hard_weights(rows: int, cols: int, group: int, bits: int, symmetric: bool) -
     return w
 
 
+@pytest.mark.parametrize("variant", sorted(set(LOOPS)))
 @pytest.mark.parametrize("kind", sorted(KINDS))
 @pytest.mark.parametrize("group", GROUP_SIZES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
-def test_quantizing_into_tiles_equals_quantize_rows_bit_for_bit(kind, group, dtype):
-    """Partial last tiles (rows 1, 63, 130), columns padded to whole groups, blocks written from row 64 on."""
+def test_quantizing_into_tiles_equals_quantize_rows_bit_for_bit(variant, kind, group, dtype):
+    """Partial last tiles (rows 1, 63, 130), columns padded to whole groups, blocks written from row 64 on; the
+    loops of the variant the CPU runs and the baseline's."""
     bits, symmetric = KINDS[kind]
     for rows, cols in itertools.product((1, 63, 130), (group + 8, 3 * group)):
         weight = hard_weights(rows, cols, group, bits, symmetric)
         weight = weight.clamp(-6e4, 6e4).to(dtype) if dtype == torch.float16 else weight.to(dtype)  # fp16's range
         q = quantize_rows(weight, group, symmetric, bits)
-        kernel = kernel_class(bits)(rows, cols, group, torch.bfloat16)
+        kernel = kernel_class(bits)(rows, cols, group, torch.bfloat16, variant=variant)
         for start in range(0, rows, TILE):  # a block per tile, as the loader writes a linear
             kernel.write_weight_rows(start, weight[start:start + TILE], symmetric)
         packed, side = layout(kernel, q.codes, q.scales, q.zeros)
@@ -105,9 +111,10 @@ def test_stored_codes_land_where_the_tile_layout_puts_them(kind):
         assert torch.equal(back.scales, q.scales[[0, 63, 64, 149]])
 
 
+@pytest.mark.parametrize("variant", sorted(set(LOOPS)))
 @pytest.mark.parametrize("kind", sorted(KINDS))
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), 3e38])
-def test_a_weight_with_no_codes_is_refused_by_both_quantizers(kind, bad):
+def test_a_weight_with_no_codes_is_refused_by_both_quantizers(variant, kind, bad):
     """NaN, infinity, or a group too wide for a finite scale (asymmetric: (hi - lo) / 15 past the largest float)."""
     bits, symmetric = KINDS[kind]
     weight = torch.randn(70, 128)
@@ -115,7 +122,7 @@ def test_a_weight_with_no_codes_is_refused_by_both_quantizers(kind, bad):
     if bad == 3e38:
         weight[66, 6] = -3e38
     refused = bad != 3e38 or not symmetric
-    kernel = kernel_class(bits)(70, 128, 64, torch.bfloat16)
+    kernel = kernel_class(bits)(70, 128, 64, torch.bfloat16, variant=variant)
     if not refused:
         q = quantize_rows(weight, 64, symmetric, bits)
         kernel.write_weight_rows(0, weight, symmetric)

@@ -68,7 +68,7 @@ class Int8ActivationKernel(PackedWeights):
         and scales, and NonFiniteWeightError for a row without codes) and pack them from row ``start`` on."""
         bad = torch.ops.edge_infer.quantize_into_tiles(weight[: self.out_features - start].contiguous(), self.packed,
                                                        self.scales, self.bits, self.group_size, symmetric,
-                                                       self._first_tile(start))
+                                                       self._first_tile(start), self.variant)
         if bad >= 0:
             raise NonFiniteWeightError(bad)
 

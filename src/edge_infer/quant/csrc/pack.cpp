@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <string>
 #include <vector>
 
 namespace edge_infer {
@@ -117,9 +118,14 @@ float from_key(int32_t key) {
   return value;
 }
 
+// The two loops over a group's values, written once and compiled twice on x86: for AVX2 (eight lanes, half
+// the time of the baseline's four at a 3B model's load) and for the baseline; the caller picks by the ISA
+// variant the capability model chose. The same operations on every lane: the same bits either way.
+#define EDGE_INFER_INLINE inline __attribute__((always_inline))
+
 // Codes of one group: clamp(round((v - zero) / scale) + offset, lowest, highest), as quantize.py's fp32 steps.
-void group_codes(const float* v, int64_t n, float scale, float zero, float offset, float lowest, float highest,
-                 uint8_t* out) {
+EDGE_INFER_INLINE void group_codes(const float* v, int64_t n, float scale, float zero, float offset, float lowest,
+                                   float highest, uint8_t* out) {
   for (int64_t j = 0; j < n; ++j) {
     float q = std::min(std::max((v[j] - zero) / scale, -256.0f), 256.0f);
     q = std::min(std::max(round_even(q) + offset, lowest), highest);
@@ -127,27 +133,63 @@ void group_codes(const float* v, int64_t n, float scale, float zero, float offse
   }
 }
 
+// The order keys of a group's least and greatest value; false when it holds NaN or infinity.
+EDGE_INFER_INLINE bool group_range(const float* values, int64_t n, int32_t* lo_key, int32_t* hi_key) {
+  int32_t lo = INT32_MAX, hi = INT32_MIN;
+  uint32_t special = 0;  // NaN's and infinity's exponent
+  for (int64_t j = 0; j < n; ++j) {
+    int32_t bits;
+    std::memcpy(&bits, values + j, 4);
+    special |= static_cast<uint32_t>((bits & 0x7f800000) == 0x7f800000);
+    const int32_t key = order_key(bits);
+    lo = std::min(lo, key);
+    hi = std::max(hi, key);
+  }
+  *lo_key = lo;
+  *hi_key = hi;
+  return special == 0;
+}
+
+struct GroupLoops {
+  bool (*range)(const float*, int64_t, int32_t*, int32_t*);
+  void (*codes)(const float*, int64_t, float, float, float, float, float, uint8_t*);
+};
+
+bool range_base(const float* v, int64_t n, int32_t* lo, int32_t* hi) { return group_range(v, n, lo, hi); }
+void codes_base(const float* v, int64_t n, float s, float z, float offset, float lowest, float highest, uint8_t* out) {
+  group_codes(v, n, s, z, offset, lowest, highest, out);
+}
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) bool range_avx2(const float* v, int64_t n, int32_t* lo, int32_t* hi) {
+  return group_range(v, n, lo, hi);
+}
+__attribute__((target("avx2"))) void codes_avx2(const float* v, int64_t n, float s, float z, float offset, float lowest,
+                                                float highest, uint8_t* out) {
+  group_codes(v, n, s, z, offset, lowest, highest, out);
+}
+#endif
+
+// The AVX2 loops for every x86 variant but the scalar reference (all of them have AVX2); the baseline's else.
+GroupLoops group_loops(const std::string& isa) {
+#if defined(__x86_64__)
+  if (isa != "scalar") return {range_avx2, codes_avx2};
+#endif
+  (void)isa;
+  return {range_base, codes_base};
+}
+
 // Codes and side values of one row of a float weight, as quantize.py's quantize_rows computes them; false
 // when a group holds NaN or infinity, or its scale or zero would overflow (the codes would mean nothing).
 // ``values`` is scratch for one group.
 template <typename T>
-bool quantize_row(const T* w, int64_t cols, const TileDest& d, bool symmetric, float* values, uint8_t* codes,
-                  uint16_t* scale, uint16_t* zero) {
+bool quantize_row(const T* w, int64_t cols, const TileDest& d, const GroupLoops& loops, bool symmetric, float* values,
+                  uint8_t* codes, uint16_t* scale, uint16_t* zero) {
   for (int64_t g = 0; g * d.group < d.k; ++g) {
     const int64_t c0 = g * d.group, real = std::max<int64_t>(0, std::min(d.group, cols - c0));
     for (int64_t j = 0; j < real; ++j) values[j] = static_cast<float>(w[c0 + j]);
     std::fill(values + real, values + d.group, 0.0f);  // padded columns are zeros and count, as in quantize.py
-    int32_t lo = INT32_MAX, hi = INT32_MIN;
-    uint32_t special = 0;  // NaN's and infinity's exponent
-    for (int64_t j = 0; j < d.group; ++j) {
-      int32_t bits;
-      std::memcpy(&bits, values + j, 4);
-      special |= static_cast<uint32_t>((bits & 0x7f800000) == 0x7f800000);
-      const int32_t key = order_key(bits);
-      lo = std::min(lo, key);
-      hi = std::max(hi, key);
-    }
-    if (special) return false;
+    int32_t lo, hi;
+    if (!loops.range(values, d.group, &lo, &hi)) return false;
     const float low = from_key(lo), high = from_key(hi);
     float s, z = 0.0f;
     if (d.bits == 8 || symmetric) {
@@ -162,16 +204,16 @@ bool quantize_row(const T* w, int64_t cols, const TileDest& d, bool symmetric, f
     }
     if (!std::isfinite(s) || !std::isfinite(z)) return false;
     if (d.bits == 8)
-      group_codes(values, d.group, s, 0.0f, 0.0f, -127.0f, 127.0f, codes + c0);
+      loops.codes(values, d.group, s, 0.0f, 0.0f, -127.0f, 127.0f, codes + c0);
     else
-      group_codes(values, d.group, s, z, 8.0f, 0.0f, 15.0f, codes + c0);
+      loops.codes(values, d.group, s, z, 8.0f, 0.0f, 15.0f, codes + c0);
   }
   return true;
 }
 
 // The first row (of the block) without codes, or -1; the rows before and after it are written.
 template <typename T>
-int64_t quantize_tiles(const at::Tensor& weight, const TileDest& d, bool symmetric) {
+int64_t quantize_tiles(const at::Tensor& weight, const TileDest& d, const GroupLoops& loops, bool symmetric) {
   const int64_t rows = weight.size(0), cols = weight.size(1), groups = d.k / d.group;
   const T* w = weight.data_ptr<T>();
   std::mutex bad_lock;
@@ -185,7 +227,7 @@ int64_t quantize_tiles(const at::Tensor& weight, const TileDest& d, bool symmetr
         std::fill(codes.begin(), codes.end(), 0);
         std::fill(scale.begin(), scale.end(), 0);
         std::fill(zero.begin(), zero.end(), 0);
-      } else if (!quantize_row(w + row * cols, cols, d, symmetric, values.data(), codes.data(), scale.data(), zero.data())) {
+      } else if (!quantize_row(w + row * cols, cols, d, loops, symmetric, values.data(), codes.data(), scale.data(), zero.data())) {
         std::lock_guard<std::mutex> hold(bad_lock);
         first_bad = std::min(first_bad, row);
         continue;
@@ -199,16 +241,16 @@ int64_t quantize_tiles(const at::Tensor& weight, const TileDest& d, bool symmetr
 // weight [rows, cols] (fp32, bf16 or fp16, contiguous) quantized group-wise into the tiles from first_tile on;
 // returns the first row holding a NaN or infinity, or a group too wide for a finite bf16 scale (no codes), or -1.
 int64_t quantize_into_tiles(const at::Tensor& weight, at::Tensor& codes, at::Tensor& scales, int64_t bits, int64_t group,
-                         bool symmetric, int64_t first_tile) {
+                            bool symmetric, int64_t first_tile, const std::string& isa) {
   TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous(), "weight must be a contiguous [rows, columns] tensor");
   const TileDest d = tile_dest(codes, scales, bits, group, first_tile, weight.size(0));
   TORCH_CHECK(weight.size(1) <= d.k && weight.size(1) > d.k - group, "weight has ", weight.size(1),
               " columns; the kernel takes ", d.k, " padded to groups of ", group);
   TORCH_CHECK(bits == 4 || symmetric, "8-bit weights are symmetric");
   switch (weight.scalar_type()) {
-    case at::kFloat: return quantize_tiles<float>(weight, d, symmetric);
-    case at::kBFloat16: return quantize_tiles<at::BFloat16>(weight, d, symmetric);
-    case at::kHalf: return quantize_tiles<at::Half>(weight, d, symmetric);
+    case at::kFloat: return quantize_tiles<float>(weight, d, group_loops(isa), symmetric);
+    case at::kBFloat16: return quantize_tiles<at::BFloat16>(weight, d, group_loops(isa), symmetric);
+    case at::kHalf: return quantize_tiles<at::Half>(weight, d, group_loops(isa), symmetric);
     default: TORCH_CHECK_VALUE(false, "quantizing takes fp32, bf16 or fp16 weights, got ", weight.scalar_type());
   }
   return -1;  // not reached
@@ -257,7 +299,7 @@ void pack_into_tiles(const at::Tensor& row_codes, const at::Tensor& row_scales, 
 
 TORCH_LIBRARY_FRAGMENT(edge_infer, lib) {
   lib.def("quantize_into_tiles(Tensor weight, Tensor(a!) codes, Tensor(b!) scales, int bits, int group, bool symmetric, "
-          "int first_tile) -> int");
+          "int first_tile, str isa) -> int");
   lib.def("pack_into_tiles(Tensor row_codes, Tensor row_scales, Tensor? row_zeros, Tensor(a!) codes, Tensor(b!) scales, "
           "int bits, int group, int first_tile) -> ()");
 }
