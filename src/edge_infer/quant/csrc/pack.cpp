@@ -1,7 +1,7 @@
 // Writing weights into the int8-activation kernels' 64-row tiles (layouts in isa.h) while a model loads.
 // As PyTorch operators, quantizing a block of rows took ~8 passes over a widened copy and packing it a
-// strided copy of 4-byte pieces: most of a 3B thinker's load (W4A8 decoder and towers from bf16: 29 s, from
-// stored codes 20.5 s; here 15 s and 12 s, on a VM whose fresh memory faults in slowly). Each half tile is
+// strided copy of 4-byte pieces: most of a 3B thinker's load (W4A8 decoder and towers from bf16: 30 s, from
+// stored codes 18-20 s; here 14.5 s and 12-13 s, on a VM whose fresh memory faults in slowly). Each half tile is
 // one task: its rows are read once, their codes chosen as quantize.py chooses them (the same fp32
 // operations in the same order, so the same bits) and written where the kernels read them.
 #include <ATen/ATen.h>
