@@ -30,8 +30,9 @@ def build_harness(out: Path, sources: tuple[IsaSource, ...], cxx: str, link: tup
     """The harness linked with the variants of ``sources`` that compile: (executable, those variants)."""
     objects, built = compile_isa_objects(out / "obj", sources, cxx)
     exe = out / "harness"
-    subprocess.run([cxx, "-O2", "-std=c++17", "-ffp-contract=off", f"-I{CSRC}", str(HARNESS), *map(str, objects), *link,
-                    "-o", str(exe)], check=True, capture_output=True, text=True)
+    # The binding's floating-point flags (native_build.BINDING_FLAGS): pack_math.h compiles here as in the loader.
+    subprocess.run([cxx, "-O3", "-std=c++17", "-ffp-contract=off", "-fno-trapping-math", f"-I{CSRC}", str(HARNESS),
+                    *map(str, objects), *link, "-o", str(exe)], check=True, capture_output=True, text=True)
     return exe, built
 
 

@@ -69,9 +69,10 @@ OPTIONAL_SOURCES = {
 BINDING_SOURCES = ("linear.cpp", "decode_layer.cpp", "snake.cpp", "elementwise.cpp", "block_cache.cpp", "attention.cpp",
                    "pack.cpp")
 # The binding's flags: -fopenmp, as at::parallel_for runs on the OpenMP pool PyTorch already started (same
-# libgomp soname); -fno-trapping-math lets the compiler vectorize the loops that select between floats (clamps
-# and minima, in pack.cpp) without changing any value (it drops only the floating-point exception flags).
-BINDING_FLAGS = ("-O3", "-fopenmp", "-fno-trapping-math")
+# libgomp soname); -ffp-contract=off as for the variants (no multiply-adds where x86's baseline has none, so ARM
+# computes the same bits); -fno-trapping-math lets the compiler vectorize the loops that select between floats
+# (clamps and minima, pack_math.h) without changing any value (it drops only the floating-point exception flags).
+BINDING_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-fno-trapping-math")
 LIBRARY_NAME = "edge_infer_native.so"
 VARIANTS_FILE = "variants.json"  # the variants the build holds, readable without loading the library
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "isa.h"
+#include "pack_math.h"
 
 using edge_infer::Int8Rows;
 using edge_infer::IsaKernels;
@@ -536,6 +537,84 @@ void run_vector_case(const std::vector<const IsaKernels*>& variants, Rng& rng) {
   run_snake_case(variants, rng, n + rng.below(16));
 }
 
+// quantize.py's quantize_rows for one group, written as PyTorch computes it (a min and max, the scale's division
+// and bf16 rounding, each value's division, nearbyint's half-to-even rounding, offset and clamp): the reference
+// for pack_math.h's quantize_group, which the loader runs.
+bool reference_group(const float* v, int n, int bits, bool symmetric, uint8_t* codes, uint16_t* scale, uint16_t* zero) {
+  float lo = v[0], hi = v[0];
+  for (int j = 0; j < n; ++j) {
+    if (!std::isfinite(v[j])) return false;
+    lo = std::fmin(lo, v[j]);
+    hi = std::fmax(hi, v[j]);
+  }
+  float s, z = 0.f;
+  if (bits == 8 || symmetric) {
+    *scale = to_bf16(std::fmax(std::fmax(-lo, hi) / (bits == 8 ? 127.f : 7.f), 1e-12f));
+    *zero = 0;
+    s = from_bf16(*scale);
+  } else {
+    *scale = to_bf16(std::fmax((hi - lo) / 15.f, 1e-12f));
+    s = from_bf16(*scale);
+    *zero = to_bf16(lo + 8.f * s);
+    z = from_bf16(*zero);
+  }
+  if (!std::isfinite(s) || !std::isfinite(z)) return false;
+  for (int j = 0; j < n; ++j) {
+    const float q = std::nearbyint((v[j] - z) / s);
+    codes[j] = static_cast<uint8_t>(static_cast<int>(bits == 8 ? std::fmin(std::fmax(q, -127.f), 127.f)
+                                                                : std::fmin(std::fmax(q + 8.f, 0.f), 15.f)));
+  }
+  return true;
+}
+
+// Groups over 120 binary orders, exact ties (power-of-two scales), zeros of both signs and subnormals, values
+// near the largest float, NaN and infinity: quantize_group with each loop set built here against the reference.
+int check_quantize_groups(Rng& rng) {
+  namespace pack = edge_infer::pack;
+  std::vector<std::pair<const char*, pack::GroupLoops>> loops{{"baseline loops", pack::group_loops(false)}};
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2")) loops.emplace_back("avx2 loops", pack::group_loops(true));
+#endif
+  const int kGroups = 4000;
+  std::vector<float> v(256);
+  std::vector<uint8_t> want(256), got(256);
+  for (int g = 0; g < kGroups; ++g) {
+    const int n = 32 << rng.below(4), bits = rng.below(3) == 0 ? 8 : 4;
+    const bool symmetric = bits == 8 || rng.below(2) == 0;
+    const int kind = rng.below(5), top = bits == 8 ? 127 : 7;
+    const float s = std::ldexp(1.f, rng.below(40) - 20);
+    for (int j = 0; j < n; ++j) {
+      switch (kind) {
+        case 0: v[j] = std::ldexp(rng.uniform(), rng.below(120) - 60); break;
+        case 1: v[j] = (symmetric ? rng.below(2 * top) - top : rng.below(14) - 6) * s + 0.5f * s; break;  // ties
+        case 2: v[j] = rng.below(3) == 0 ? (rng.below(2) ? -0.f : 0.f) : rng.uniform() * 1e-40f; break;
+        case 3: v[j] = rng.uniform() * 3.4e38f; break;
+        default: v[j] = rng.uniform(); break;
+      }
+    }
+    if (kind == 1 && symmetric) v[rng.below(n)] = top * s;  // the scale is s exactly
+    if (kind == 1 && !symmetric) v[0] = -6 * s, v[1] = 9 * s;  // scale s and zero 2 s exactly
+    if (kind == 4) v[rng.below(n)] = rng.below(2) ? NAN : (rng.below(2) ? INFINITY : -INFINITY);
+    uint16_t want_scale = 0, want_zero = 0;
+    const bool want_ok = reference_group(v.data(), n, bits, symmetric, want.data(), &want_scale, &want_zero);
+    for (const auto& [name, set] : loops) {
+      uint16_t got_scale = 0, got_zero = 0;
+      const bool ok = pack::quantize_group(v.data(), n, bits, symmetric, set, got.data(), &got_scale, &got_zero);
+      if (ok != want_ok) {
+        fail(name, "quantize_group refusal", g, ok, want_ok);
+      } else if (ok) {
+        if (got_scale != want_scale || got_zero != want_zero) fail(name, "quantize_group scale/zero", g, got_scale, want_scale);
+        for (int j = 0; j < n; ++j)
+          if (got[j] != want[j]) {
+            fail(name, "quantize_group code", g * 256 + j, got[j], want[j]);
+            break;
+          }
+      }
+    }
+  }
+  return kGroups * static_cast<int>(loops.size());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -582,6 +661,8 @@ int main(int argc, char** argv) {
       ++cases;
     }
   for (int i = 0; i < 32; ++i) run_vector_case(variants, rng);
+  const int quantized_groups = check_quantize_groups(rng);
+  std::printf("%s quantize_group: %d groups against the reference\n", failures ? "FAIL" : "ok", quantized_groups);
   for (size_t v = 0; v < variants.size(); ++v)
     std::printf("%s %s: %d matrix cases%s, 32 vector cases%s\n", failures ? "FAIL" : "ok", variants[v]->name, cases,
                 variants[v]->panels_ready != nullptr

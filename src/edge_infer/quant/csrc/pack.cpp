@@ -8,6 +8,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "pack_math.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -21,28 +23,6 @@ namespace edge_infer {
 namespace {
 
 constexpr int64_t kTileRows = 64;
-constexpr float kMinScale = 1e-12f;  // quantize.py's MIN_SCALE: keeps an all-zero group's scale finite
-
-uint16_t bf16_bits(float value) {  // round to nearest even (the values here are finite)
-  uint32_t bits;
-  std::memcpy(&bits, &value, 4);
-  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-
-float bf16_value(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float value;
-  std::memcpy(&value, &wide, 4);
-  return value;
-}
-
-// Round half to even, as torch.round: exact for |x| < 2^22 in the default rounding mode (the callers
-// clamp first: every code lies in [-127, 127]), and vectorizable, unlike a call to nearbyintf.
-float round_even(float x) {
-  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
-  return (x + kShift) - kShift;
-}
-
 // Where a packed weight's tiles start: the codes [tiles, k / columns_per_step, 64, 4] bytes and the bf16
 // scales [tiles, groups, parts, 64] (parts: scale and zero for 4 bits, the scale alone for 8).
 struct TileDest {
@@ -107,113 +87,23 @@ TileDest tile_dest(const at::Tensor& codes, const at::Tensor& scales, int64_t bi
           parts, first_tile};
 }
 
-// A float's bits as an integer that orders as the float does (NaN aside): the group's minimum and maximum
-// as integer reductions, which the compiler vectorizes (a float min/max reduction it will not reorder).
-int32_t order_key(int32_t bits) { return bits ^ ((bits >> 31) & 0x7fffffff); }  // its own inverse
-
-float from_key(int32_t key) {
-  const int32_t bits = order_key(key);
-  float value;
-  std::memcpy(&value, &bits, 4);
-  return value;
-}
-
-// The two loops over a group's values, written once and compiled twice on x86: for AVX2 (eight lanes, half
-// the time of the baseline's four at a 3B model's load) and for the baseline; the caller picks by the ISA
-// variant the capability model chose. The same operations on every lane: the same bits either way.
-#define EDGE_INFER_INLINE inline __attribute__((always_inline))
-
-// Codes of one group: clamp(round((v - zero) / scale) + offset, lowest, highest), as quantize.py's fp32 steps.
-EDGE_INFER_INLINE void group_codes(const float* v, int64_t n, float scale, float zero, float offset, float lowest,
-                                   float highest, uint8_t* out) {
-  for (int64_t j = 0; j < n; ++j) {
-    float q = std::min(std::max((v[j] - zero) / scale, -256.0f), 256.0f);
-    q = std::min(std::max(round_even(q) + offset, lowest), highest);
-    out[j] = static_cast<uint8_t>(static_cast<int>(q));  // 8-bit codes wrap to their int8 bits
-  }
-}
-
-// The order keys of a group's least and greatest value; false when it holds NaN or infinity.
-EDGE_INFER_INLINE bool group_range(const float* values, int64_t n, int32_t* lo_key, int32_t* hi_key) {
-  int32_t lo = INT32_MAX, hi = INT32_MIN;
-  uint32_t special = 0;  // NaN's and infinity's exponent
-  for (int64_t j = 0; j < n; ++j) {
-    int32_t bits;
-    std::memcpy(&bits, values + j, 4);
-    special |= static_cast<uint32_t>((bits & 0x7f800000) == 0x7f800000);
-    const int32_t key = order_key(bits);
-    lo = std::min(lo, key);
-    hi = std::max(hi, key);
-  }
-  *lo_key = lo;
-  *hi_key = hi;
-  return special == 0;
-}
-
-struct GroupLoops {
-  bool (*range)(const float*, int64_t, int32_t*, int32_t*);
-  void (*codes)(const float*, int64_t, float, float, float, float, float, uint8_t*);
-};
-
-bool range_base(const float* v, int64_t n, int32_t* lo, int32_t* hi) { return group_range(v, n, lo, hi); }
-void codes_base(const float* v, int64_t n, float s, float z, float offset, float lowest, float highest, uint8_t* out) {
-  group_codes(v, n, s, z, offset, lowest, highest, out);
-}
-#if defined(__x86_64__)
-__attribute__((target("avx2"))) bool range_avx2(const float* v, int64_t n, int32_t* lo, int32_t* hi) {
-  return group_range(v, n, lo, hi);
-}
-__attribute__((target("avx2"))) void codes_avx2(const float* v, int64_t n, float s, float z, float offset, float lowest,
-                                                float highest, uint8_t* out) {
-  group_codes(v, n, s, z, offset, lowest, highest, out);
-}
-#endif
-
-// The AVX2 loops for every x86 variant but the scalar reference (all of them have AVX2); the baseline's else.
-GroupLoops group_loops(const std::string& isa) {
-#if defined(__x86_64__)
-  if (isa != "scalar") return {range_avx2, codes_avx2};
-#endif
-  (void)isa;
-  return {range_base, codes_base};
-}
-
-// Codes and side values of one row of a float weight, as quantize.py's quantize_rows computes them; false
-// when a group holds NaN or infinity, or its scale or zero would overflow (the codes would mean nothing).
-// ``values`` is scratch for one group.
+// Codes and side values of one row of a float weight (pack_math.h's quantize_group for each group); false
+// when a group has none. ``values`` is scratch for one group.
 template <typename T>
-bool quantize_row(const T* w, int64_t cols, const TileDest& d, const GroupLoops& loops, bool symmetric, float* values,
-                  uint8_t* codes, uint16_t* scale, uint16_t* zero) {
+bool quantize_row(const T* w, int64_t cols, const TileDest& d, const pack::GroupLoops& loops, bool symmetric,
+                  float* values, uint8_t* codes, uint16_t* scale, uint16_t* zero) {
   for (int64_t g = 0; g * d.group < d.k; ++g) {
     const int64_t c0 = g * d.group, real = std::max<int64_t>(0, std::min(d.group, cols - c0));
     for (int64_t j = 0; j < real; ++j) values[j] = static_cast<float>(w[c0 + j]);
     std::fill(values + real, values + d.group, 0.0f);  // padded columns are zeros and count, as in quantize.py
-    int32_t lo, hi;
-    if (!loops.range(values, d.group, &lo, &hi)) return false;
-    const float low = from_key(lo), high = from_key(hi);
-    float s, z = 0.0f;
-    if (d.bits == 8 || symmetric) {
-      scale[g] = bf16_bits(std::max(std::max(-low, high) / (d.bits == 8 ? 127.0f : 7.0f), kMinScale));
-      zero[g] = 0;
-      s = bf16_value(scale[g]);
-    } else {
-      scale[g] = bf16_bits(std::max((high - low) / 15.0f, kMinScale));
-      s = bf16_value(scale[g]);
-      zero[g] = bf16_bits(low + 8.0f * s);  // 8 s is exact: fused into one multiply-add (ARM) it rounds the same
-      z = bf16_value(zero[g]);
-    }
-    if (!std::isfinite(s) || !std::isfinite(z)) return false;
-    if (d.bits == 8)
-      loops.codes(values, d.group, s, 0.0f, 0.0f, -127.0f, 127.0f, codes + c0);
-    else
-      loops.codes(values, d.group, s, z, 8.0f, 0.0f, 15.0f, codes + c0);
+    if (!pack::quantize_group(values, d.group, static_cast<int>(d.bits), symmetric, loops, codes + c0, scale + g, zero + g))
+      return false;
   }
   return true;
 }
 
-// The first row (of the block) without codes, or -1; the rows before and after it are written.
 template <typename T>
-int64_t quantize_tiles(const at::Tensor& weight, const TileDest& d, const GroupLoops& loops, bool symmetric) {
+int64_t quantize_tiles(const at::Tensor& weight, const TileDest& d, const pack::GroupLoops& loops, bool symmetric) {
   const int64_t rows = weight.size(0), cols = weight.size(1), groups = d.k / d.group;
   const T* w = weight.data_ptr<T>();
   std::mutex bad_lock;
@@ -248,9 +138,9 @@ int64_t quantize_into_tiles(const at::Tensor& weight, at::Tensor& codes, at::Ten
               " columns; the kernel takes ", d.k, " padded to groups of ", group);
   TORCH_CHECK(bits == 4 || symmetric, "8-bit weights are symmetric");
   switch (weight.scalar_type()) {
-    case at::kFloat: return quantize_tiles<float>(weight, d, group_loops(isa), symmetric);
-    case at::kBFloat16: return quantize_tiles<at::BFloat16>(weight, d, group_loops(isa), symmetric);
-    case at::kHalf: return quantize_tiles<at::Half>(weight, d, group_loops(isa), symmetric);
+    case at::kFloat: return quantize_tiles<float>(weight, d, pack::group_loops(isa != "scalar"), symmetric);
+    case at::kBFloat16: return quantize_tiles<at::BFloat16>(weight, d, pack::group_loops(isa != "scalar"), symmetric);
+    case at::kHalf: return quantize_tiles<at::Half>(weight, d, pack::group_loops(isa != "scalar"), symmetric);
     default: TORCH_CHECK_VALUE(false, "quantizing takes fp32, bf16 or fp16 weights, got ", weight.scalar_type());
   }
   return -1;  // not reached
