@@ -27,8 +27,8 @@ inline float bf16_value(uint16_t bits) {
   return value;
 }
 
-// Round half to even, as torch.round: exact for |x| < 2^22 in the default rounding mode (the callers
-// clamp first: every code lies in [-127, 127]), and vectorizable, unlike a call to nearbyintf.
+// Round half to even, as torch.round: exact for |x| < 2^22 in the default rounding mode (group_codes clamps
+// to ±256 first, past every code), and vectorizable, unlike a call to nearbyintf.
 inline float round_even(float x) {
   constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
   return (x + kShift) - kShift;
@@ -83,18 +83,20 @@ struct GroupLoops {
 };
 
 inline bool range_base(const float* v, int64_t n, int32_t* lo, int32_t* hi) { return group_range(v, n, lo, hi); }
-inline void codes_base(const float* v, int64_t n, float s, float z, float offset, float lowest, float highest, uint8_t* out) {
+inline void codes_base(const float* v, int64_t n, float s, float z, float offset, float lowest, float highest,
+                       uint8_t* out) {
   group_codes(v, n, s, z, offset, lowest, highest, out);
 }
 #if defined(__x86_64__)
 inline __attribute__((target("avx2"))) bool range_avx2(const float* v, int64_t n, int32_t* lo, int32_t* hi) {
   return group_range(v, n, lo, hi);
 }
-inline __attribute__((target("avx2"))) void codes_avx2(const float* v, int64_t n, float s, float z, float offset, float lowest,
-                                                float highest, uint8_t* out) {
+inline __attribute__((target("avx2"))) void codes_avx2(const float* v, int64_t n, float s, float z, float offset,
+                                                       float lowest, float highest, uint8_t* out) {
   group_codes(v, n, s, z, offset, lowest, highest, out);
 }
 #endif
+#undef EDGE_INFER_INLINE
 
 // The AVX2 loops (every x86 variant but the scalar reference has AVX2), or the baseline's.
 inline GroupLoops group_loops(bool avx2) {
