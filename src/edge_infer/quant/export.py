@@ -160,8 +160,7 @@ def _row_blocks(reader: CheckpointReader, name: str, rows: int, step: int,
         try:
             yield quantize(reader.rows(name, start, min(rows, start + step)))
         except NonFiniteWeightError as exc:
-            raise CheckpointError(f"{name}, row {start + exc.row} holds a NaN or infinite weight, or one too large "
-                                  f"to quantize (its codes would mean nothing); fix the checkpoint") from None
+            raise CheckpointError(exc.located(f"{name}, row {start + exc.row}")) from None
 
 
 def _encode(reader: CheckpointReader, name: str, rows: int, cols: int, quant: QuantConfig) -> dict[str, torch.Tensor]:

@@ -93,8 +93,7 @@ def fill_kernel(kernel: PackedWeights, reader: CheckpointReader, sources: tuple[
         try:
             kernel.write_weight_rows(start, weight, quant.symmetric)
         except NonFiniteWeightError as exc:
-            raise CheckpointError(f"{_source_row(pieces, exc.row)} holds a NaN or infinite weight, or one too large to "
-                                  f"quantize (its codes would mean nothing); fix the checkpoint") from None
+            raise CheckpointError(exc.located(_source_row(pieces, exc.row))) from None
 
 
 def _source_row(pieces: list[Piece], row: int) -> str:

@@ -61,6 +61,11 @@ class NonFiniteWeightError(ValueError):
         super().__init__(f"row {row} holds a NaN or infinite weight, or one too large to quantize")
         self.row = row  # of the rows given
 
+    def located(self, where: str) -> str:
+        """The refusal with the row named by its checkpoint tensor (``where``: "<tensor>, row <n>")."""
+        return (f"{where} holds a NaN or infinite weight, or one too large to quantize (its codes would mean nothing); "
+                f"fix the checkpoint")
+
 
 def quantize_rows(weight: torch.Tensor, group_size: int, symmetric: bool, bits: int = 4) -> QuantizedRows:
     """Quantize ``weight [rows, K]`` to ``bits`` (4 or 8; 8 is symmetric); K is zero-padded to a multiple of ``group_size``.

@@ -11,7 +11,6 @@
 #include "pack_math.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -23,6 +22,7 @@ namespace edge_infer {
 namespace {
 
 constexpr int64_t kTileRows = 64;
+
 // Where a packed weight's tiles start: the codes [tiles, k / columns_per_step, 64, 4] bytes and the bf16
 // scales [tiles, groups, parts, 64] (parts: scale and zero for 4 bits, the scale alone for 8).
 struct TileDest {
