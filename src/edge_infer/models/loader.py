@@ -4,9 +4,16 @@ Files are memory-mapped by ``safetensors`` and every tensor is copied into
 its final dtype a block of rows at a time, so the load-time peak is the
 steady state plus one block plus one weight being repacked — not a second
 copy of the model. Sharded checkpoints are read through their index.
+
+A weight that a kernel copies into a layout of its own (oneDNN's reorder) is
+read into one staging buffer reused from linear to linear: the operating
+system zeroes fresh memory on first touch, and a fresh row-major copy of each
+such weight was a third of a bf16 3B model's load (docs/performance.md).
 """
 from __future__ import annotations
 
+import contextlib
+import math
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +23,7 @@ import torch
 
 from edge_infer.errors import CheckpointError
 from edge_infer.models.checkpoint import TensorInfo, read_tensor_index
-from edge_infer.models.layers.linear import Linear, make_kernel
+from edge_infer.models.layers.linear import Linear, make_kernel, reorders_weight
 from edge_infer.models.weight_arena import weight_arena
 
 # Rows copied per step are chosen so a block holds about this many bytes.
@@ -106,6 +113,52 @@ def fill_concatenated(reader: CheckpointReader, sources: tuple[str, ...], out: t
         raise CheckpointError(f"tensors {', '.join(sources)} give {row} rows; config.json implies {out.shape[0]}")
 
 
+class _Staging:
+    """The buffer a load reads reordered weights into: grown to the largest asked for, dropped by ``settle``
+    after a linear that did not use it (a quantized one has a transient of its own; the plan counts the larger
+    of the two, not their sum)."""
+
+    def __init__(self) -> None:
+        self.buffer: torch.Tensor | None = None
+        self.used = False
+
+    def rows(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        nbytes = math.prod(shape) * dtype.itemsize
+        if self.buffer is None or self.buffer.numel() < nbytes:
+            self.buffer = None  # the smaller one goes before the larger one is made
+            self.buffer = torch.empty(nbytes, dtype=torch.uint8)
+        self.used = True
+        return self.buffer[:nbytes].view(dtype).view(shape)
+
+    def settle(self) -> None:
+        if not self.used:
+            self.buffer = None
+        self.used = False
+
+
+_staging: _Staging | None = None
+
+
+@contextlib.contextmanager
+def _staging_scope() -> Iterator[_Staging | None]:
+    """One staging buffer for the block; nested blocks share the outer one."""
+    global _staging
+    if _staging is not None:
+        yield None
+        return
+    _staging = _Staging()
+    try:
+        yield _staging
+    finally:
+        _staging = None
+
+
+def staged_rows(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Uninitialised rows for a weight that is copied elsewhere before the next one is read: a view of the load's
+    staging buffer (its memory already touched), or fresh memory outside a load."""
+    return torch.empty(shape, dtype=dtype) if _staging is None else _staging.rows(shape, dtype)
+
+
 M = TypeVar("M", bound=torch.nn.Module)
 
 
@@ -149,7 +202,8 @@ def install_dense(backend: str) -> LinearInstaller:
     """Installer that loads a linear weight as-is and wraps it for ``backend``."""
 
     def install(linear: Linear, target: str, sources: tuple[str, ...], reader: CheckpointReader, dtype: torch.dtype) -> None:
-        weight = torch.empty(linear.out_features, linear.in_features, dtype=dtype)
+        shape = (linear.out_features, linear.in_features)
+        weight = staged_rows(shape, dtype) if reorders_weight(backend, dtype) else torch.empty(shape, dtype=dtype)
         fill_concatenated(reader, sources, weight)
         linear.kernel = make_kernel(weight, backend)
 
@@ -188,13 +242,15 @@ def load_weights(
     specs = model.weight_specs()
     if prefix:
         specs = [replace(spec, sources=tuple(prefix + name for name in spec.sources)) for spec in specs]
-    with CheckpointReader(model_dir) as reader, weight_arena():
+    with CheckpointReader(model_dir) as reader, weight_arena(), _staging_scope() as staging:
         for n, spec in enumerate(specs):
             owner, attr = model.resolve(spec.target)
-            if spec.target == "embed" and head_from_embedding:
-                install_linear(model.lm_head, "lm_head", spec.sources, reader, dtype)
-            elif spec.is_linear:
-                install_linear(getattr(owner, attr), spec.target, spec.sources, reader, dtype)
+            head = spec.target == "embed" and head_from_embedding  # the table installed as the head's linear
+            if head or spec.is_linear:
+                linear, target = (model.lm_head, "lm_head") if head else (getattr(owner, attr), spec.target)
+                install_linear(linear, target, spec.sources, reader, dtype)
+                if staging is not None:
+                    staging.settle()
             else:
                 stored = DTYPES[reader.info(spec.sources[0]).dtype] if spec.target == "embed" and table_dtype_as_stored else dtype
                 tensor = torch.empty(spec.shape, dtype=stored)

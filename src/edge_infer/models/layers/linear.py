@@ -91,9 +91,14 @@ def onednn_bf16_available() -> bool:
         return False
 
 
+def reorders_weight(backend: str, dtype: torch.dtype) -> bool:
+    """Whether ``make_kernel`` copies the weight into a layout of its own (the row-major tensor is not kept)."""
+    return backend == "onednn" and dtype == torch.bfloat16
+
+
 def make_kernel(weight: torch.Tensor, backend: str) -> WeightKernel:
     """Wrap a row-major weight for ``backend`` ('dense' or 'onednn')."""
-    if backend == "onednn" and weight.dtype == torch.bfloat16:
+    if reorders_weight(backend, weight.dtype):
         return OneDnnBf16Kernel(weight)
     return DenseKernel(weight)
 
