@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from edge_infer.errors import KernelUnavailableError
 from edge_infer.models.layers.linear import WeightKernel
 from edge_infer.models.weight_arena import packed_zeros
-from edge_infer.quant.quantize import quantize_rows, unpack_nibbles
+from edge_infer.quant.quantize import NonFiniteWeightError, quantize_rows, unpack_nibbles
 from edge_infer.quant.sizes import ROW_MULTIPLE, padded
 
 BLOCK_ALIGN = 64  # the largest row tile of any layout; blocks of rows start at multiples of it
@@ -114,17 +114,38 @@ class Int4Kernel(PackedWeights):
         ``codes`` uint8/int32 ``[rows, Kp]``, or ``[rows, Kp / 2]`` two per byte as a checkpoint stores them;
         ``scales`` and ``zeros`` ``[rows, Kp / group_size]``.
         """
-        assert start % BLOCK_ALIGN == 0, "blocks must start on a row tile"
         if codes.shape[1] == self.cols_padded // 2:
             codes = unpack_nibbles(codes)
-        n = codes.shape[0]
-        end = min(start + n, self.out_features)
-        stop = self.rows_padded if end == self.out_features else end
-        if stop - start != n:  # the last block: pad to the kernel's row multiple with zero rows
-            codes = F.pad(codes, (0, 0, 0, stop - start - n))
+        end, stop = self._block_rows(start, codes.shape[0])
+        if stop - start != codes.shape[0]:  # the last block: pad to the kernel's row multiple with zero rows
+            codes = F.pad(codes, (0, 0, 0, stop - start - codes.shape[0]))
         self.packed[start:stop] = pack_codes(codes)
         self.scales_zeros[:, start:end, 0] = scales[: end - start].T.to(self.scales_zeros.dtype)
         self.scales_zeros[:, start:end, 1] = zeros[: end - start].T.to(self.scales_zeros.dtype)
+
+    def write_weight_rows(self, start: int, weight: torch.Tensor, symmetric: bool) -> None:
+        """As ``PackedWeights.write_weight_rows`` (the same codes and scales), quantized by edge-infer's native
+        loop (csrc/pack.cpp) straight into int32 codes and the kernel's scale/zero pairs where its library runs
+        here; with PyTorch operators elsewhere (about 5x the time)."""
+        from edge_infer.quant.native import vector_variant
+
+        variant = vector_variant()
+        if variant is None:
+            return super().write_weight_rows(start, weight, symmetric)
+        end, stop = self._block_rows(start, weight.shape[0])
+        codes = torch.empty(stop - start, self.cols_padded, dtype=torch.int32)
+        bad = torch.ops.edge_infer.quantize_into_rows(weight[: end - start].contiguous(), codes, self.scales_zeros,
+                                                      self.group_size, symmetric, start, variant)
+        if bad >= 0:
+            raise NonFiniteWeightError(bad)
+        self.packed[start:stop] = pack_codes(codes)
+
+    def _block_rows(self, start: int, n: int) -> tuple[int, int]:
+        """(end, stop) of a block of ``n`` rows from ``start``: its last weight row, and its last row with the
+        kernel's padding rows (past the last weight row, up to the row multiple)."""
+        assert start % BLOCK_ALIGN == 0, "blocks must start on a row tile"
+        end = min(start + n, self.out_features)
+        return end, self.rows_padded if end == self.out_features else end
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != self.scales_zeros.dtype:

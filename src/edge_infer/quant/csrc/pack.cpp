@@ -1,4 +1,5 @@
-// Writing weights into the int8-activation kernels' 64-row tiles (layouts in isa.h) while a model loads.
+// Writing weights into the int8-activation kernels' 64-row tiles (layouts in isa.h) while a model loads, and
+// quantizing them for PyTorch's int4 kernel (cpu_int4), which packs its own layout from int32 codes.
 // As PyTorch operators, quantizing a block of rows took ~8 passes over a widened copy and packing it a
 // strided copy of 4-byte pieces: most of a 3B thinker's load (W4A8 decoder and towers from bf16: 30 s, from
 // stored codes 18-20 s; here 14.5 s and 12-13 s, on a VM whose fresh memory faults in slowly). Each half tile is
@@ -29,6 +30,7 @@ struct TileDest {
   uint8_t* codes;
   uint16_t* scales;
   int64_t bits, k, group, parts, first_tile;
+  int64_t rows_out;  // the block's rows padded to whole tiles
 
   int64_t steps() const { return k / (bits == 4 ? 8 : 4); }
   uint8_t* tile_codes(int64_t tile) const { return codes + tile * steps() * kTileRows * 4; }
@@ -62,11 +64,13 @@ struct TileDest {
 // 128 contiguous bytes, its side values of a group 64).
 constexpr int64_t kTaskRows = 32;
 
-// run(first, last) over the block's rows padded to whole tiles, [first, last) in whole tasks.
+// run(first, last) over rows [0, rows_out) in whole tasks (the last may be short).
 template <typename F>
-void for_each_task(int64_t rows, const F& run) {
-  const int64_t tasks = (rows + kTileRows - 1) / kTileRows * (kTileRows / kTaskRows);
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) { run(begin * kTaskRows, end * kTaskRows); });
+void for_each_task(int64_t rows_out, const F& run) {
+  const int64_t tasks = (rows_out + kTaskRows - 1) / kTaskRows;
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    run(begin * kTaskRows, std::min(end * kTaskRows, rows_out));
+  });
 }
 
 TileDest tile_dest(const at::Tensor& codes, const at::Tensor& scales, int64_t bits, int64_t group, int64_t first_tile,
@@ -84,13 +88,41 @@ TileDest tile_dest(const at::Tensor& codes, const at::Tensor& scales, int64_t bi
   TORCH_CHECK(first_tile >= 0 && first_tile + tiles <= codes.size(0), "rows from tile ", first_tile, " on do not fit ",
               codes.size(0), " tiles");
   return {static_cast<uint8_t*>(codes.data_ptr()), reinterpret_cast<uint16_t*>(scales.data_ptr<at::BFloat16>()), bits, k, group,
-          parts, first_tile};
+          parts, first_tile, tiles * kTileRows};
 }
+
+// Row-major int32 codes [rows_out, k] (PyTorch's int4 kernel packs them into its own layout) and that kernel's
+// (scale, zero) pairs [groups, pair_rows, 2] from row first_row on, in its dtype: bf16, or fp32 holding the bf16
+// values.
+struct RowDest {
+  int32_t* codes;
+  void* pairs;
+  bool pairs_fp32;
+  int64_t pair_rows, first_row;
+  int64_t bits, k, group;
+  int64_t rows_out;
+
+  void put_row(int64_t row, const uint8_t* row_codes, const uint16_t* scale, const uint16_t* zero) const {
+    int32_t* out = codes + row * k;
+    for (int64_t j = 0; j < k; ++j) out[j] = row_codes[j];
+    const int64_t at = first_row + row;
+    for (int64_t g = 0; g < k / group; ++g) {
+      const int64_t i = (g * pair_rows + at) * 2;
+      if (pairs_fp32) {
+        static_cast<float*>(pairs)[i] = pack::bf16_value(scale[g]);
+        static_cast<float*>(pairs)[i + 1] = pack::bf16_value(zero[g]);
+      } else {
+        static_cast<uint16_t*>(pairs)[i] = scale[g];
+        static_cast<uint16_t*>(pairs)[i + 1] = zero[g];
+      }
+    }
+  }
+};
 
 // Codes and side values of one row of a float weight (pack_math.h's quantize_group for each group); false
 // when a group has none. ``values`` is scratch for one group.
-template <typename T>
-bool quantize_row(const T* w, int64_t cols, const TileDest& d, const pack::GroupLoops& loops, bool symmetric,
+template <typename T, typename Dest>
+bool quantize_row(const T* w, int64_t cols, const Dest& d, const pack::GroupLoops& loops, bool symmetric,
                   float* values, uint8_t* codes, uint16_t* scale, uint16_t* zero) {
   for (int64_t g = 0; g * d.group < d.k; ++g) {
     const int64_t c0 = g * d.group, real = std::max<int64_t>(0, std::min(d.group, cols - c0));
@@ -102,13 +134,14 @@ bool quantize_row(const T* w, int64_t cols, const TileDest& d, const pack::Group
   return true;
 }
 
-template <typename T>
-int64_t quantize_tiles(const at::Tensor& weight, const TileDest& d, const pack::GroupLoops& loops, bool symmetric) {
+// The block's rows quantized into ``d``; rows past the weight's (to rows_out) get zero codes and side values.
+template <typename T, typename Dest>
+int64_t quantize_block(const at::Tensor& weight, const Dest& d, const pack::GroupLoops& loops, bool symmetric) {
   const int64_t rows = weight.size(0), cols = weight.size(1), groups = d.k / d.group;
   const T* w = weight.data_ptr<T>();
   std::mutex bad_lock;
   int64_t first_bad = std::numeric_limits<int64_t>::max();
-  for_each_task(rows, [&](int64_t first, int64_t last) {
+  for_each_task(d.rows_out, [&](int64_t first, int64_t last) {
     std::vector<float> values(d.group);
     std::vector<uint8_t> codes(d.k);
     std::vector<uint16_t> scale(groups), zero(groups);
@@ -128,22 +161,47 @@ int64_t quantize_tiles(const at::Tensor& weight, const TileDest& d, const pack::
   return first_bad == std::numeric_limits<int64_t>::max() ? -1 : first_bad;
 }
 
-// weight [rows, cols] (fp32, bf16 or fp16, contiguous) quantized group-wise into the tiles from first_tile on;
+// weight [rows, cols] (fp32, bf16 or fp16, contiguous) quantized group-wise into ``d`` with the loops of ``isa``;
 // returns the first row holding a NaN or infinity, or a group too wide for a finite bf16 scale (no codes), or -1.
-int64_t quantize_into_tiles(const at::Tensor& weight, at::Tensor& codes, at::Tensor& scales, int64_t bits, int64_t group,
-                            bool symmetric, int64_t first_tile, const std::string& isa) {
+template <typename Dest>
+int64_t quantize_weight(const at::Tensor& weight, const Dest& d, bool symmetric, const std::string& isa) {
   TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous(), "weight must be a contiguous [rows, columns] tensor");
-  const TileDest d = tile_dest(codes, scales, bits, group, first_tile, weight.size(0));
-  TORCH_CHECK(weight.size(1) <= d.k && weight.size(1) > d.k - group, "weight has ", weight.size(1),
-              " columns; the kernel takes ", d.k, " padded to groups of ", group);
-  TORCH_CHECK(bits == 4 || symmetric, "8-bit weights are symmetric");
+  TORCH_CHECK(weight.size(1) <= d.k && weight.size(1) > d.k - d.group, "weight has ", weight.size(1),
+              " columns; the kernel takes ", d.k, " padded to groups of ", d.group);
+  TORCH_CHECK(weight.size(0) <= d.rows_out, "weight has ", weight.size(0), " rows; the block holds ", d.rows_out);
+  TORCH_CHECK(d.bits == 4 || symmetric, "8-bit weights are symmetric");
+  const pack::GroupLoops loops = pack::group_loops(isa != "scalar");
   switch (weight.scalar_type()) {
-    case at::kFloat: return quantize_tiles<float>(weight, d, pack::group_loops(isa != "scalar"), symmetric);
-    case at::kBFloat16: return quantize_tiles<at::BFloat16>(weight, d, pack::group_loops(isa != "scalar"), symmetric);
-    case at::kHalf: return quantize_tiles<at::Half>(weight, d, pack::group_loops(isa != "scalar"), symmetric);
+    case at::kFloat: return quantize_block<float>(weight, d, loops, symmetric);
+    case at::kBFloat16: return quantize_block<at::BFloat16>(weight, d, loops, symmetric);
+    case at::kHalf: return quantize_block<at::Half>(weight, d, loops, symmetric);
     default: TORCH_CHECK_VALUE(false, "quantizing takes fp32, bf16 or fp16 weights, got ", weight.scalar_type());
   }
   return -1;  // not reached
+}
+
+// Into the int8 kernels' tiles from first_tile on.
+int64_t quantize_into_tiles(const at::Tensor& weight, at::Tensor& codes, at::Tensor& scales, int64_t bits, int64_t group,
+                            bool symmetric, int64_t first_tile, const std::string& isa) {
+  return quantize_weight(weight, tile_dest(codes, scales, bits, group, first_tile, weight.size(0)), symmetric, isa);
+}
+
+// 4-bit, for PyTorch's int4 kernel: codes int32 [block rows, k] (rows past the weight's: zeros, the kernel's
+// padding) and the kernel's scale/zero pairs [k / group, rows, 2] (bf16 or fp32) from row first_row on.
+int64_t quantize_into_rows(const at::Tensor& weight, at::Tensor& codes, at::Tensor& pairs, int64_t group, bool symmetric,
+                           int64_t first_row, const std::string& isa) {
+  TORCH_CHECK(codes.dim() == 2 && codes.is_contiguous() && codes.scalar_type() == at::kInt,
+              "codes must be a contiguous int32 [rows, columns] tensor");
+  const int64_t k = codes.size(1);
+  TORCH_CHECK(group > 0 && k % group == 0, "group size ", group, " does not divide ", k, " padded columns");
+  TORCH_CHECK(pairs.dim() == 3 && pairs.is_contiguous() && pairs.size(0) == k / group && pairs.size(2) == 2 &&
+                  (pairs.scalar_type() == at::kBFloat16 || pairs.scalar_type() == at::kFloat),
+              "pairs must be the kernel's contiguous bf16 or fp32 [", k / group, ", rows, 2] tensor");
+  TORCH_CHECK(first_row >= 0 && first_row + codes.size(0) <= pairs.size(1), "rows ", first_row, " to ",
+              first_row + codes.size(0), " do not fit the kernel's ", pairs.size(1));
+  const RowDest d{codes.data_ptr<int32_t>(), pairs.data_ptr(), pairs.scalar_type() == at::kFloat, pairs.size(1),
+                  first_row, 4, k, group, codes.size(0)};
+  return quantize_weight(weight, d, symmetric, isa);
 }
 
 // Codes already chosen (a checkpoint's): codes [rows, k] one per byte, or for 4 bits [rows, k / 2] two per
@@ -164,7 +222,7 @@ void pack_into_tiles(const at::Tensor& row_codes, const at::Tensor& row_scales, 
   const uint8_t* in = static_cast<const uint8_t*>(row_codes.data_ptr());
   const uint16_t* s_in = reinterpret_cast<const uint16_t*>(row_scales.data_ptr<at::BFloat16>());
   const uint16_t* z_in = row_zeros.has_value() ? reinterpret_cast<const uint16_t*>(row_zeros->data_ptr<at::BFloat16>()) : nullptr;
-  for_each_task(rows, [&](int64_t first, int64_t last) {
+  for_each_task(d.rows_out, [&](int64_t first, int64_t last) {
     std::vector<uint8_t> unpacked(d.k);
     std::vector<uint16_t> none(groups, 0);
     for (int64_t row = first; row < last; ++row) {
@@ -192,9 +250,12 @@ TORCH_LIBRARY_FRAGMENT(edge_infer, lib) {
           "int first_tile, str isa) -> int");
   lib.def("pack_into_tiles(Tensor row_codes, Tensor row_scales, Tensor? row_zeros, Tensor(a!) codes, Tensor(b!) scales, "
           "int bits, int group, int first_tile) -> ()");
+  lib.def("quantize_into_rows(Tensor weight, Tensor(a!) codes, Tensor(b!) pairs, int group, bool symmetric, int first_row, "
+          "str isa) -> int");
 }
 
 TORCH_LIBRARY_IMPL(edge_infer, CPU, lib) {
   lib.impl("quantize_into_tiles", &edge_infer::quantize_into_tiles);
   lib.impl("pack_into_tiles", &edge_infer::pack_into_tiles);
+  lib.impl("quantize_into_rows", &edge_infer::quantize_into_rows);
 }
