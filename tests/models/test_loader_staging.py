@@ -11,27 +11,25 @@ from edge_infer.models import loader
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.layers.linear import Linear
 from edge_infer.models.llama import DecoderLM
-from edge_infer.models.loader import CheckpointReader, fill_concatenated, install_dense, load_weights, staged_rows
+from edge_infer.models.loader import (CheckpointReader, fill_concatenated, install_dense, load_weights,
+                                      release_staging, staged_rows)
 from edge_infer.models.multimodal import MultimodalLM
 
 _onednn_missing = KERNELS["onednn-bf16"].missing(detect())
 needs_onednn_bf16 = pytest.mark.skipif(_onednn_missing is not None, reason=str(_onednn_missing))
 
 
-def test_one_buffer_serves_successive_weights_and_goes_after_a_linear_that_did_not_use_it():
-    with loader._staging_scope() as staging:
+def test_one_buffer_serves_successive_weights_and_is_freed_on_request():
+    with loader._staging_scope():
         first = staged_rows((4, 8), torch.bfloat16)
-        staging.settle()
         second = staged_rows((2, 8), torch.bfloat16)
         assert second.data_ptr() == first.data_ptr()  # memory already touched, not fresh
-        staging.settle()
         grown = staged_rows((64, 64), torch.float32)
         assert grown.shape == (64, 64) and grown.dtype == torch.float32
-        staging.settle()
-        staging.settle()  # a quantized linear in between: its own transient, not this buffer's on top
-        assert staging.buffer is None
+        release_staging()  # before a quantized linear: its own working set, not this buffer's on top
+        assert loader._staging().buffer is None
     outside = staged_rows((4, 8), torch.bfloat16)
-    assert loader._staging is None and outside.untyped_storage().nbytes() == 4 * 8 * 2
+    assert loader._staging() is None and outside.untyped_storage().nbytes() == 4 * 8 * 2
 
 
 def _model(path) -> DecoderLM:
@@ -63,3 +61,23 @@ def test_every_reordered_linear_computes_with_its_own_checkpoint_weight(kind, hf
             assert error < 1e-2, f"{spec.target}: relative error {error:.3g}"
             checked += 1
     assert checked >= 8
+
+
+@needs_onednn_bf16
+def test_quantized_towers_load_without_the_decoders_staged_rows_held(synth_thinkers, monkeypatch):
+    """A bf16 decoder on oneDNN (its rows staged) and cpu_int4 towers in one load: every quantized linear is filled
+    with the staging buffer freed, so the load holds one working set at a time, as the plan counts it."""
+    from edge_infer.config import QuantConfig
+    from edge_infer.engine.core import thinker_installer
+    from edge_infer.quant import install
+    from edge_infer.quant.install import quantized_installer
+
+    held = []
+    fill = install.fill_kernel
+    monkeypatch.setattr(install, "fill_kernel", lambda *a, **kw: (held.append(loader._staging().buffer), fill(*a, **kw)))
+    path = synth_thinkers["qwen2_5_omni"]
+    model = _model(path)
+    dense = install_dense("onednn")
+    load_weights(model, path, torch.bfloat16, thinker_installer(dense, quantized_installer(QuantConfig(group_size=32), dense)))
+    assert model.layers[0].gate_up.kernel.name == "onednn-bf16"
+    assert held and all(buffer is None for buffer in held)

@@ -140,36 +140,36 @@ def test_a_weight_with_no_codes_is_refused_by_both_quantizers(variant, kind, bad
 @pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
 @pytest.mark.parametrize("group", GROUP_SIZES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
-def test_quantizing_for_the_int4_kernel_equals_quantize_rows_bit_for_bit(variant, symmetric, group, dtype, monkeypatch):
+def test_quantizing_for_the_int4_kernel_equals_quantize_rows_bit_for_bit(variant, symmetric, group, dtype):
     """cpu_int4 (PyTorch's kernel packs its own layout): the native loop's int32 codes and the kernel's scale/zero
-    pairs equal those of quantize_rows packed by the kernel's write_rows; bf16 pairs, and fp32 for an fp32 model."""
-    from edge_infer.quant import native
+    pairs equal those of quantize_rows packed by the kernel's write_rows (which is also what a kernel without the
+    library quantizes with); bf16 pairs, and fp32 for an fp32 model."""
     from edge_infer.quant.kernel import Int4Kernel
 
-    native.built_variants()  # loads the library (the real vector_variant does)
-    monkeypatch.setattr(native, "vector_variant", lambda: variant)
     pairs = torch.float32 if dtype == torch.float32 else torch.bfloat16
     for rows, cols in itertools.product((1, 63, 130), (group + 8, 3 * group)):
         weight = hard_weights(rows, cols, group, 4, symmetric)
         weight = weight.clamp(-6e4, 6e4).to(dtype) if dtype == torch.float16 else weight.to(dtype)
         q = quantize_rows(weight, group, symmetric)
-        quantized, expected = Int4Kernel(rows, cols, group, pairs), Int4Kernel(rows, cols, group, pairs)
+        native, plain, expected = (Int4Kernel(rows, cols, group, pairs) for _ in range(3))
+        native.quantizer, plain.quantizer = variant, None
         for start in range(0, rows, TILE):
-            quantized.write_weight_rows(start, weight[start:start + TILE], symmetric)
+            native.write_weight_rows(start, weight[start:start + TILE], symmetric)
+            plain.write_weight_rows(start, weight[start:start + TILE], symmetric)
             expected.write_rows(start, q.codes[start:start + TILE], q.scales[start:start + TILE], q.zeros[start:start + TILE])
-        assert torch.equal(quantized.packed, expected.packed), (rows, cols)
-        assert torch.equal(quantized.scales_zeros, expected.scales_zeros), (rows, cols)
+        for kernel in (native, plain):
+            assert torch.equal(kernel.packed, expected.packed), (rows, cols)
+            assert torch.equal(kernel.scales_zeros, expected.scales_zeros), (rows, cols)
 
 
 @pytest.mark.parametrize("variant", sorted(set(LOOPS)))
-def test_the_int4_kernel_refuses_a_weight_with_no_codes_by_its_row(variant, monkeypatch):
-    from edge_infer.quant import native
+def test_the_int4_kernel_refuses_a_weight_with_no_codes_by_its_row(variant):
     from edge_infer.quant.kernel import Int4Kernel
 
-    native.built_variants()  # loads the library (the real vector_variant does)
-    monkeypatch.setattr(native, "vector_variant", lambda: variant)
     weight = torch.randn(70, 128)
     weight[66, 5] = float("nan")
+    kernel = Int4Kernel(70, 128, 64, torch.bfloat16)
+    kernel.quantizer = variant
     with pytest.raises(NonFiniteWeightError, match="row 2 holds a NaN or infinite weight") as refused:
-        Int4Kernel(70, 128, 64, torch.bfloat16).write_weight_rows(64, weight[64:], False)
+        kernel.write_weight_rows(64, weight[64:], False)
     assert refused.value.row == 2  # of the block's rows: the loader names the tensor's

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from contextlib import ExitStack
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
@@ -50,7 +50,7 @@ class CheckpointReader:
 
         self.model_dir = Path(model_dir)
         self.index = read_tensor_index(self.model_dir)
-        self._stack = ExitStack()
+        self._stack = contextlib.ExitStack()
         self._handles = {}
         self._open = lambda p: self._stack.enter_context(safe_open(str(p), framework="pt"))
 
@@ -114,49 +114,52 @@ def fill_concatenated(reader: CheckpointReader, sources: tuple[str, ...], out: t
 
 
 class _Staging:
-    """The buffer a load reads reordered weights into: grown to the largest asked for, dropped by ``settle``
-    after a linear that did not use it (a quantized one has a transient of its own; the plan counts the larger
-    of the two, not their sum)."""
+    """The buffer a load reads reordered weights into, grown to the largest asked for."""
 
     def __init__(self) -> None:
         self.buffer: torch.Tensor | None = None
-        self.used = False
 
     def rows(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         nbytes = math.prod(shape) * dtype.itemsize
         if self.buffer is None or self.buffer.numel() < nbytes:
             self.buffer = None  # the smaller one goes before the larger one is made
             self.buffer = torch.empty(nbytes, dtype=torch.uint8)
-        self.used = True
         return self.buffer[:nbytes].view(dtype).view(shape)
 
-    def settle(self) -> None:
-        if not self.used:
-            self.buffer = None
-        self.used = False
+
+_local = threading.local()  # each thread's load has its own buffer
 
 
-_staging: _Staging | None = None
+def _staging() -> _Staging | None:
+    return getattr(_local, "staging", None)
 
 
 @contextlib.contextmanager
-def _staging_scope() -> Iterator[_Staging | None]:
+def _staging_scope() -> Iterator[None]:
     """One staging buffer for the block; nested blocks share the outer one."""
-    global _staging
-    if _staging is not None:
-        yield None
+    if _staging() is not None:
+        yield
         return
-    _staging = _Staging()
+    _local.staging = _Staging()
     try:
-        yield _staging
+        yield
     finally:
-        _staging = None
+        _local.staging = None
 
 
 def staged_rows(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """Uninitialised rows for a weight that is copied elsewhere before the next one is read: a view of the load's
     staging buffer (its memory already touched), or fresh memory outside a load."""
-    return torch.empty(shape, dtype=dtype) if _staging is None else _staging.rows(shape, dtype)
+    staging = _staging()
+    return torch.empty(shape, dtype=dtype) if staging is None else staging.rows(shape, dtype)
+
+
+def release_staging() -> None:
+    """Free the load's staging buffer: an installer calls this before a linear with a working set of its own (a
+    quantized one's block), so the two are not held at once (the plan counts the larger, not their sum)."""
+    staging = _staging()
+    if staging is not None:
+        staging.buffer = None
 
 
 M = TypeVar("M", bound=torch.nn.Module)
@@ -242,15 +245,13 @@ def load_weights(
     specs = model.weight_specs()
     if prefix:
         specs = [replace(spec, sources=tuple(prefix + name for name in spec.sources)) for spec in specs]
-    with CheckpointReader(model_dir) as reader, weight_arena(), _staging_scope() as staging:
+    with CheckpointReader(model_dir) as reader, weight_arena(), _staging_scope():
         for n, spec in enumerate(specs):
             owner, attr = model.resolve(spec.target)
-            head = spec.target == "embed" and head_from_embedding  # the table installed as the head's linear
-            if head or spec.is_linear:
-                linear, target = (model.lm_head, "lm_head") if head else (getattr(owner, attr), spec.target)
-                install_linear(linear, target, spec.sources, reader, dtype)
-                if staging is not None:
-                    staging.settle()
+            if spec.target == "embed" and head_from_embedding:
+                install_linear(model.lm_head, "lm_head", spec.sources, reader, dtype)
+            elif spec.is_linear:
+                install_linear(getattr(owner, attr), spec.target, spec.sources, reader, dtype)
             else:
                 stored = DTYPES[reader.info(spec.sources[0]).dtype] if spec.target == "embed" and table_dtype_as_stored else dtype
                 tensor = torch.empty(spec.shape, dtype=stored)

@@ -22,6 +22,7 @@ import contextlib
 import math
 import mmap
 import os
+import threading
 from collections.abc import Iterator
 
 import torch
@@ -100,26 +101,26 @@ class WeightArena:
         self.regions, self._shared = [], None  # the tensors keep their regions mapped
 
 
-_active: WeightArena | None = None
+_local = threading.local()  # each thread's load carves from its own arena (carving takes no lock)
 
 
 @contextlib.contextmanager
 def weight_arena() -> Iterator[None]:
     """Within this block, ``packed_zeros`` carves from one arena (sealed at the end); nested blocks share it."""
-    global _active
-    if _active is not None or not huge_pages_available():
+    if getattr(_local, "arena", None) is not None or not huge_pages_available():
         yield
         return
-    _active = WeightArena()
+    _local.arena = WeightArena()
     try:
         yield
     finally:
-        arena, _active = _active, None
+        arena, _local.arena = _local.arena, None
         arena.seal()
 
 
 def packed_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A zero-filled tensor for a kernel's packed weights: from the loading arena if one is open."""
-    if _active is None:
+    arena = getattr(_local, "arena", None)
+    if arena is None:
         return torch.zeros(shape, dtype=dtype)
-    return _active.zeros(tuple(shape), dtype)
+    return arena.zeros(tuple(shape), dtype)

@@ -18,7 +18,7 @@ import torch
 from edge_infer.config import QuantConfig
 from edge_infer.errors import CheckpointError
 from edge_infer.models.layers.linear import Linear
-from edge_infer.models.loader import CheckpointReader, LinearInstaller
+from edge_infer.models.loader import CheckpointReader, LinearInstaller, release_staging
 from edge_infer.quant.kernel import Int4Kernel, PackedWeights, require_int4_kernel
 from edge_infer.quant.quantize import NonFiniteWeightError
 from edge_infer.quant.sizes import check_quant_config, padded, repack_block_rows
@@ -145,6 +145,7 @@ def quantized_installer(quant: QuantConfig, fallback: LinearInstaller) -> Linear
         if target == "lm_head" and not quant.quantize_head:
             fallback(linear, target, sources, reader, dtype)
             return
+        release_staging()  # a dense linear's staged rows (oneDNN) are not held beside this one's blocks
         kernel = kernel_class(linear.out_features, linear.in_features, quant.group_size, dtype)
         fill_kernel(kernel, reader, sources, quant, repack_block_rows(linear.in_features, quant.group_size))
         linear.kernel = kernel

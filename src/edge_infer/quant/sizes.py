@@ -51,12 +51,13 @@ TENSOR_GROUP = -1
 # blocks lower the load peak but cost time: every block runs a dozen parallel ops.
 REPACK_BLOCK_ELEMENTS = 1 << 20
 # Working memory per weight of one block, besides its source rows (read, then
-# concatenated: twice the source bytes): for cpu_int4, the fp32 copy quantized
-# in place (4), uint8 codes (1), the int32 codes the packing op takes (4),
-# packed bytes (0.5), rounded up. Measured: 14.7 B per bf16 weight when a
-# 9728x896 linear is repacked whole (docs/quantization.md). The int8 kernels
-# quantize each block straight into their tiles (csrc/pack.cpp) and need none of
-# it: for them the figure is a bound, not an estimate.
+# concatenated: twice the source bytes): for cpu_int4 quantized by PyTorch
+# operators (no edge-infer library here), the fp32 copy quantized in place (4),
+# uint8 codes (1), the int32 codes the packing op takes (4), packed bytes (0.5),
+# rounded up. Measured: 14.7 B per bf16 weight when a 9728x896 linear is
+# repacked whole (docs/quantization.md). With the library (csrc/pack.cpp)
+# cpu_int4 needs the int32 codes and packed bytes only (4.5), and the int8
+# kernels quantize straight into their tiles: for them the figure is a bound.
 REPACK_BYTES_PER_ELEMENT = 12
 
 
