@@ -161,20 +161,28 @@ def _compile(cxx: str, source: str, flags: tuple[str, ...], obj: Path) -> subpro
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
+_failed_build: KernelUnavailableError | None = None  # a build that failed is not tried again by this process
+
+
 def build(library: Path) -> None:
     """Compile in a child process: the builder's imports (~5 MB of RssAnon) and the compiler stay out of
     this one, whose memory the plan counts."""
+    global _failed_build
     import sys
 
     import ninja
 
+    if _failed_build is not None:  # callers that fall back (cpu_int4's quantizer) ask once per linear
+        raise _failed_build
     log.info("building edge-infer's int8 kernels into %s (once per source version, 20-40 s)", library.parent)
     # The builder runs `ninja` from PATH; a venv's python started by its full path may not have it there.
     env = dict(os.environ, PATH=ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", ""))
     script = "import sys; from edge_infer.quant.native_build import compile_library; compile_library(sys.argv[1])"
     run = subprocess.run([sys.executable, "-c", script, str(library)], env=env, capture_output=True, text=True)
     if run.returncode != 0 or not library.exists():
-        raise KernelUnavailableError(f"building edge-infer's int8 kernels failed (use cpu_int4 meanwhile):\n{run.stderr[-3000:]}")
+        _failed_build = KernelUnavailableError(
+            f"building edge-infer's int8 kernels failed (use cpu_int4 meanwhile):\n{run.stderr[-3000:]}")
+        raise _failed_build
 
 
 def compile_library(library: str) -> None:
