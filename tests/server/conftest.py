@@ -57,10 +57,11 @@ def served_model(tmp_path_factory) -> Path:
     return write_test_checkpoint(tmp_path_factory.mktemp("server") / "tiny-qwen2")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def server(served_model):
     """The shared server (tests must leave it usable for the next). Tests that stop or break
-    a server start their own."""
+    a server start their own. It ends with tests/server, so that suites run after it that count
+    this process's children (tests/engine, tests/memory) find none of its."""
     with ServerProcess(served_model, "--max-num-seqs", "4", "--max-model-len", "512") as proc:
         yield proc
 
