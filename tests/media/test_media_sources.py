@@ -90,12 +90,25 @@ def test_files_outside_the_allowed_directory_are_refused(media_dir):
                 f"file://{media_dir}/../secret.txt",  # .. out of it
                 f"file://{media_dir}/sub/%2E%2E/%2E%2E/secret.txt",  # .. percent-encoded
                 f"file://{escape}",  # a symlink inside pointing out
-                f"file://{media_dir}/dirlink/secret.txt"):  # through a linked directory
+                f"file://{media_dir}/dirlink/secret.txt",  # through a linked directory
+                f"file://{media_dir.parent}/no-such-file.png"):  # missing: the same answer as for what exists
         with pytest.raises(MediaError) as err:
             read_source(url, policy, part="image 1")
         assert str(err.value).startswith(f"image 1: file://")
         assert str(err.value).endswith(f"is outside the allowed media directory {media_dir.resolve()} "
                                        "(--allowed-media-dir); put the file there"), url
+
+
+def test_a_path_swapped_for_a_link_after_the_check_is_refused(media_dir, monkeypatch):
+    """Between the check and the open, a directory on the path can be replaced by a link out of the allowed
+    directory (O_NOFOLLOW guards the last component only): what the kernel opened is checked again."""
+    import edge_infer.media.sources as sources
+
+    outside = media_dir.parent / "secret.txt"
+    real_open = os.open
+    monkeypatch.setattr(sources.os, "open", lambda path, flags: real_open(outside, flags))
+    with pytest.raises(MediaError, match=r"is outside the allowed media directory"):
+        read_source(f"file://{media_dir}/sub/cat.png", MediaPolicy(allowed_dir=media_dir), part="image 1")
 
 
 def test_allowed_directory_given_through_a_symlink(tmp_path, media_dir):
@@ -145,8 +158,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         elif self.path == "/streamed":  # no Content-Length: the cap is found while reading
             self.send_response(200)
             self.end_headers()
-            for _ in range(20):
-                self.wfile.write(PAYLOAD)
+            try:
+                for _ in range(20):
+                    self.wfile.write(PAYLOAD)
+            except OSError:  # the client stops reading at its cap
+                pass
         elif self.path == "/slow":  # trickles forever, a byte at a time
             self.send_response(200)
             self.end_headers()
@@ -157,6 +173,22 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     time.sleep(0.05)
             except OSError:
                 pass
+        elif self.path == "/slow-headers":  # a status line, then a header now and then: never a body
+            self.send_response(200)
+            try:
+                for i in range(100):
+                    self.send_header(f"X-Wait-{i}", "1")
+                    self.flush_headers()
+                    time.sleep(0.05)
+            except OSError:
+                pass
+        elif self.path == "/many-headers":  # more than http.client takes
+            self.send_response(200)
+            for i in range(150):
+                self.send_header(f"X-{i}", "1")
+            self.end_headers()
+        elif self.path == "/bad-status":
+            self.wfile.write(b"garbage\r\n\r\n")
         elif self.path in ("/to-file", "/to-ftp"):
             self.send_response(302)
             self.send_header("Location", "file:///etc/passwd" if self.path == "/to-file" else "ftp://127.0.0.1/x")
@@ -211,6 +243,23 @@ def test_a_slow_remote_source_hits_the_deadline(server):
                                          r"data: URL$"):
         read_source(f"{server}/slow", policy, part="image 1")
     assert time.monotonic() - started < 2.0
+
+
+def test_a_server_that_trickles_its_headers_hits_the_deadline(server):
+    """A socket timeout bounds each read only: the whole fetch, headers included, is bounded by the deadline
+    (two such fetches once held both of the server's media threads for as long as the remote side wished)."""
+    policy = MediaPolicy(allow_remote=True, timeout_s=0.4)
+    started = time.monotonic()
+    with pytest.raises(MediaError, match=r"^image 1: the download took longer than 0.4 s"):
+        read_source(f"{server}/slow-headers", policy, part="image 1")
+    assert time.monotonic() - started < 1.5
+
+
+@pytest.mark.parametrize("path,reason", [("/many-headers", r"HTTPException: got more than 100 headers"),
+                                         ("/bad-status", r"BadStatusLine: garbage")])
+def test_a_malformed_response_is_a_media_error(server, path, reason):
+    with pytest.raises(MediaError, match=rf"^image 1: fetching http://127\.0\.0\.1:\d+{path} failed \({reason}"):
+        read_source(f"{server}{path}", MediaPolicy(allow_remote=True, timeout_s=2.0), part="image 1")
 
 
 def test_remote_failures_are_refused(server):

@@ -2,17 +2,20 @@
 
 The operator decides (MediaPolicy): local files are read only under
 ``--allowed-media-dir`` (after resolving symlinks and ``..``), remote URLs only
-with ``--allow-remote-media``; every source is capped at ``max_bytes`` and remote
-reads at ``timeout_s`` in all (checked as bytes arrive; a connection that stalls
-completely is cut by the socket timeout, so the worst case is twice it).
+with ``--allow-remote-media``; every source is capped at ``max_bytes`` and a remote
+fetch at ``timeout_s`` in all: connecting, headers and body (a timer shuts its
+sockets down then, however slowly a server trickles; only name resolution is
+outside it, bounded by the resolver's own timeouts).
 """
 from __future__ import annotations
 
 import base64
 import binascii
+import http.client
 import os
+import socket
 import stat
-import time
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -82,26 +85,46 @@ def _local_file(url: str, policy: MediaPolicy, part: str) -> bytes:
     given = urllib.parse.unquote(parsed.path)
     if not given.startswith("/"):
         raise MediaError(f"{part}: {_short(url)} is not an absolute path; use file:///absolute/path")
+    outside = MediaError(f"{part}: {_short(url)} is outside the allowed media directory {allowed} "
+                         f"({ALLOWED_DIR_FLAG}); put the file there")
+    # Lexically first, before the file system is asked anything: what exists outside the directory is not
+    # for a client to learn from which error it gets.
+    lexical = Path(os.path.normpath(given))
+    if not (lexical.is_relative_to(allowed) or lexical.is_relative_to(os.path.normpath(os.path.abspath(policy.allowed_dir)))):
+        raise outside
     try:
-        path = Path(given).resolve(strict=True)
+        path = lexical.resolve(strict=True)
     except (OSError, RuntimeError, ValueError):  # missing, a symlink loop, a NUL byte
         raise MediaError(f"{part}: {_short(url)} does not exist") from None
-    if not path.is_relative_to(allowed):
-        raise MediaError(f"{part}: {_short(url)} is outside the allowed media directory {allowed} "
-                         f"({ALLOWED_DIR_FLAG}); put the file there")
+    if not path.is_relative_to(allowed):  # a symlink under the directory that points out of it
+        raise outside
     try:
         # O_NOFOLLOW: the path was checked with its symlinks resolved; a link swapped in since is refused.
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
         raise MediaError(f"{part}: {_short(url)} cannot be read ({exc.strerror})") from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        raise MediaError(f"{part}: {_short(url)} is not a regular file")
-    with os.fdopen(fd, "rb") as f:
+    try:
+        # What was opened, not what was checked: a directory on the path swapped for a link meanwhile is caught.
+        if not _opened_path(fd, path).is_relative_to(allowed):
+            raise outside
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise MediaError(f"{part}: {_short(url)} is not a regular file")
         if info.st_size > policy.max_bytes:
             _too_big(part, f"{info.st_size} bytes", policy)
-        return _capped(f.read, part, policy, deadline=None)
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
+        return _capped(f.read, part, policy)
+
+
+def _opened_path(fd: int, checked: Path) -> Path:
+    """The path the kernel opened for ``fd`` (Linux's /proc); ``checked`` where there is no /proc."""
+    try:
+        return Path(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        return checked
 
 
 class _HttpRedirectsOnly(urllib.request.HTTPRedirectHandler):
@@ -113,39 +136,100 @@ class _HttpRedirectsOnly(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
+class _Fetch:
+    """One remote fetch's sockets, shut down when its deadline passes: a socket timeout bounds each read, not
+    a server that sends its status line and headers a byte at a time."""
+
+    def __init__(self, timeout_s: float):
+        self.expired = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(timeout_s, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> "_Fetch":
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._timer.cancel()
+
+    def opener(self) -> urllib.request.OpenerDirector:
+        fetch = self
+
+        class Tracking:
+            def do_open(self, http_class, req, **kwargs):
+                return super().do_open(fetch._tracked(http_class), req, **kwargs)
+
+        class Http(Tracking, urllib.request.HTTPHandler):
+            pass
+
+        class Https(Tracking, urllib.request.HTTPSHandler):
+            pass
+
+        return urllib.request.build_opener(Http(), Https(), _HttpRedirectsOnly())
+
+    def _tracked(self, http_class: type[http.client.HTTPConnection]) -> type[http.client.HTTPConnection]:
+        fetch = self
+
+        class Tracked(http_class):
+            def connect(self):
+                super().connect()
+                with fetch._lock:
+                    fetch._sockets.append(self.sock)
+                    if fetch.expired:  # connected just as the timer fired
+                        _shut(self.sock)
+
+        return Tracked
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for sock in self._sockets:
+                _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)  # a blocked read returns at once
+    except OSError:
+        pass
+
+
 def _remote(url: str, policy: MediaPolicy, part: str) -> bytes:
     if not policy.allow_remote:
         raise MediaError(f"{part}: remote media URLs are off; send the file as a data: URL, or start the server "
                          f"with {REMOTE_FLAG} to let it fetch http(s) URLs")
-    opener = urllib.request.build_opener(_HttpRedirectsOnly())
-    deadline = time.monotonic() + policy.timeout_s
+    late = MediaError(f"{part}: the download took longer than {policy.timeout_s:g} s; send a smaller file or a data: URL")
     request = urllib.request.Request(url, headers={"User-Agent": "edge-infer"})
-    try:
-        with opener.open(request, timeout=policy.timeout_s) as response:
-            length = response.headers.get("Content-Length")
-            if length is not None and length.isdigit() and int(length) > policy.max_bytes:
-                _too_big(part, f"{length} bytes", policy)
-            # read1 returns what has arrived, so the deadline is checked however slowly bytes trickle in.
-            return _capped(response.read1, part, policy, deadline=deadline)
-    except MediaError:
-        raise
-    except urllib.error.HTTPError as exc:
-        raise MediaError(f"{part}: fetching {_short(url)} failed with HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise MediaError(f"{part}: fetching {_short(url)} failed ({reason})") from None
+    with _Fetch(policy.timeout_s) as fetch:
+        try:
+            with fetch.opener().open(request, timeout=policy.timeout_s) as response:
+                length = response.headers.get("Content-Length")
+                if length is not None and length.isdigit() and int(length) > policy.max_bytes:
+                    _too_big(part, f"{length} bytes", policy)
+                data = _capped(response.read1, part, policy)  # read1: what has arrived
+        except MediaError:
+            raise
+        except urllib.error.HTTPError as exc:
+            raise MediaError(f"{part}: fetching {_short(url)} failed with HTTP {exc.code} {exc.reason}") from None
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+            if fetch.expired:
+                raise late from None
+            reason = getattr(exc, "reason", None) or f"{type(exc).__name__}: {exc}"
+            raise MediaError(f"{part}: fetching {_short(url)} failed ({reason})") from None
+        if fetch.expired:  # shut down mid-body: what arrived is cut short
+            raise late
+        return data
 
 
-def _capped(read, part: str, policy: MediaPolicy, deadline: float | None) -> bytes:
-    """Read to the end, refusing more than max_bytes, or (remote) reading past the deadline."""
+def _capped(read, part: str, policy: MediaPolicy) -> bytes:
+    """Read to the end, refusing more than max_bytes."""
     chunks, total = [], 0
     while chunk := read(_CHUNK):
         total += len(chunk)
         if total > policy.max_bytes:
             _too_big(part, f"more than {policy.max_bytes} bytes", policy)
-        if deadline is not None and time.monotonic() > deadline:
-            raise MediaError(f"{part}: the download took longer than {policy.timeout_s:g} s; "
-                             "send a smaller file or a data: URL")
         chunks.append(chunk)
     return b"".join(chunks)
 
