@@ -191,3 +191,29 @@ def test_a_file_with_only_sound_has_no_video_stream():
             out.mux(packet)
     with pytest.raises(MediaError, match=r"^video: has no video stream; send audio as input_audio$"):
         video_features(buf.getvalue(), OMNI, MediaLimits())
+
+
+@pytest.mark.parametrize("fmt", ["avi", "matroska"])
+def test_a_frame_larger_than_its_header_says_is_refused_before_it_is_decoded(fmt):
+    """A stream whose header says 64x64 and whose later frames are large (MJPEG packets are whole JPEGs, of any
+    size): the header's check alone let 12000x12000 frames through, 2.3 GiB for one request."""
+    from fractions import Fraction
+
+    def jpeg(width: int, height: int) -> bytes:
+        buf = io.BytesIO()
+        Image.new("RGB", (width, height), (200, 0, 0)).save(buf, "JPEG", quality=10)
+        return buf.getvalue()
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format=fmt) as out:
+        stream = out.add_stream("mjpeg", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 64, 64, "yuvj420p"
+        for i, data in enumerate([jpeg(64, 64)] + [jpeg(640, 640)] * 3):
+            packet = av.Packet(data)
+            packet.stream, packet.pts, packet.dts, packet.time_base = stream, i, i, Fraction(1, 10)
+            out.mux(packet)
+    data = buf.getvalue()
+    assert video_features(data, VL, MediaLimits(max_image_pixels=640 * 640), part="video 1")[0].grid_thw[0] == 2
+    with pytest.raises(MediaError, match=r"^video 1: a frame cannot be decoded \(.+\): it is corrupt, or larger than "
+                                         r"the limit of 100000 pixels \(--max-image-pixels\); re-encode the video"):
+        video_features(data, VL, MediaLimits(max_image_pixels=100_000), part="video 1")

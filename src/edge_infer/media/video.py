@@ -85,6 +85,9 @@ def _decode(container: "av.container.InputContainer", cfg: MediaProcessing, visi
     if not width or not height:
         raise MediaError(f"{part}: its frame size is unknown; re-encode it")
     limits.check("max_image_pixels", width * height, part=part, shown=f"frames of {width}x{height} pixels")
+    # The header's size binds no frame (a stream can switch to 12000x12000 frames after the first): FFmpeg's
+    # decoders refuse a frame above the limit before they allocate it.
+    stream.codec_context.options = {"max_pixels": str(limits.max_image_pixels)}
     total = _frame_count(container, stream, fps)
     limits.check("max_video_seconds", total / fps, part=part, shown=f"{total / fps:.1f} s")
     if limits.max_video_frames < vision.temporal_patch_size:
@@ -105,7 +108,7 @@ def _decode(container: "av.container.InputContainer", cfg: MediaProcessing, visi
     sound: list[np.ndarray] = []
     sound_rate, sound_samples, origin, last = 0, 0, None, None
     for packet in container.demux(*[s for s in (stream, audio_stream) if s is not None]):
-        for frame in packet.decode():
+        for frame in _decoded(packet, limits, part):
             if isinstance(frame, av.AudioFrame):
                 sound_rate = frame.sample_rate
                 for block in to_float.resample(frame):
@@ -134,6 +137,20 @@ def _decode(container: "av.container.InputContainer", cfg: MediaProcessing, visi
     features = VisionFeatures(pixels, grid_thw(len(wanted), out_h, out_w, vision), vision.merge_size,
                               second_per_grid=vision.temporal_patch_size / sampled_fps)
     return features, _track(sound, sound_rate, cfg, limits, part)
+
+
+def _decoded(packet: "av.Packet", limits: MediaLimits, part: str) -> list:
+    """A packet's frames; a video frame FFmpeg refuses is named with the size limit it may have crossed."""
+    import av
+
+    try:
+        return packet.decode()
+    except av.FFmpegError as exc:
+        if packet.stream.type != "video":
+            raise
+        raise MediaError(f"{part}: a frame cannot be decoded ({exc}): it is corrupt, or larger than the limit of "
+                         f"{limits.max_image_pixels} pixels (--max-image-pixels); re-encode the video at a smaller "
+                         "size or raise --max-image-pixels") from None
 
 
 def _frame_count(container: "av.container.InputContainer", stream: "av.video.stream.VideoStream", fps: float) -> int:
