@@ -170,3 +170,18 @@ def test_truncated_and_damaged_images_are_refused():
         decode_image(png[: len(png) // 2], MediaLimits(), part="image 1")
     with pytest.raises(MediaError, match=r"image 1: the PNG data is damaged or truncated"):
         decode_image(_png_header_only(64, 64), MediaLimits(), part="image 1")  # too little pixel data
+
+
+def test_a_jpeg_of_many_tiny_scans_is_refused_before_it_is_decoded():
+    """Each scan of a progressive JPEG is a pass over the image and may be 12 bytes long: such a file held a
+    media thread for seconds per megabyte. Ordinary progressive files (about 10 scans) still decode."""
+    buf = io.BytesIO()
+    _noise(64, 64, "RGB").save(buf, "JPEG", progressive=True, quality=50)
+    jpeg = buf.getvalue()
+    assert 5 <= jpeg.count(b"\xff\xda") <= 20 and decode_image(jpeg, MediaLimits()).size == (64, 64)
+    # Repeat its last scan: every copy is a valid refinement of the same coefficients.
+    last_scan = jpeg.rindex(b"\xff\xda")
+    end = jpeg.rindex(b"\xff\xd9")
+    bomb = jpeg[:end] + jpeg[last_scan:end] * 300 + jpeg[end:]
+    with pytest.raises(MediaError, match=r"^image 1: the JPEG has \d+ scans, above the 256 edge-infer decodes"):
+        decode_image(bomb, MediaLimits(), part="image 1")
