@@ -1,6 +1,8 @@
 """Audio: decoding, mono, resampling to 16 kHz, and log-mel equal to transformers' WhisperFeatureExtractor."""
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 from media_files import audio_file, sine
@@ -8,7 +10,7 @@ from transformers import WhisperFeatureExtractor
 from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import _get_feat_extract_output_lengths
 
 from edge_infer.errors import MediaError
-from edge_infer.media.audio import audio_features, decode_audio, log_mel, to_rate
+from edge_infer.media.audio import audio_features, decode_audio, log_mel
 from edge_infer.media.config import AudioProcessing
 from edge_infer.media.limits import MediaLimits
 
@@ -137,7 +139,8 @@ def test_resampling_to_16k_keeps_a_tone(source_rate):
     reference = sine(1.0, RATE, hz=hz)[:, 0]
     edge = RATE // 100
     assert np.max(np.abs(got[edge:-edge] - reference[edge:-edge])) < 1e-5
-    np.testing.assert_array_equal(to_rate(reference, RATE, RATE), reference)
+    at_rate = reference[:, None].astype(np.float32)  # at the model's rate already: passed through as it is
+    np.testing.assert_array_equal(decode_audio(audio_file(at_rate, RATE, "WAV", "FLOAT"), MediaLimits()), at_rate[:, 0])
 
 
 def test_decoded_audio_goes_to_the_models_rate():
@@ -158,6 +161,13 @@ def test_undecodable_audio_is_refused_without_naming_our_buffer():
     with pytest.raises(MediaError) as err:
         decode_audio(b"\x00\x01garbage" * 100, MediaLimits(), part="audio 1")
     assert str(err.value) == "audio 1: cannot be decoded as WAV, MP3, FLAC or OGG (Format not recognised.)"
+    # a WAV header claiming 4 GHz: libsndfile speaks of its own struct
+    header = (b"RIFF" + struct.pack("<I", 36) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, 4_000_000_000,
+                                                                          4_000_000_000, 2, 16) + b"data" + bytes(4))
+    with pytest.raises(MediaError) as err:
+        decode_audio(header, MediaLimits(), part="audio 1")
+    assert str(err.value) == ("audio 1: cannot be decoded as WAV, MP3, FLAC or OGG (a damaged header, or a format "
+                              "variant libsndfile does not read)")
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
@@ -188,3 +198,22 @@ def test_too_long_audio_is_refused_naming_the_limit():
 def test_absurd_sample_rates_are_refused():
     with pytest.raises(MediaError, match=r"audio: a sample rate of 500 Hz is outside 1000\.\.768000 Hz"):
         decode_audio(audio_file(np.zeros((100, 1), np.float32), 500, "WAV", "PCM_16"), MediaLimits())
+
+
+@pytest.mark.parametrize("rate,channels", [(768_000, 1), (192_000, 8), (48_000, 2)])
+def test_a_clip_decodes_in_what_the_plan_gives_it_whatever_its_rate(rate, channels):
+    """Samples are resampled a block at a time: a 768 kHz clip once held 48x its output at its own rate (two
+    such requests at once took the server 3x past the plan's preprocessing item). Numpy's buffers are traced."""
+    import tracemalloc
+
+    from edge_infer.memory.encoder_sizing import audio_decode_bytes
+
+    data = audio_file(np.repeat(sine(5.0, rate), channels, axis=1) * 0.5, rate, "WAV", "PCM_16")
+    tracemalloc.start()
+    try:
+        got = decode_audio(data, MediaLimits())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(got) == 5 * RATE
+    assert peak <= audio_decode_bytes(len(got))

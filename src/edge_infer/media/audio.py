@@ -1,7 +1,7 @@
 """Audio into log-mel features, as transformers' WhisperFeatureExtractor computes them for Qwen2.5-Omni.
 
 decode (soundfile: WAV, MP3, FLAC, OGG) -> mono (the channels' mean) -> the model's rate (soxr, high
-quality: what librosa's default resampler is) -> log-mel. The Omni processor pads every clip to
+quality: what librosa's default resampler is), a block at a time -> log-mel. The Omni processor pads every clip to
 chunk_length seconds and passes an attention mask; the audio tower reads only the masked frames, so
 log_mel returns exactly those, computed as if the padding were there (it shapes the last frames and the
 clip's maximum).
@@ -21,7 +21,7 @@ from edge_infer.media.features import AudioFeatures
 from edge_infer.media.limits import MediaLimits
 
 AUDIO_FORMATS = "WAV, MP3, FLAC or OGG"
-_BLOCK_FRAMES = 1 << 16  # frames decoded (and mixed to mono) at a time
+DECODE_BLOCK_SAMPLES = 1 << 17  # samples (frames x channels) decoded, mixed and resampled at a time
 _STFT_BLOCK = 1024  # spectrogram frames transformed at a time
 _MEL_MAX_HZ = 8000.0  # Whisper's filter bank stops here whatever the rate
 _LOG_FLOOR = 1e-10
@@ -36,48 +36,55 @@ def decode_audio(data: bytes, limits: MediaLimits, *, rate: int = 16000, part: s
         raise MediaError(f"{part}: is empty (0 bytes); send {AUDIO_FORMATS} audio")
     try:
         with soundfile.SoundFile(io.BytesIO(data)) as f:
-            source_rate = f.samplerate
-            _check_rate(source_rate, part)
+            mono = MonoStream(f.samplerate, rate, limits, part)
             if f.frames > 0:  # the header's length, refused before decoding anything
-                limits.check("max_audio_seconds", f.frames / source_rate, part=part,
-                             shown=f"{f.frames / source_rate:.1f} s")
-            mono = mono_samples(f.blocks(_BLOCK_FRAMES, dtype="float32", always_2d=True), source_rate, limits, part)
+                limits.check("max_audio_seconds", f.frames / f.samplerate, part=part,
+                             shown=f"{f.frames / f.samplerate:.1f} s")
+            for block in f.blocks(max(1, DECODE_BLOCK_SAMPLES // f.channels), dtype="float32", always_2d=True):
+                mono.add(block)
     except MediaError:
         raise
     except (RuntimeError, ValueError, TypeError, EOFError) as exc:  # LibsndfileError is a RuntimeError
         # libsndfile's "Error opening <_io.BytesIO object at 0x...>: " names our buffer, not the problem
         reason = re.sub(r"^Error opening <[^>]*>: ", "", str(exc))
+        if "SF_INFO" in reason or "does not exist" in reason:  # its words for a bad header: its struct, or a pipe
+            reason = "a damaged header, or a format variant libsndfile does not read"
         raise MediaError(f"{part}: cannot be decoded as {AUDIO_FORMATS} ({reason})") from None
-    return to_rate(mono, source_rate, rate, part=part)
+    return mono.finish()
 
 
-def _check_rate(rate: int, part: str) -> None:
-    if not _MIN_RATE <= rate <= _MAX_RATE:
-        raise MediaError(f"{part}: a sample rate of {rate} Hz is outside {_MIN_RATE}..{_MAX_RATE} Hz")
+class MonoStream:
+    """float32 [frames, channels] blocks at `source_rate`, mixed to mono (the channels' mean) and resampled to
+    `rate` as they come (soxr, high quality: what librosa's default resampler is; its stream gives the samples
+    resampling the whole clip gives). Only the output is kept, so a 768 kHz file costs no more than a 16 kHz one.
+    Refused past max_audio_seconds, or when a sample is not a finite number."""
 
+    def __init__(self, source_rate: int, rate: int, limits: MediaLimits, part: str):
+        import soxr
 
-def mono_samples(blocks, rate: int, limits: MediaLimits, part: str) -> np.ndarray:
-    """float32 [frames, channels] blocks mixed to mono and joined, refused past max_audio_seconds as they come."""
-    mono, total = [], 0
-    for block in blocks:
-        total += len(block)
-        limits.check("max_audio_seconds", total / rate, part=part, shown=f"more than {limits.max_audio_seconds:g} s")
+        if not _MIN_RATE <= source_rate <= _MAX_RATE:
+            raise MediaError(f"{part}: a sample rate of {source_rate} Hz is outside {_MIN_RATE}..{_MAX_RATE} Hz")
+        self.source_rate, self.limits, self.part = source_rate, limits, part
+        self._resampler = (soxr.ResampleStream(source_rate, rate, 1, dtype="float32", quality="HQ")
+                           if source_rate != rate else None)
+        self._out: list[np.ndarray] = []
+        self.frames = 0  # source frames so far
+
+    def add(self, block: np.ndarray) -> None:
+        self.frames += len(block)
+        self.limits.check("max_audio_seconds", self.frames / self.source_rate, part=self.part,
+                          shown=f"more than {self.limits.max_audio_seconds:g} s")
         if not np.isfinite(block).all():  # float files can hold NaN or infinity: they would turn every logit NaN
-            raise MediaError(f"{part}: has samples that are not finite numbers (NaN or infinity); send real samples")
-        mono.append(block.mean(axis=1, dtype=np.float32) if block.shape[1] > 1 else block[:, 0])
-    if total == 0:
-        raise MediaError(f"{part}: has no audio samples; send a clip with sound (silence is fine)")
-    return np.concatenate(mono).astype(np.float32, copy=False)
+            raise MediaError(f"{self.part}: has samples that are not finite numbers (NaN or infinity); send real samples")
+        mono = block.mean(axis=1, dtype=np.float32)  # a copy, even of one channel: the caller may reuse its block
+        self._out.append(mono if self._resampler is None else self._resampler.resample_chunk(mono, last=False))
 
-
-def to_rate(samples: np.ndarray, source_rate: int, rate: int, *, part: str = "audio") -> np.ndarray:
-    """Mono float32 resampled from `source_rate` to `rate` (soxr, high quality)."""
-    import soxr
-
-    _check_rate(source_rate, part)
-    if source_rate == rate:
-        return np.ascontiguousarray(samples, dtype=np.float32)
-    return soxr.resample(np.ascontiguousarray(samples, dtype=np.float32), source_rate, rate, quality="HQ")
+    def finish(self) -> np.ndarray:
+        if self.frames == 0:
+            raise MediaError(f"{self.part}: has no audio samples; send a clip with sound (silence is fine)")
+        if self._resampler is not None:
+            self._out.append(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))
+        return np.concatenate(self._out)
 
 
 def audio_features(samples: np.ndarray, cfg: AudioProcessing, *, part: str = "audio") -> AudioFeatures:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edge_infer.errors import MediaError
-from edge_infer.media.audio import audio_features, mono_samples, to_rate
+from edge_infer.media.audio import MonoStream, audio_features
 from edge_infer.media.config import MediaProcessing, VisionProcessing
 from edge_infer.media.features import AudioFeatures, VisionFeatures
 from edge_infer.media.image import grid_thw, patchify, resized_frame, smart_resize
@@ -105,17 +105,15 @@ def _decode(container: "av.container.InputContainer", cfg: MediaProcessing, visi
     audio_stream = container.streams.audio[0] if cfg.audio is not None and container.streams.audio else None
     to_float = av.AudioResampler(format="fltp")  # sample format only; channels and rate as they are
     frames: list[np.ndarray] = []
-    sound: list[np.ndarray] = []
-    sound_rate, sound_samples, origin, last = 0, 0, None, None
+    track: MonoStream | None = None  # the sound at the model's rate, from the first audio frame's rate
+    origin, last = None, None
     for packet in container.demux(*[s for s in (stream, audio_stream) if s is not None]):
         for frame in _decoded(packet, limits, part):
             if isinstance(frame, av.AudioFrame):
-                sound_rate = frame.sample_rate
+                if track is None:
+                    track = MonoStream(frame.sample_rate, cfg.audio.sampling_rate, limits, f"{part} (its audio track)")
                 for block in to_float.resample(frame):
-                    sound.append(block.to_ndarray().T)  # [samples, channels]
-                    sound_samples += len(sound[-1])
-                limits.check("max_audio_seconds", sound_samples / sound_rate, part=f"{part} (its audio track)",
-                             shown=f"more than {limits.max_audio_seconds:g} s")
+                    track.add(block.to_ndarray().T)  # [samples, channels]
                 continue
             # A frame's index from its timestamp: robust to hidden frames and metadata that miscounts.
             origin = frame.time if origin is None else origin
@@ -136,7 +134,9 @@ def _decode(container: "av.container.InputContainer", cfg: MediaProcessing, visi
     sampled_fps = len(wanted) / total * fps
     features = VisionFeatures(pixels, grid_thw(len(wanted), out_h, out_w, vision), vision.merge_size,
                               second_per_grid=vision.temporal_patch_size / sampled_fps)
-    return features, _track(sound, sound_rate, cfg, limits, part)
+    if track is None or track.frames == 0:
+        return features, None
+    return features, audio_features(track.finish(), cfg.audio, part=track.part)
 
 
 def _decoded(packet: "av.Packet", limits: MediaLimits, part: str) -> list:
@@ -164,12 +164,3 @@ def _frame_count(container: "av.container.InputContainer", stream: "av.video.str
     count = sum(1 for packet in container.demux(stream) if packet.size)
     container.seek(0)
     return count
-
-
-def _track(sound: list[np.ndarray], rate: int, cfg: MediaProcessing, limits: MediaLimits,
-           part: str) -> AudioFeatures | None:
-    if not sound or cfg.audio is None:
-        return None
-    where = f"{part} (its audio track)"
-    mono = mono_samples(sound, rate, limits, where)
-    return audio_features(to_rate(mono, rate, cfg.audio.sampling_rate, part=where), cfg.audio, part=where)

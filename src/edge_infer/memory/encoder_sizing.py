@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from edge_infer.config import QuantConfig
 from edge_infer.hardware.cpu import CpuCapabilities, detect
+from edge_infer.media.audio import DECODE_BLOCK_SAMPLES
 from edge_infer.media.config import MediaProcessing
 from edge_infer.memory.media_shapes import MediaShapes
 from edge_infer.memory.sizing import LOAD_BLOCK_BYTES, runtime_overhead
@@ -183,9 +184,6 @@ def request_input_bytes(shapes: MediaShapes, vision: VisionConfig | None, audio:
 
 # The log-mel's working set beyond its float64 rows: one block of 1024 windowed frames and their spectra.
 MEL_BLOCK_BYTES = 1024 * (400 * 8 * 2 + 201 * 16)
-# Audio is sized as decoded at this rate (48 kHz, the usual highest); a file at a higher rate decodes into
-# proportionally more samples before it is resampled.
-SIZED_SOURCE_RATE = 48000
 
 
 def held_media_bytes(shapes: MediaShapes, vision: VisionConfig | None, audio: AudioConfig | None, hidden: int,
@@ -217,8 +215,8 @@ def preprocessing_bytes(shapes: MediaShapes, vision: VisionConfig | None, audio:
     largest item's working buffers sit beside the features made so far: an image's decoded RGB (at most
     ``max_image_pixels``) and its converted copy, the resized frame and its array, the uint8 patches
     copied twice (frame pair, patch order) and the float32 patches; a video's decoded source frame, its
-    resized frames, stacked, and the same patch copies; a clip's mono float32 samples at the source rate
-    (the blocks and their concatenation, sized at SIZED_SOURCE_RATE) and resampled, then the float64 clip
+    resized frames, stacked, and the same patch copies; a clip's mono float32 samples at the model's rate
+    (resampled a decoded block at a time, whatever the source rate, and concatenated), then the float64 clip
     and its reflected padding beside three float64 copies of the spectrogram rows (log, clamped, scaled).
     The other requests being prepared hold their features and buffers; a request's are released once it is
     sent (the frontends keep its token ids only).
@@ -233,12 +231,17 @@ def preprocessing_bytes(shapes: MediaShapes, vision: VisionConfig | None, audio:
         buffers = max(buffers, 9 * max_image_pixels + 3 * patches // FP32 + patches)
     if audio is not None and shapes.audio_frames and media.audio is not None:
         samples = shapes.audio_frames * media.audio.hop_length
-        source = samples * max(1, SIZED_SOURCE_RATE // media.audio.sampling_rate)
         rows = shapes.audio_frames * audio.num_mel_bins * 8
-        decode = 2 * FP32 * source + FP32 * samples
+        decode = audio_decode_bytes(samples)
         mel = FP32 * samples + 2 * 8 * samples + 3 * rows + MEL_BLOCK_BYTES
         buffers = max(buffers, decode, mel)
     return max(features + buffers, 3 * features) + (at_once - 1) * (features + buffers)
+
+
+def audio_decode_bytes(samples: int) -> int:
+    """Decoding a clip of ``samples`` at the model's rate (media/audio.py, any source rate): the resampled pieces
+    and their concatenation, beside one decoded block, soundfile's copy of it, its mono mix and finite-check mask."""
+    return 2 * FP32 * samples + 4 * FP32 * DECODE_BLOCK_SAMPLES
 
 
 def embedding_bytes(rows: int, hidden: int, dtype_bytes: int) -> int:
