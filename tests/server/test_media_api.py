@@ -121,6 +121,12 @@ def test_answers_equal_llm_chat_streamed_and_not(omni_server, reference, case):
     assert ask(client, messages, stream=True, **extra) == want
 
 
+def test_a_url_given_as_a_bare_string_is_read_as_llm_chat_reads_it(omni_server, reference):
+    """vLLM's short form, {"image_url": "data:..."}: LLM.chat took it and the server once refused it."""
+    short = {"type": "image_url", "image_url": image()["image_url"]["url"]}
+    assert ask(omni_server.client(), user(short, QUESTION)) == expected(reference, user(image(), QUESTION))
+
+
 def test_the_media_change_the_answer(omni_server):
     """So that the equalities above are not vacuous: another image, another answer; the video's sound matters."""
     client = omni_server.client()

@@ -210,9 +210,13 @@ class MediaURL(_Request):
                                                                              "model's own resolution")
 
 
+# vLLM also takes the URL as a bare string: {"type": "image_url", "image_url": "data:..."}.
+URLField = Union[MediaURL, str]
+
+
 class ImagePart(_Request):
     type: Literal["image_url"]
-    image_url: MediaURL
+    image_url: URLField
 
 
 class InputAudio(_Request):
@@ -229,14 +233,14 @@ class AudioURLPart(_Request):
     """vLLM's audio part: a URL, like image_url."""
 
     type: Literal["audio_url"]
-    audio_url: MediaURL
+    audio_url: URLField
 
 
 class VideoPart(_Request):
     """vLLM's video part; with Qwen2.5-Omni its sound track goes into the prompt too (use_audio_in_video)."""
 
     type: Literal["video_url"]
-    video_url: MediaURL
+    video_url: URLField
 
 
 ContentPart = Annotated[Union[TextPart, ImagePart, InputAudioPart, AudioURLPart, VideoPart], Field(discriminator="type")]
