@@ -273,3 +273,36 @@ def test_remote_failures_are_refused(server):
         read_source(f"{server}/to-file", policy, part="image 1")
     with pytest.raises(MediaError, match=r"^image 1: fetching http://127\.0\.0\.1:9/x failed \(.+\)$"):
         read_source("http://127.0.0.1:9/x", policy, part="image 1")  # nothing listens on the discard port
+
+
+def test_a_tls_handshake_that_trickles_hits_the_deadline():
+    """A server that announces a 16 KiB handshake record and then sends it a byte at a time (14 minutes) is cut
+    at the deadline too: the fetch's timer takes over once connected, and CPython bounds a handshake as a whole by
+    the socket timeout."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle():
+        conn, _ = listener.accept()
+        with conn:
+            conn.sendall(b"\x16\x03\x03\x40\x00")  # a TLS handshake record of 16,384 bytes follows...
+            while not stop.wait(0.05):
+                try:
+                    conn.sendall(b"\x00")  # ...slowly
+                except OSError:
+                    return
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(MediaError, match=r"^image 1: the download took longer than 0.4 s"):
+            read_source(f"https://127.0.0.1:{listener.getsockname()[1]}/cat.png",
+                        MediaPolicy(allow_remote=True, timeout_s=0.4), part="image 1")
+        assert time.monotonic() - started < 1.5
+    finally:
+        stop.set()
+        listener.close()
+        thread.join(5)
