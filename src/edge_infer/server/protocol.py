@@ -209,14 +209,16 @@ class MediaURL(_Request):
     detail: Literal["auto", "low", "high"] | None = Field(None, description="accepted; images are always read at the "
                                                                              "model's own resolution")
 
-
-# vLLM also takes the URL as a bare string: {"type": "image_url", "image_url": "data:..."}.
-URLField = Union[MediaURL, str]
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_string(cls, data: Any) -> Any:
+        # vLLM also takes the URL alone: {"type": "image_url", "image_url": "data:..."}
+        return {"url": data} if isinstance(data, str) else data
 
 
 class ImagePart(_Request):
     type: Literal["image_url"]
-    image_url: URLField
+    image_url: MediaURL
 
 
 class InputAudio(_Request):
@@ -233,14 +235,14 @@ class AudioURLPart(_Request):
     """vLLM's audio part: a URL, like image_url."""
 
     type: Literal["audio_url"]
-    audio_url: URLField
+    audio_url: MediaURL
 
 
 class VideoPart(_Request):
     """vLLM's video part; with Qwen2.5-Omni its sound track goes into the prompt too (use_audio_in_video)."""
 
     type: Literal["video_url"]
-    video_url: URLField
+    video_url: MediaURL
 
 
 ContentPart = Annotated[Union[TextPart, ImagePart, InputAudioPart, AudioURLPart, VideoPart], Field(discriminator="type")]
