@@ -218,3 +218,41 @@ def test_a_frame_larger_than_its_header_says_is_refused_before_it_is_decoded(fmt
     with pytest.raises(MediaError, match=r"^video 1: a frame cannot be decoded \(.+\): it is corrupt, or larger than "
                                          r"the limit of 100000 pixels \(--max-image-pixels\); re-encode the video"):
         video_features(data, VL, MediaLimits(max_image_pixels=100_000), part="video 1")
+
+
+def test_decoding_is_bounded_by_frames_and_pixels_not_by_the_files_frame_rate(monkeypatch):
+    """A file's frame rate is its own claim: 200,000 tiny frames "at 1,700 fps" are 117 s of video. What may be
+    decoded is what max_video_seconds of 60 frames a second at 1920x1080 would cost, here scaled down to 20
+    frames of 64x48 (so that the test builds a small file)."""
+    import edge_infer.media.video as video
+
+    monkeypatch.setattr(video, "DECODE_PIXELS_PER_SECOND", 20 * 64 * 48)  # one second of video: 20 such frames
+    limits = MediaLimits(max_video_seconds=1.0)
+    assert video_features(video_file(frames_of(20), fps=40), VL, limits, part="video 1")[0].grid_thw[0] >= 1
+    with pytest.raises(MediaError) as err:
+        video_features(video_file(frames_of(30), fps=40), VL, limits, part="video 1")  # 0.75 s, 30 frames
+    assert str(err.value) == ("video 1: 30 frames (40 per second) of 64x48 pixels is more decoding than 1 s of video "
+                              "allows (20 frames at this size: 60 frames a second at 1920x1080, or as many pixels; "
+                              "--max-video-seconds); re-encode it at a lower frame rate or size")
+    # Frames that outrun the header's count (one that understates it, with a sampled frame past the real ones)
+    # are counted as they decode.
+    monkeypatch.setattr(video, "_frame_count", lambda *args: 10)
+    monkeypatch.setattr(video, "sample_indices", lambda *args: [0, 29])
+    with pytest.raises(MediaError, match=r"^video 1: more than 20 frames of 64x48 pixels is more decoding than"):
+        video_features(video_file(frames_of(30), fps=40), VL, limits, part="video 1")
+
+
+def test_a_video_whose_metadata_is_not_utf8_decodes():
+    """Older cameras write Latin-1 titles; PyAV reads tags as strict UTF-8 unless told otherwise (a 500 before)."""
+    data = video_file(frames_of(8), fps=10, fmt="matroska", codec="mpeg4")
+    titled = io.BytesIO()
+    with av.open(io.BytesIO(data)) as src, av.open(titled, "w", format="matroska") as out:
+        out.metadata["title"] = "cafés"
+        stream = out.add_stream_from_template(src.streams.video[0])
+        for packet in src.demux(src.streams.video[0]):
+            if packet.dts is not None:
+                packet.stream = stream
+                out.mux(packet)
+    raw = titled.getvalue().replace("cafés".encode(), b"caf\xe9 s")  # as Latin-1 (and a space: the same length)
+    assert raw != titled.getvalue()
+    assert video_features(raw, VL, MediaLimits(), part="video 1")[0].grid_thw[0] >= 1

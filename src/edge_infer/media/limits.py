@@ -52,7 +52,8 @@ class MediaLimits:
 
     max_image_pixels bounds the decoded image (width x height, read from the header before decoding).
     A video is sampled at up to max_video_frames frames (fewer frames per second for longer videos,
-    as Qwen's max_frames does); max_video_seconds bounds the decoding work, and its audio track is an
+    as Qwen's max_frames does); max_video_seconds bounds the decoding work (and the frames decoded, to what
+    60 frames a second of 1920x1080 would be: video.DECODE_PIXELS_PER_SECOND), and its audio track is an
     audio clip under max_audio_seconds.
     """
 

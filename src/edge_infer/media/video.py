@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 VIDEO_FORMATS = "MP4, MOV, WebM, MKV or AVI"
+# The decoding work max_video_seconds allows: 60 frames a second at 1920x1080, or as many pixels. A file's own
+# frame rate is not trusted: 200,000 tiny frames "at 1,700 fps" pass a 120 s limit and take a media thread
+# for a quarter of an hour.
+DECODE_PIXELS_PER_SECOND = 60 * 1920 * 1080
 
 
 def sample_indices(total: int, video_fps: float, cfg: VisionProcessing, max_frames: int) -> list[int]:
@@ -53,9 +57,12 @@ def video_features(data: bytes, cfg: MediaProcessing, limits: MediaLimits,
     if fmt is None:
         raise MediaError(f"{part}: is not a video container edge-infer reads; send {VIDEO_FORMATS} video")
     try:
-        with av.open(io.BytesIO(data), format=fmt) as container:
+        # metadata_errors: a tag that is not UTF-8 (older cameras write Latin-1 titles) is not the video's fault
+        with av.open(io.BytesIO(data), format=fmt, metadata_errors="replace") as container:
             return _decode(container, cfg, vision, limits, part)
-    except av.FFmpegError as exc:
+    except MediaError:
+        raise
+    except (av.FFmpegError, ValueError) as exc:  # PyAV refuses some malformed streams with ValueError
         raise MediaError(f"{part}: cannot be decoded as {fmt} video ({exc})") from None
 
 
@@ -90,6 +97,9 @@ def _decode(container: "av.container.InputContainer", cfg: MediaProcessing, visi
     stream.codec_context.options = {"max_pixels": str(limits.max_image_pixels)}
     total = _frame_count(container, stream, fps)
     limits.check("max_video_seconds", total / fps, part=part, shown=f"{total / fps:.1f} s")
+    budget = max(1, int(limits.max_video_seconds * DECODE_PIXELS_PER_SECOND) // (width * height))
+    if total > budget:
+        _over_budget(part, f"{total} frames ({fps:g} per second)", width, height, budget, limits)
     if limits.max_video_frames < vision.temporal_patch_size:
         # the plan may have turned them off to fit the context: the flag alone may then not fit
         raise MediaError(f"{part}: videos are off (the limit is {limits.max_video_frames} sampled frames per video, "
@@ -106,15 +116,23 @@ def _decode(container: "av.container.InputContainer", cfg: MediaProcessing, visi
     to_float = av.AudioResampler(format="fltp")  # sample format only; channels and rate as they are
     frames: list[np.ndarray] = []
     track: MonoStream | None = None  # the sound at the model's rate, from the first audio frame's rate
-    origin, last = None, None
+    origin, last, decoded = None, None, 0
     for packet in container.demux(*[s for s in (stream, audio_stream) if s is not None]):
+        if packet.stream is stream and len(frames) == len(wanted):
+            continue  # every sampled frame is in: only the sound track is still read
         for frame in _decoded(packet, limits, part):
             if isinstance(frame, av.AudioFrame):
                 if track is None:
                     track = MonoStream(frame.sample_rate, cfg.audio.sampling_rate, limits, f"{part} (its audio track)")
+                elif frame.sample_rate != track.source_rate:  # resampled as the first rate, it would change pitch
+                    raise MediaError(f"{track.part}: its sample rate changes ({track.source_rate} to "
+                                     f"{frame.sample_rate} Hz); re-encode the video with one rate")
                 for block in to_float.resample(frame):
                     track.add(block.to_ndarray().T)  # [samples, channels]
                 continue
+            decoded += 1
+            if decoded > budget:  # more frames than the header counted (timestamps that do not advance, say)
+                _over_budget(part, f"more than {budget} frames", width, height, budget, limits)
             # A frame's index from its timestamp: robust to hidden frames and metadata that miscounts.
             origin = frame.time if origin is None else origin
             index = round((frame.time - origin) * fps) if frame.time is not None else len(frames)
@@ -137,6 +155,12 @@ def _decode(container: "av.container.InputContainer", cfg: MediaProcessing, visi
     if track is None or track.frames == 0:
         return features, None
     return features, audio_features(track.finish(), cfg.audio, part=track.part)
+
+
+def _over_budget(part: str, amount: str, width: int, height: int, budget: int, limits: MediaLimits) -> None:
+    raise MediaError(f"{part}: {amount} of {width}x{height} pixels is more decoding than {limits.max_video_seconds:g} s "
+                     f"of video allows ({budget} frames at this size: 60 frames a second at 1920x1080, or as many "
+                     "pixels; --max-video-seconds); re-encode it at a lower frame rate or size")
 
 
 def _decoded(packet: "av.Packet", limits: MediaLimits, part: str) -> list:
