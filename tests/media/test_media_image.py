@@ -129,6 +129,27 @@ def test_exif_orientation_is_applied():
     assert decoded.size == (20, 60)
 
 
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_every_exif_orientation_gives_the_pixels_pillows_transpose_gives(orientation):
+    from PIL import ImageOps
+
+    image = _noise(30, 20, "RGB", seed=orientation)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    data = _encoded(image, "PNG", exif=exif)
+    want = ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB")
+    assert np.array_equal(np.asarray(decode_image(data, MediaLimits())), np.asarray(want))
+
+
+def test_a_malformed_exif_tag_does_not_stop_the_image():
+    """XResolution stored as ASCII: Pillow's exif_transpose raised TypeError rewriting it (a 500)."""
+    entries = [struct.pack("<HHI4s", 0x0112, 3, 1, struct.pack("<HH", 6, 0)),
+               struct.pack("<HHI4s", 0x011A, 2, 3, b"72\0\0")]
+    ifd = struct.pack("<H", len(entries)) + b"".join(entries) + struct.pack("<I", 0)
+    data = _encoded(_noise(40, 30, "RGB"), "JPEG", exif=b"Exif\0\0II*\0" + struct.pack("<I", 8) + ifd)
+    assert decode_image(data, MediaLimits()).size == (30, 40)  # and still turned upright
+
+
 def _png_header_only(width: int, height: int) -> bytes:
     """A PNG whose header claims width x height; its pixel data is a few bytes (a decompression bomb's shape)."""
     def chunk(kind: bytes, body: bytes) -> bytes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import math
 import re
+import struct
 import warnings
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -54,7 +55,7 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
 
 def decode_image(data: bytes, limits: MediaLimits, *, part: str = "image") -> "Image.Image":
     """An RGB image from encoded bytes; sizes over the limit are refused from the header, before decoding."""
-    from PIL import Image, ImageOps, UnidentifiedImageError
+    from PIL import Image, UnidentifiedImageError
 
     if not data:
         raise MediaError(f"{part}: is empty (0 bytes); send a PNG, JPEG, WebP, GIF or BMP image")
@@ -82,11 +83,22 @@ def decode_image(data: bytes, limits: MediaLimits, *, part: str = "image") -> "I
             # Pillow's own bomb guard: a warning over its threshold; here any such image is an error.
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             image.load()
-            image = ImageOps.exif_transpose(image)  # phone photos: the pixels the viewer shows
+            image = upright(image)
             return to_rgb(image)
-    except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError,
+    except (OSError, ValueError, SyntaxError, EOFError, struct.error, Image.DecompressionBombError,
             Image.DecompressionBombWarning) as exc:
         raise MediaError(f"{part}: the {kind} data is damaged or truncated ({_reason(exc)})") from None
+
+
+def upright(image: "Image.Image") -> "Image.Image":
+    """Phone photos: the pixels a viewer shows, the EXIF orientation applied. Pillow's exif_transpose also rewrites
+    the EXIF, which fails on a malformed tag (an ASCII resolution, say); only the pixels matter here."""
+    from PIL import Image
+
+    method = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+              5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+              8: Image.Transpose.ROTATE_90}.get(image.getexif().get(0x0112))
+    return image if method is None else image.transpose(method)
 
 
 def to_rgb(image: "Image.Image") -> "Image.Image":
