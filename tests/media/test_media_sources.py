@@ -255,6 +255,21 @@ def test_a_server_that_trickles_its_headers_hits_the_deadline(server):
     assert time.monotonic() - started < 1.5
 
 
+def test_each_connection_gets_the_time_left(server, monkeypatch):
+    """socket.create_connection gives each of a host's addresses its own timeout: a name with several unreachable
+    addresses held a fetch for that many times timeout_s. Every connection is given what is left of the deadline."""
+    import socket
+
+    import edge_infer.media.sources as sources
+
+    given = []
+    real = socket.create_connection
+    monkeypatch.setattr(sources.socket, "create_connection",
+                        lambda address, timeout, *rest: given.append(timeout) or real(address, timeout, *rest))
+    assert read_source(f"{server}/to-cat", MediaPolicy(allow_remote=True, timeout_s=2.0)) == PAYLOAD  # a redirect
+    assert len(given) == 2 and 2.0 > given[0] > given[1] > 1.0
+
+
 @pytest.mark.parametrize("path,reason", [("/many-headers", r"HTTPException: got more than 100 headers"),
                                          ("/bad-status", r"BadStatusLine: garbage")])
 def test_a_malformed_response_is_a_media_error(server, path, reason):

@@ -3,9 +3,9 @@
 The operator decides (MediaPolicy): local files are read only under
 ``--allowed-media-dir`` (after resolving symlinks and ``..``), remote URLs only
 with ``--allow-remote-media``; every source is capped at ``max_bytes`` and a remote
-fetch at ``timeout_s`` in all: connecting, headers and body (a timer shuts its
-sockets down then, however slowly a server trickles; only name resolution is
-outside it, bounded by the resolver's own timeouts).
+fetch at ``timeout_s`` in all: connecting (each address tried gets the time left),
+headers and body (a timer shuts its sockets down then, however slowly a server
+trickles; only name resolution is outside it, bounded by the resolver's own timeouts).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import os
 import socket
 import stat
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -141,6 +142,7 @@ class _Fetch:
     a server that sends its status line and headers a byte at a time."""
 
     def __init__(self, timeout_s: float):
+        self.deadline = time.monotonic() + timeout_s
         self.expired = False
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -155,38 +157,47 @@ class _Fetch:
         self._timer.cancel()
 
     def opener(self) -> urllib.request.OpenerDirector:
-        fetch = self
+        return urllib.request.build_opener(_TrackingHttp(self), _TrackingHttps(self), _HttpRedirectsOnly())
 
-        class Tracking:
-            def do_open(self, http_class, req, **kwargs):
-                return super().do_open(fetch._tracked(http_class), req, **kwargs)
-
-        class Http(Tracking, urllib.request.HTTPHandler):
-            pass
-
-        class Https(Tracking, urllib.request.HTTPSHandler):
-            pass
-
-        return urllib.request.build_opener(Http(), Https(), _HttpRedirectsOnly())
-
-    def _tracked(self, http_class: type[http.client.HTTPConnection]) -> type[http.client.HTTPConnection]:
-        fetch = self
-
-        class Tracked(http_class):
-            def connect(self):
-                super().connect()
-                with fetch._lock:
-                    fetch._sockets.append(self.sock)
-                    if fetch.expired:  # connected just as the timer fired
-                        _shut(self.sock)
-
-        return Tracked
+    def create_connection(self, address, timeout=None, source_address=None) -> socket.socket:
+        """http.client's connect step: each of a host's addresses (and a TLS handshake after it) gets the time
+        left, not timeout_s each; the socket is cut with the others from then on."""
+        sock = socket.create_connection(address, max(self.deadline - time.monotonic(), 0.001), source_address)
+        with self._lock:
+            self._sockets.append(sock)
+            if self.expired:  # connected just as the timer fired
+                _shut(sock)
+        return sock
 
     def _expire(self) -> None:
         with self._lock:
             self.expired = True
             for sock in self._sockets:
                 _shut(sock)
+
+
+class _Tracking:
+    """Mixed into urllib's handlers: their connections connect through the fetch."""
+
+    def __init__(self, fetch: _Fetch):
+        super().__init__()
+        self.fetch = fetch
+
+    def do_open(self, http_class, req, **kwargs):
+        def connection(*args, **kw) -> http.client.HTTPConnection:
+            conn = http_class(*args, **kw)
+            conn._create_connection = self.fetch.create_connection  # what HTTPConnection.connect calls
+            return conn
+
+        return super().do_open(connection, req, **kwargs)
+
+
+class _TrackingHttp(_Tracking, urllib.request.HTTPHandler):
+    pass
+
+
+class _TrackingHttps(_Tracking, urllib.request.HTTPSHandler):
+    pass
 
 
 def _shut(sock: socket.socket) -> None:
