@@ -152,11 +152,20 @@ def test_metrics_report_ttfp_rtf_and_stage_times(server) -> None:
         assert metrics[f"edge_infer_stage_up{{stage={stage}}}"] == 1
 
 
-def test_a_dead_code2wav_worker_makes_the_server_unhealthy_503(server) -> None:
+def test_a_dead_code2wav_worker_cuts_the_stream_and_makes_the_server_unhealthy_503(server) -> None:
+    """A wav stream cut by the failure must read as cut (no last chunk), not as a short, complete file."""
     # Last in this module: it breaks the server's pipeline.
     stages = {s["stage_id"]: s for s in httpx.get(server.base_url + "/health").json()["stages"]}
     assert stages[1]["state"] == "running" and "code2wav" in stages[1]["label"]
-    os.kill(stages[1]["pid"], signal.SIGKILL)
+    body = {"voice": "ryan", "input": "A long answer.", "max_tokens": 400, "ignore_eos": True, "response_format": "wav"}
+    with httpx.stream("POST", server.base_url + "/v1/audio/speech", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        chunks = response.iter_bytes()
+        assert next(chunks)  # the header and the first audio are out
+        os.kill(stages[1]["pid"], signal.SIGKILL)
+        with pytest.raises(httpx.RemoteProtocolError):
+            for _ in chunks:
+                pass
     wait_until(lambda: httpx.get(server.base_url + "/health").status_code == 503, "health to report the dead stage")
     assert "stage 1" in httpx.get(server.base_url + "/health").json()["detail"]
     response = speech(server, input="Anyone there?")

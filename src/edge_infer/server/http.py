@@ -22,6 +22,7 @@ from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from edge_infer.errors import EdgeInferError
 from edge_infer.server.errors import APIError, install_handlers
 from edge_infer.server.service import RETRY_AFTER_S
 from edge_infer.server.streaming import HEADERS, MEDIA_TYPE
@@ -51,15 +52,33 @@ async def _send_error(send: Callable, error: APIError) -> None:
     await response({"type": "http"}, None, send)
 
 
+class BrokenStream(Exception):
+    """Raised to the HTTP server when a response's body has begun and cannot be finished: uvicorn then closes the
+    connection without the body's end, so the client sees a cut transfer (no last chunk, or fewer bytes than
+    announced), not a short response that looks complete (a wav stream whose stage died)."""
+
+
+class _QuietBrokenStream(logging.Filter):
+    """uvicorn logs an exception the app raises with its traceback; CatchAll has logged what broke the stream."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], BrokenStream))
+
+
+_QUIET_BROKEN_STREAM = _QuietBrokenStream()
+
+
 class CatchAll:
     """ASGI middleware: an exception nothing else handled becomes a 500 in the OpenAI shape, sent as a
-    normal response, so the connection stays usable (keep-alive) and the status is counted as 500.
+    normal response, so the connection stays usable (keep-alive) and the status is counted as 500. Once the
+    body has begun, the stream is cut instead (BrokenStream).
 
     (Starlette's own last-resort handler answers, then re-raises, and the server drops the connection.)
     """
 
     def __init__(self, app: Any):
         self.app = app
+        logging.getLogger("uvicorn.error").addFilter(_QUIET_BROKEN_STREAM)  # once: the same filter is not added twice
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -69,11 +88,16 @@ class CatchAll:
         try:
             await self.app(scope, receive, noted)
         except Exception as exc:
-            log.exception("unexpected error serving %s %s", scope.get("method"), scope.get("path"), exc_info=exc)
-            if noted.status is not None:  # mid-body: nothing valid can follow; end the body so the response is complete
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if noted.status is None:
+                log.exception("unexpected error serving %s %s", scope.get("method"), scope.get("path"), exc_info=exc)
+                await _send_error(send, APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error"))
                 return
-            await _send_error(send, APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error"))
+            # Mid-body. Starlette wraps an error its handlers know ("Caught handled exception, but response already
+            # started"): name the error itself, with a traceback only when it is not one edge-infer raises on purpose.
+            cause = exc.__cause__ if isinstance(exc, RuntimeError) and exc.__cause__ is not None else exc
+            log.error("%s %s: the response was cut mid-body (%s: %s)", scope.get("method"), scope.get("path"),
+                      type(cause).__name__, cause, exc_info=None if isinstance(cause, EdgeInferError) else cause)
+            raise BrokenStream(str(cause)) from exc
 
 
 class BodyRefused(StarletteHTTPException):
