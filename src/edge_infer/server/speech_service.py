@@ -7,6 +7,7 @@ admission and draining are the shared ``service.Service``.
 """
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -101,13 +102,16 @@ class SpeechService(Service):
                            param="response_format", code="unsupported_format")
         if body.stream_format == "sse" and fmt not in STREAMABLE:
             raise APIError(400, f"stream_format sse carries {' or '.join(STREAMABLE)} chunks, not {fmt}; "
-                           "use stream_format audio for flac", param="stream_format")
+                           f"use stream_format audio for {fmt}", param="stream_format")
         text = body.input
-        if not text.strip():
+        if not any(not ch.isspace() and unicodedata.category(ch) != "Cf" for ch in text):  # zero-width ones too
             raise APIError(400, "input is empty: give the text to speak", param="input", code="empty_input")
-        if len(text) > self.max_input_chars:
-            raise APIError(400, f"input has {len(text)} characters; this server takes at most {self.max_input_chars} "
-                           "(--max-input-chars); split the text", param="input", code="input_too_long")
+        for field, value in (("input", text), ("instructions", body.instructions or "")):
+            # before anything is tokenized: tokenizing runs on the event loop (megabytes of it froze the server)
+            if len(value) > self.max_input_chars:
+                raise APIError(400, f"{field} has {len(value)} characters; this server takes at most "
+                               f"{self.max_input_chars} (--max-input-chars); shorten it", param=field,
+                               code="input_too_long")
         voice = body.voice.lower()
         if voice not in self.config.talker.speakers:
             raise APIError(400, f"unknown voice {body.voice!r}; this model's voices: {', '.join(self.voices)} "
@@ -123,8 +127,9 @@ class SpeechService(Service):
         instruct_ids = self.tokenizer.instruct_ids(body.instructions) if body.instructions else None
         positions = prompt_length(self.config, VoiceRequest(ids, voice, body.language, instruct_ids))
         if positions >= self.max_model_len:
-            raise APIError(400, f"input takes {positions} Talker positions and max_model_len is {self.max_model_len}, "
-                           "which must also hold the audio (one position per 80 ms frame); shorten the input",
+            what = "input and instructions take" if instruct_ids else "input takes"
+            raise APIError(400, f"{what} {positions} Talker positions and max_model_len is {self.max_model_len}, "
+                           "which must also hold the audio (one position per 80 ms frame); shorten them",
                            param="input", code="input_too_long")
         params: dict[str, Any] = {"voice": voice, "language": body.language, "ignore_eos": body.ignore_eos}
         params.update({k: getattr(body, k) for k in _SAMPLING_FIELDS if getattr(body, k) is not None})
