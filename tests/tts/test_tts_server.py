@@ -154,9 +154,9 @@ def test_metrics_report_ttfp_rtf_and_stage_times(server) -> None:
         assert metrics[f"edge_infer_stage_up{{stage={stage}}}"] == 1
 
 
-def test_a_dead_code2wav_worker_cuts_the_stream_and_makes_the_server_unhealthy_503(server) -> None:
-    """A wav stream cut by the failure must read as cut (no last chunk), not as a short, complete file."""
-    # Last in this module: it breaks the server's pipeline.
+def test_a_dead_code2wav_worker_cuts_the_stream_and_is_replaced(server) -> None:
+    """A wav stream cut by the failure must read as cut (no last chunk), not as a short, complete file; the stage's
+    worker is then replaced, as the text server's worker is restarted."""
     stages = {s["stage_id"]: s for s in httpx.get(server.base_url + "/health").json()["stages"]}
     assert stages[1]["state"] == "running" and "code2wav" in stages[1]["label"]
     body = {"voice": "ryan", "input": "A long answer.", "max_tokens": 400, "ignore_eos": True, "response_format": "wav"}
@@ -168,8 +168,21 @@ def test_a_dead_code2wav_worker_cuts_the_stream_and_makes_the_server_unhealthy_5
         with pytest.raises(httpx.RemoteProtocolError):
             for _ in chunks:
                 pass
-    wait_until(lambda: httpx.get(server.base_url + "/health").status_code == 503, "health to report the dead stage")
-    assert "stage 1" in httpx.get(server.base_url + "/health").json()["detail"]
-    response = speech(server, input="Anyone there?")
-    assert response.status_code == 503 and response.json()["error"]["code"] == "engine_dead"
+
+    def replaced() -> bool:
+        health = httpx.get(server.base_url + "/health")
+        return health.status_code == 200 and health.json()["stages"][1]["pid"] != stages[1]["pid"]
+
+    wait_until(replaced, "the dead stage to be replaced")
+    assert speech(server, input="Anyone there?", max_tokens=4, ignore_eos=True).status_code == 200
+    assert server.metrics()["edge_infer_stage_restarts_total{stage=code2wav}"] == 1
+    assert "restarting it" in server.output()
+
+
+def test_without_restarts_a_dead_stage_stops_the_server_with_a_nonzero_status() -> None:
+    with ServerProcess(TINY, "--no-restart", "--max-model-len", "512") as server:
+        talker = httpx.get(server.base_url + "/health").json()["stages"][0]["pid"]
+        os.kill(talker, signal.SIGKILL)
+        assert server.proc.wait(30) == 3
+        assert "not restarting: restarts are off (--no-restart)" in server.output()
 

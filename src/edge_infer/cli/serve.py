@@ -79,9 +79,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="tokenize special-token text (e.g. <|im_end|>) in chat messages and tools as control tokens; by "
                         "default it is plain text, so a user cannot close their turn or open another role's")
     g.add_argument("--no-restart", action="store_true",
-                   help=f"do not restart a dead engine worker: exit {EXIT_ENGINE_DEAD} at once (for a supervisor to act)")
+                   help=f"do not restart a dead engine worker or pipeline stage: exit {EXIT_ENGINE_DEAD} at once (for a "
+                        "supervisor to act)")
     g.add_argument("--max-restarts", type=int, default=3,
-                   help=f"engine worker restarts within 10 minutes before the server exits {EXIT_ENGINE_DEAD} (default 3)")
+                   help=f"restarts of a dead engine worker or pipeline stage within 10 minutes before the server exits "
+                        f"{EXIT_ENGINE_DEAD} (default 3)")
     g.add_argument("--heartbeat-timeout-s", type=float, default=None,
                    help="seconds of silence from the engine worker before it is unresponsive: /health 503, requests end "
                         "(default 3)")
@@ -164,7 +166,7 @@ def _settings(args: argparse.Namespace, name: str, **kind_settings: Any) -> "Ser
 
 def _text_service(args: argparse.Namespace, shared: Any) -> Any:
     from edge_infer.engine.frontend import Frontend
-    from edge_infer.server.text_service import RestartPolicy, TextService
+    from edge_infer.server.text_service import TextService
     from edge_infer.server.tool_parsers import detect_parser
 
     # A refused plan or a bad checkpoint is reported by edge_infer.cli in one line (nothing loaded).
@@ -180,9 +182,14 @@ def _text_service(args: argparse.Namespace, shared: Any) -> Any:
         tool_call_parser=detect_parser(template) if args.tool_call_parser == "auto" else args.tool_call_parser,
         special_tokens_in_content=args.parse_special_tokens_in_content,
     )
-    restart = RestartPolicy(enabled=not args.no_restart, max_restarts=args.max_restarts)
-    return TextService(frontend, settings, worker=args.worker, restart=restart,
+    return TextService(frontend, settings, worker=args.worker, restart=_restart_policy(args),
                        heartbeat_timeout_s=args.heartbeat_timeout_s, shared=shared)
+
+
+def _restart_policy(args: argparse.Namespace) -> Any:
+    from edge_infer.server.service import RestartPolicy
+
+    return RestartPolicy(enabled=not args.no_restart, max_restarts=args.max_restarts)
 
 
 def media_policy(args: argparse.Namespace) -> MediaPolicy:
@@ -221,7 +228,8 @@ def _speech_service(args: argparse.Namespace, shared: Any, model: str | None) ->
             if speech_only else None
         pipeline = SpeechPipeline.for_checkpoint(model, args.stage_overrides, flags)
     name = args.served_model_name if speech_only and args.served_model_name else Path(pipeline.model or "speech").name
-    service = SpeechService(pipeline, _settings(args, name), args.max_input_chars, shared=shared, plans_bodies=speech_only)
+    service = SpeechService(pipeline, _settings(args, name), args.max_input_chars, shared=shared, plans_bodies=speech_only,
+                            restart=_restart_policy(args))
     print(service.omni.plan.render(), file=sys.stderr)
     return service
 

@@ -5,6 +5,12 @@ Phases: ``loading`` (HTTP is up, the model is not: 503), ``ready``,
 and the CLI exits), and ``draining`` (SIGTERM: in-flight requests may finish
 within the grace period, new ones get 503, the rest are cancelled at its end).
 
+A ready model is supervised: a worker (text) or stage worker (speech) that
+dies is replaced, with a growing back-off, at most ``RestartPolicy.max_restarts``
+times within ``window_s``; when the policy is spent, or restarts are off, the
+server stops with ``EXIT_ENGINE_DEAD`` so that its own supervisor (systemd,
+Docker, Kubernetes) notices.
+
 ``text_service.TextService`` and ``speech_service.SpeechService`` subclass
 ``Service``; ``app.build_app`` serves one or several of them behind one set
 of shared routes (health, metrics, models).
@@ -12,18 +18,32 @@ of shared routes (health, metrics, models).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from edge_infer.engine.media_gate import MediaSlots
 from edge_infer.server.errors import APIError
+from edge_infer.server.exit_codes import EXIT_ENGINE_DEAD
 from edge_infer.server.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BODY_ITEMS
 from edge_infer.server.protocol import ModelCard
 
 # Seconds a client is told to wait after a 429 (a hint: one short request's time on an edge box).
 RETRY_AFTER_S = 1
 _POLL_S = 0.05
+_SUPERVISE_INTERVAL_S = 0.2
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    enabled: bool = True
+    max_restarts: int = 3  # within window_s; one more death stops the server
+    window_s: float = 600.0
+    backoff_s: float = 0.5  # before the first restart of a window; doubled for each further one
+    kill_unresponsive_s: float = 60.0  # an unresponsive worker is killed (then restarted) after this long
 
 
 
@@ -75,7 +95,7 @@ class Service:
     kind = "abstract"  # which route set serves it: "text" or "speech"
     unit = "sequences"  # what admission counts, in messages
 
-    def __init__(self, settings: ServeSettings, metrics: Any, max_num_seqs: int):
+    def __init__(self, settings: ServeSettings, metrics: Any, max_num_seqs: int, restart: RestartPolicy = RestartPolicy()):
         self.settings = settings
         self.metrics = metrics
         self.max_num_seqs = max_num_seqs
@@ -86,6 +106,10 @@ class Service:
         self.live: set[LiveRequest] = set()
         # Set by the CLI: stop the server with an exit code (the model cannot serve any more).
         self.on_fatal: Callable[[int, str], None] | None = None
+        self.restart_policy = restart
+        self.restarting = False
+        self._restarts: deque[float] = deque()  # monotonic times of restarts in the current window
+        self._supervisor: asyncio.Task | None = None
 
     @property
     def capacity(self) -> int:
@@ -107,6 +131,18 @@ class Service:
     async def refresh_metrics(self) -> None:
         """Set the gauges read at scrape time."""
         raise NotImplementedError
+
+    def dead_reason(self) -> str | None:
+        """What died (a worker or a stage's worker) and how, while it is dead; None otherwise."""
+        raise NotImplementedError
+
+    async def revive(self) -> None:
+        """Replace what died; raises when that fails (counted against the restart policy)."""
+        raise NotImplementedError
+
+    def kill_if_unresponsive(self) -> bool:
+        """Kill a worker silent past RestartPolicy.kill_unresponsive_s (it is then dead and revived); True if one was."""
+        return False
 
     def health(self) -> tuple[str, str | None, dict[str, Any]]:
         """(status, detail, extra fields) for /health: ``ok``, or a phase or the engine's trouble and why."""
@@ -179,6 +215,44 @@ class Service:
             raise
         if self.phase == "loading":
             self.phase = "ready"
+            self._supervisor = asyncio.ensure_future(self._supervise())
+
+    async def _supervise(self) -> None:
+        while True:
+            await asyncio.sleep(_SUPERVISE_INTERVAL_S)
+            if self.phase != "ready" or self.kill_if_unresponsive():
+                continue
+            reason = self.dead_reason()
+            if reason is not None:
+                await self._restart_or_stop(reason)
+
+    async def _restart_or_stop(self, reason: str) -> None:
+        policy = self.restart_policy
+        now = time.monotonic()
+        while self._restarts and now - self._restarts[0] > policy.window_s:
+            self._restarts.popleft()
+        if not policy.enabled or len(self._restarts) >= policy.max_restarts:
+            why = "restarts are off (--no-restart)" if not policy.enabled else (
+                f"it died {len(self._restarts) + 1} times within {policy.window_s:g} s (--max-restarts {policy.max_restarts})")
+            self.stop(EXIT_ENGINE_DEAD, f"{reason}; not restarting: {why}")
+            await asyncio.sleep(3600)  # the server is shutting down around this task
+            return
+        delay = policy.backoff_s * 2 ** len(self._restarts)
+        self._restarts.append(now)
+        self.restarting = True
+        log.error("%s; restarting it in %.1f s (restart %d of at most %d within %g s)",
+                  reason, delay, len(self._restarts), policy.max_restarts, policy.window_s)
+        try:
+            await asyncio.sleep(delay)
+            await self.revive()
+        except Exception as exc:  # counted against the policy; the next tick tries again or stops
+            log.error("restarting failed: %s", exc)
+        finally:
+            self.restarting = False
+
+    def stop_supervising(self) -> None:
+        if self._supervisor is not None:
+            self._supervisor.cancel()
 
     async def drain(self) -> None:
         """Let in-flight requests finish within the grace period, then cancel the rest."""

@@ -41,6 +41,7 @@ class SpeechMetrics:
                                     ["stage"], buckets=_LATENCY_BUCKETS, registry=r)
         self.in_flight = Gauge("edge_infer_requests_in_flight", "speech requests admitted and not yet ended", registry=r)
         self.stage_up = Gauge("edge_infer_stage_up", "1 while the stage's worker runs", ["stage"], registry=r)
+        self.stage_restarts = Counter("edge_infer_stage_restarts", "stage workers replaced after dying", ["stage"], registry=r)
         self.reserved = Gauge("edge_infer_memory_reserved_bytes", "each stage's reservation in the shared-RAM ledger", ["stage"], registry=r)
         for stage in plan.stages:
             self.reserved.labels(self.stage_names[stage.stage_id]).set(stage.reservation.total_bytes)

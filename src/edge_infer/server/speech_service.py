@@ -7,6 +7,7 @@ admission and draining are the shared ``service.Service``.
 """
 from __future__ import annotations
 
+import logging
 import unicodedata
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -18,7 +19,7 @@ from edge_infer.runtime.omni import AsyncOmni
 from edge_infer.server.errors import APIError
 from edge_infer.server.metrics import SharedMetrics
 from edge_infer.server.protocol import ModelCard
-from edge_infer.server.service import ServeSettings, Service
+from edge_infer.server.service import RestartPolicy, ServeSettings, Service
 from edge_infer.server.speech_metrics import SpeechMetrics
 from edge_infer.server.speech_protocol import SpeechRequest, VoiceCard, VoiceList
 from edge_infer.tts.audio import STREAMABLE, formats
@@ -26,6 +27,7 @@ from edge_infer.tts.deploy import SpeechPipeline
 from edge_infer.tts.params import SpeechParams
 from edge_infer.tts.planning import DEFAULT_MAX_MODEL_LEN
 
+log = logging.getLogger(__name__)
 # OpenAI's limit for /v1/audio/speech.
 DEFAULT_MAX_INPUT_CHARS = 4096
 _SAMPLING_FIELDS = ("seed", "temperature", "top_k", "top_p", "repetition_penalty", "max_tokens")
@@ -45,14 +47,15 @@ class SpeechService(Service):
     unit = "requests"
 
     def __init__(self, pipeline: SpeechPipeline, settings: ServeSettings, max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
-                 shared: SharedMetrics | None = None, plans_bodies: bool = True):
+                 shared: SharedMetrics | None = None, plans_bodies: bool = True, restart: RestartPolicy = RestartPolicy()):
         """``plans_bodies``: the request bodies in flight are this plan's (False beside a text model, whose plan has
         them)."""
         # Plans the deploy: raises DeployRefused before anything starts.
         omni = AsyncOmni(pipeline.config, body_bytes_in_flight=settings.bodies_in_flight if plans_bodies else 0)
         talker = pipeline.config.stage(pipeline.talker_stage)
         names = {s.stage_id: s.name or f"stage{s.stage_id}" for s in pipeline.config.stages}
-        super().__init__(settings, SpeechMetrics(shared or SharedMetrics(), omni.plan, names), talker.engine.max_num_seqs)
+        super().__init__(settings, SpeechMetrics(shared or SharedMetrics(), omni.plan, names), talker.engine.max_num_seqs,
+                         restart)
         self.pipeline = pipeline
         self.omni = omni
         self.max_input_chars = max_input_chars
@@ -75,8 +78,27 @@ class SpeechService(Service):
         return self.omni.health().healthy
 
     def down_reason(self) -> str | None:
+        if self.restarting:
+            return "a pipeline stage died and is restarting"
         down = [f"{s.label} is {s.state} ({s.detail})" for s in self.omni.health().stages if s.state != "running"]
         return f"a pipeline stage is down: {'; '.join(down)}" if down else None
+
+    @property
+    def health_status(self) -> str:
+        return "engine_restarting" if self.restarting else super().health_status
+
+    # -- supervision (Service) ---------------------------------------------------------
+
+    def dead_reason(self) -> str | None:
+        dead = [f"{s.label} died ({s.detail})" for s in self.omni.health().stages if s.state == "dead"]
+        return "; ".join(dead) or None
+
+    async def revive(self) -> None:
+        for stage in self.omni.health().stages:
+            if stage.state == "dead":  # a dead worker replaced restarts its stage
+                await self.omni.retire_worker(stage.stage_id)
+                self.metrics.stage_restarts.labels(self.metrics.stage_names[stage.stage_id]).inc()
+                log.warning("%s is back (pid %s)", stage.label, self.omni.worker_pids()[stage.stage_id])
 
     def health(self) -> tuple[str, str | None, dict[str, Any]]:
         status, detail, _ = super().health()
@@ -147,4 +169,5 @@ class SpeechService(Service):
         await self.omni.start()
 
     async def close(self) -> None:
+        self.stop_supervising()
         await self.omni.shutdown()

@@ -1,42 +1,24 @@
 """A served text model: its engine and frontend, on top of the shared ``Service``.
 
-The engine worker is supervised: a worker that dies is restarted (with a
-growing back-off, at most ``RestartPolicy.max_restarts`` times within
-``window_s``), one that stops responding for ``kill_unresponsive_s`` is
-killed first. When the policy is spent, or restarts are off, the server
-stops with ``EXIT_ENGINE_DEAD`` so that its own supervisor (systemd, Docker,
-Kubernetes) notices.
+The engine worker is supervised (``Service``): a worker that dies is restarted,
+one that stops responding for ``RestartPolicy.kill_unresponsive_s`` is killed first.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 from edge_infer.engine.async_engine import AsyncEngine
 from edge_infer.engine.frontend import Frontend
 from edge_infer.media.limits import MEDIA_PREP_THREADS
-from edge_infer.server.exit_codes import EXIT_ENGINE_DEAD
 from edge_infer.server.metrics import SharedMetrics, TextMetrics
 from edge_infer.server.protocol import ModelCard
-from edge_infer.server.service import ServeSettings, Service
+from edge_infer.server.service import RestartPolicy, ServeSettings, Service
 
 log = logging.getLogger(__name__)
-_SUPERVISE_INTERVAL_S = 0.2
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class RestartPolicy:
-    enabled: bool = True
-    max_restarts: int = 3  # within window_s; one more death stops the server
-    window_s: float = 600.0
-    backoff_s: float = 0.5  # before the first restart of a window; doubled for each further one
-    kill_unresponsive_s: float = 60.0  # an unresponsive worker is killed (then restarted) after this long
 
 
 class TextService(Service):
@@ -46,7 +28,7 @@ class TextService(Service):
                  restart: RestartPolicy = RestartPolicy(), heartbeat_timeout_s: float | None = None,
                  shared: SharedMetrics | None = None):
         metrics = TextMetrics(shared or SharedMetrics(), frontend.plan)
-        super().__init__(settings, metrics, frontend.engine_config.max_num_seqs)
+        super().__init__(settings, metrics, frontend.engine_config.max_num_seqs, restart)
         self.frontend = frontend
         extra = {} if heartbeat_timeout_s is None else {"heartbeat_timeout_s": heartbeat_timeout_s}
         self.engine = AsyncEngine(frontend, worker=worker, **extra)
@@ -59,15 +41,10 @@ class TextService(Service):
         # Requests with media are prepared on their own threads: decoding a large image or video takes seconds,
         # and text requests must not queue behind it.
         self._media_prep = ThreadPoolExecutor(MEDIA_PREP_THREADS, thread_name_prefix="edge-infer-media")
-        self.restart_policy = restart
-        self.restarting = False
-        self._restarts: deque[float] = deque()  # monotonic times of restarts in the current window
-        self._supervisor: asyncio.Task | None = None
 
     async def _start(self, progress: Callable[[int, int], None] | None) -> None:
         await self.engine.start(progress)
         await self._warm()
-        self._supervisor = asyncio.ensure_future(self._supervise())
 
     async def _warm(self) -> None:
         """A chat's first-use work (jinja2's import, the template's compiling, the preparation thread) now, not in
@@ -111,48 +88,29 @@ class TextService(Service):
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
     async def close(self) -> None:
-        if self._supervisor is not None:
-            self._supervisor.cancel()
+        self.stop_supervising()
         await self.engine.close()
         self._prep.shutdown(wait=False)
         self._media_prep.shutdown(wait=False, cancel_futures=True)
 
-    async def _supervise(self) -> None:
-        while True:
-            await asyncio.sleep(_SUPERVISE_INTERVAL_S)
-            if self.phase != "ready":
-                continue
-            engine = self.engine
-            if engine.hung_reason and not engine.dead_reason and engine.silent_s() > self.restart_policy.kill_unresponsive_s:
-                log.error("killing the engine worker: %s", engine.hung_reason)
-                engine.kill_worker()
-                continue
-            if engine.dead_reason is not None:
-                await self._restart_or_stop(engine.dead_reason)
+    # -- supervision (Service) ---------------------------------------------------------
 
-    async def _restart_or_stop(self, reason: str) -> None:
-        policy = self.restart_policy
-        now = time.monotonic()
-        while self._restarts and now - self._restarts[0] > policy.window_s:
-            self._restarts.popleft()
-        if not policy.enabled or len(self._restarts) >= policy.max_restarts:
-            why = "restarts are off (--no-restart)" if not policy.enabled else (
-                f"it died {len(self._restarts) + 1} times within {policy.window_s:g} s (--max-restarts {policy.max_restarts})")
-            self.stop(EXIT_ENGINE_DEAD, f"{reason}; not restarting: {why}")
-            await asyncio.sleep(3600)  # the server is shutting down around this task
-            return
-        delay = policy.backoff_s * 2 ** len(self._restarts)
-        self._restarts.append(now)
-        self.restarting = True
-        log.error("%s; restarting it in %.1f s (restart %d of at most %d within %g s)",
-                  reason, delay, len(self._restarts), policy.max_restarts, policy.window_s)
+    def dead_reason(self) -> str | None:
+        return self.engine.dead_reason
+
+    def kill_if_unresponsive(self) -> bool:
+        engine = self.engine
+        if engine.hung_reason and not engine.dead_reason and engine.silent_s() > self.restart_policy.kill_unresponsive_s:
+            log.error("killing the engine worker: %s", engine.hung_reason)
+            engine.kill_worker()
+            return True
+        return False
+
+    async def revive(self) -> None:
         try:
-            await asyncio.sleep(delay)
             await self.engine.restart()
-            self.metrics.engine_restarts.inc()
-            log.warning("the engine worker is back (pid %s)", self.engine.worker_pid)
-        except Exception as exc:  # counted against the policy; the next tick tries again or stops
-            log.error("restarting the engine worker failed: %s", exc)
+        except Exception as exc:
             self.engine.dead_reason = f"restarting the engine worker failed: {exc}"
-        finally:
-            self.restarting = False
+            raise
+        self.metrics.engine_restarts.inc()
+        log.warning("the engine worker is back (pid %s)", self.engine.worker_pid)
