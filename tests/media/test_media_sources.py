@@ -94,7 +94,7 @@ def test_files_outside_the_allowed_directory_are_refused(media_dir):
                 f"file://{media_dir.parent}/no-such-file.png"):  # missing: the same answer as for what exists
         with pytest.raises(MediaError) as err:
             read_source(url, policy, part="image 1")
-        assert str(err.value).startswith(f"image 1: file://")
+        assert str(err.value).startswith("image 1: file://")
         assert str(err.value).endswith(f"is outside the allowed media directory {media_dir.resolve()} "
                                        "(--allowed-media-dir); put the file there"), url
 
