@@ -225,9 +225,10 @@ def _remote(url: str, policy: MediaPolicy, part: str) -> bytes:
         except urllib.error.HTTPError as exc:
             raise MediaError(f"{part}: fetching {_short(url)} failed with HTTP {exc.code} {exc.reason}") from None
         except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
-            if fetch.expired:
-                raise late from None
             reason = getattr(exc, "reason", None) or f"{type(exc).__name__}: {exc}"
+            # A socket times out only at the deadline (it is given the time left), maybe just before the timer fires.
+            if fetch.expired or isinstance(exc, TimeoutError) or isinstance(reason, TimeoutError):
+                raise late from None
             raise MediaError(f"{part}: fetching {_short(url)} failed ({reason})") from None
         if fetch.expired:  # shut down mid-body: what arrived is cut short
             raise late
