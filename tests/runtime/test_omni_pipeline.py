@@ -179,6 +179,38 @@ def test_sigkill_of_each_stage_errors_its_requests_and_leaves_no_segment(loop_th
         assert again[-1].kind == "finished" and tokens_of(again) == toy_ar_tokens([4], 6)
 
 
+def test_a_stopped_stage_is_unresponsive_within_seconds_and_running_again_when_continued(loop_thread, omni):
+    """SIGSTOP: no exit to see. The worker's heartbeat goes silent; its requests end with an error naming the
+    silence, new ones are refused, and the stage runs again once the process continues."""
+    from edge_infer.runtime.orchestrator import HEARTBEAT_TIMEOUT_S
+
+    pid = omni.worker_pids()[1]
+
+    async def scenario():
+        stream = omni.generate([9, 9], request_id="stopped", sampling_params_list=params(400))
+        while (await stream.__anext__()).stage_id != 1:
+            pass  # both stages are working on it
+        os.kill(pid, signal.SIGSTOP)
+
+        async def rest():
+            return [e async for e in stream]
+
+        return await asyncio.wait_for(rest(), timeout=HEARTBEAT_TIMEOUT_S + 5)
+
+    try:
+        rest = loop_thread.run(scenario())
+        assert rest[-1].kind == "error" and "stage 1" in rest[-1].error and "no heartbeat" in rest[-1].error
+        (stage,) = [s for s in omni.health().stages if s.stage_id == 1]
+        assert stage.state == "unresponsive" and stage.pid == pid and stage.silent_s > HEARTBEAT_TIMEOUT_S
+        refused = loop_thread.run(collect(omni, [1]))
+        assert refused[-1].kind == "error" and "stopped responding" in refused[-1].error
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert wait_until(lambda: omni.health().healthy)
+    again = loop_thread.run(collect(omni, [4], sampling_params_list=params(6)))
+    assert again[-1].kind == "finished" and tokens_of(again) == toy_ar_tokens([4], 6)
+
+
 def test_retirement_drains_without_losing_requests(loop_thread, omni):
     import psutil
 

@@ -7,6 +7,7 @@ import signal
 import time
 
 import numpy as np
+import psutil
 import pytest
 
 from edge_infer.runtime.omni import AsyncOmni
@@ -102,3 +103,34 @@ def test_killing_code2wav_gives_an_explicit_error_within_5_s_and_no_leaked_segme
 
 async def _drain(stream):
     return [e async for e in stream]
+
+
+def test_the_speech_server_kills_a_stage_silent_past_its_policy_and_replaces_it(pipeline) -> None:
+    """A stopped stage worker is unresponsive within seconds; past RestartPolicy.kill_unresponsive_s the server kills
+    it, and the dead worker is replaced like any other."""
+    from edge_infer.server.service import RestartPolicy, ServeSettings
+    from edge_infer.server.speech_service import SpeechService
+
+    service = SpeechService(pipeline, ServeSettings(served_model_name="tiny"),
+                            restart=RestartPolicy(kill_unresponsive_s=1.0))
+
+    async def scenario() -> tuple[str, int, int | None]:
+        await service.load()
+        try:
+            stopped = service.omni.worker_pids()[1]
+            os.kill(stopped, signal.SIGSTOP)
+            seen = set()
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+                seen.add(service.health_status)
+                pid = service.omni.worker_pids()[1]
+                if pid not in (None, stopped) and service.omni.health().healthy:
+                    return ",".join(sorted(seen)), stopped, pid
+            raise AssertionError(f"the stopped stage was not replaced within 60 s: {service.omni.health()}")
+        finally:
+            await service.close()
+
+    seen, stopped, replacement = asyncio.run(scenario())
+    assert "engine_unresponsive" in seen and replacement != stopped
+    assert not psutil.pid_exists(stopped) or psutil.Process(stopped).status() == psutil.STATUS_ZOMBIE

@@ -154,6 +154,21 @@ def test_metrics_report_ttfp_rtf_and_stage_times(server) -> None:
         assert metrics[f"edge_infer_stage_up{{stage={stage}}}"] == 1
 
 
+def test_a_stopped_stage_is_unhealthy_within_seconds_and_healthy_again_when_continued(server) -> None:
+    talker = httpx.get(server.base_url + "/health").json()["stages"][0]["pid"]
+    os.kill(talker, signal.SIGSTOP)
+    try:
+        wait_until(lambda: httpx.get(server.base_url + "/health").status_code == 503, "health to report the silence")
+        health = httpx.get(server.base_url + "/health").json()
+        assert health["status"] == "engine_unresponsive" and "no heartbeat" in health["detail"]
+        response = speech(server, input="Anyone there?")
+        assert response.status_code == 503 and response.json()["error"]["code"] == "engine_unresponsive"
+    finally:
+        os.kill(talker, signal.SIGCONT)
+    wait_until(lambda: httpx.get(server.base_url + "/health").status_code == 200, "health to recover")
+    assert speech(server, input="Back.", max_tokens=4, ignore_eos=True).status_code == 200
+
+
 def test_a_dead_code2wav_worker_cuts_the_stream_and_is_replaced(server) -> None:
     """A wav stream cut by the failure must read as cut (no last chunk), not as a short, complete file; the stage's
     worker is then replaced, as the text server's worker is restarted."""

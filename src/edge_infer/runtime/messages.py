@@ -109,3 +109,11 @@ class AbortDone:
 @dataclass
 class Fatal:
     error: str
+
+
+@dataclass
+class Heartbeat:
+    """Sent every HEARTBEAT_INTERVAL_S from a thread of the worker's own, whatever its steps take."""
+
+
+HEARTBEAT_INTERVAL_S = 0.5

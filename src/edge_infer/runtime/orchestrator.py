@@ -44,6 +44,12 @@ from edge_infer.runtime.transport import (
 from edge_infer.runtime.worker import WorkerProcess, WorkerSpec
 
 
+# A worker that sends nothing for this long (it beats every m.HEARTBEAT_INTERVAL_S) is unresponsive: stopped
+# (SIGSTOP), wedged or starved. Its requests end with an error; it is running again when it speaks.
+HEARTBEAT_TIMEOUT_S = 3.0
+_WATCH_INTERVAL_S = 0.25
+
+
 class StageStartError(RuntimeError):
     pass
 
@@ -52,11 +58,12 @@ class StageStartError(RuntimeError):
 class StageHealth:
     stage_id: int
     label: str
-    state: str  # running | dead | stopped
+    state: str  # running | unresponsive | dead | stopped
     pid: int | None
     inflight: int
     draining_pids: tuple[int, ...] = ()
     detail: str = ""
+    silent_s: float = 0.0  # since its worker last spoke
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "draining_pids": list(self.draining_pids)}
@@ -136,6 +143,7 @@ class Orchestrator:
         self.closed = False
         self.swept_stale: list[str] = []
         self._background: set[asyncio.Future[None]] = set()
+        self._watchdog: asyncio.Task | None = None
 
     # --- workers -------------------------------------------------------------
 
@@ -180,6 +188,26 @@ class Orchestrator:
             raise
         for slot in self.slots.values():
             slot.state = "running"
+        self._watchdog = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        """Mark a stage unresponsive while its worker is silent, ending the requests in it, and running again when
+        it speaks (a stopped process continued)."""
+        while True:
+            await asyncio.sleep(_WATCH_INTERVAL_S)
+            now = time.monotonic()
+            for slot in self.slots.values():
+                worker = slot.active
+                if worker is None or not worker.alive or slot.state not in ("running", "unresponsive"):
+                    continue
+                silent = now - worker.last_heard
+                if silent > HEARTBEAT_TIMEOUT_S and slot.state == "running":
+                    slot.state = "unresponsive"
+                    slot.detail = f"{worker.label}: worker pid {worker.pid} stopped responding: no heartbeat for {silent:.1f} s"
+                    for request_id in sorted(worker.inflight):
+                        self._fail(request_id, f"{slot.detail} while this request was in it")
+                elif silent <= HEARTBEAT_TIMEOUT_S and slot.state == "unresponsive":
+                    slot.state, slot.detail = "running", ""
 
     def _on_message(self, worker: WorkerProcess, msg: Any) -> None:
         if isinstance(msg, m.Output):
@@ -241,7 +269,7 @@ class Orchestrator:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in flight; use a unique id")
         stream: RequestStream[OmniOutput] = RequestStream(request_id)
-        down = [s for s in self.slots.values() if s.active is None]
+        down = [s for s in self.slots.values() if s.active is None or s.state == "unresponsive"]
         if down:
             reasons = "; ".join(f"{s.stage.label} is {s.state} ({s.detail})" for s in down)
             stream.push(OmniOutput(request_id, "error", finished=True, error=f"{reasons}; replace the worker with retire_worker({down[0].stage.stage_id}) or restart the pipeline"))
@@ -427,12 +455,14 @@ class Orchestrator:
 
     def health(self) -> PipelineHealth:
         stages = []
+        now = time.monotonic()
         for sid, slot in self.slots.items():
             active = slot.active
             stages.append(StageHealth(
                 sid, slot.stage.label, slot.state, active.pid if active else None,
                 len(active.inflight) if active else 0,
                 tuple(w.pid for w in slot.draining if w.pid is not None), slot.detail,
+                now - active.last_heard if active else 0.0,
             ))
         return PipelineHealth(tuple(stages))
 
@@ -447,6 +477,8 @@ class Orchestrator:
         if self.closed:
             return
         self.closed = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         for request_id in list(self.requests):
             self._fail(request_id, "the pipeline shut down before this request finished")
         workers = [w for slot in self.slots.values() for w in ([slot.active] if slot.active else []) + slot.draining]

@@ -120,6 +120,20 @@ class _StageLoop:
         self.outbox: deque[StepOutput] = deque()
         self.acks: list[tuple[m.WorkerKey, int]] = []
         self.stopping = False
+        self._send_lock = threading.Lock()  # the loop and the heartbeat thread share the pipe
+
+    def _send(self, msg: Any) -> None:
+        with self._send_lock:
+            self.conn.send(msg)
+
+    def _beat(self) -> None:
+        """Liveness for the orchestrator: a stopped or wedged process goes silent, a long step does not."""
+        while True:
+            time.sleep(m.HEARTBEAT_INTERVAL_S)
+            try:
+                self._send(m.Heartbeat())
+            except (OSError, ValueError):
+                return  # the pipe is closed: the process is ending
 
     def serve(self) -> None:
         try:
@@ -128,9 +142,10 @@ class _StageLoop:
             self.executor = load_executor(self.spec.executor_target)()
             self.executor.start(self.stage)
         except Exception as exc:  # noqa: BLE001 - any start failure is reported, not raised
-            self.conn.send(m.StartFailed(f"{self.stage.label} failed to start: {type(exc).__name__}: {exc}"))
+            self._send(m.StartFailed(f"{self.stage.label} failed to start: {type(exc).__name__}: {exc}"))
             return
-        self.conn.send(m.Ready(os.getpid()))
+        self._send(m.Ready(os.getpid()))
+        threading.Thread(target=self._beat, name="stage-heartbeat", daemon=True).start()
         executor = self.executor
         stepped = False
         while not self.stopping:
@@ -172,7 +187,7 @@ class _StageLoop:
             self.buffers.release(msg.seqs)
         elif isinstance(msg, m.Abort):
             self._forget(msg.request_id)
-            self.conn.send(m.AbortDone(msg.request_id))
+            self._send(m.AbortDone(msg.request_id))
         elif isinstance(msg, m.Shutdown):
             self.stopping = True
 
@@ -214,7 +229,7 @@ class _StageLoop:
         try:
             outputs = self.executor.step()
         except Exception as exc:  # noqa: BLE001 - a step failure is not attributable: the stage is broken
-            self.conn.send(m.Fatal(f"{self.stage.label} step failed: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"))
+            self._send(m.Fatal(f"{self.stage.label} step failed: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"))
             raise SystemExit(1) from None
         for out in outputs:
             if out.request_id not in self.requests:
@@ -254,20 +269,20 @@ class _StageLoop:
                 track.metrics.chunks_out += 1
                 if out.payload.contract in _TOKEN_CONTRACTS:
                     track.metrics.tokens_out += out.payload.items
-            self.conn.send(m.Output(out.request_id, ref, out.finished, track.snapshot()))
+            self._send(m.Output(out.request_id, ref, out.finished, track.snapshot()))
             if out.finished:
                 del self.requests[out.request_id]
 
     def _flush_acks(self) -> None:
         if self.acks:
-            self.conn.send(m.Acked(self.acks))
+            self._send(m.Acked(self.acks))
             self.acks = []
 
     def _fail(self, request_id: str, error: str) -> None:
         track = self.requests.get(request_id)
         self._forget(request_id)
         metrics = track.snapshot() if track else m.StageMetrics(self.stage.stage_id)
-        self.conn.send(m.RequestFailed(request_id, f"{self.stage.label}: {error}", metrics))
+        self._send(m.RequestFailed(request_id, f"{self.stage.label}: {error}", metrics))
 
     def _forget(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
@@ -313,6 +328,7 @@ class WorkerProcess:
         self.abort_waiters: dict[str, asyncio.Future[bool]] = {}
         self.ready: asyncio.Future[None] | None = None
         self.exited: asyncio.Future[None] | None = None
+        self.last_heard = time.monotonic()  # any message, heartbeats included (set by the reader thread)
         self.drained: asyncio.Future[None] | None = None
 
     @property
@@ -342,12 +358,15 @@ class WorkerProcess:
                 if not self.conn.poll(0) and self.conn not in wait([self.conn, self.child.pidfd]):
                     break  # the process exited and left nothing unread
                 msg = self.conn.recv()
+                self.last_heard = time.monotonic()
             except (EOFError, OSError):
                 break
             except Exception as exc:  # noqa: BLE001 - an unreadable message: the stage cannot be trusted
                 self.fatal_error = f"sent an unreadable message ({type(exc).__name__}: {exc}); stopped"
                 self.kill()
                 break
+            if isinstance(msg, m.Heartbeat):
+                continue
             try:
                 loop.call_soon_threadsafe(self._on_message, self, msg)
             except RuntimeError:

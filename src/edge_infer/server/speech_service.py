@@ -8,6 +8,8 @@ admission and draining are the shared ``service.Service``.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import unicodedata
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -85,13 +87,24 @@ class SpeechService(Service):
 
     @property
     def health_status(self) -> str:
-        return "engine_restarting" if self.restarting else super().health_status
+        if self.restarting:
+            return "engine_restarting"
+        states = {s.state for s in self.omni.health().stages}
+        return "engine_unresponsive" if "unresponsive" in states and "dead" not in states else super().health_status
 
     # -- supervision (Service) ---------------------------------------------------------
 
     def dead_reason(self) -> str | None:
         dead = [f"{s.label} died ({s.detail})" for s in self.omni.health().stages if s.state == "dead"]
         return "; ".join(dead) or None
+
+    def kill_if_unresponsive(self) -> bool:
+        for stage in self.omni.health().stages:
+            if stage.state == "unresponsive" and stage.silent_s > self.restart_policy.kill_unresponsive_s and stage.pid:
+                log.error("killing %s", stage.detail)
+                os.kill(stage.pid, signal.SIGKILL)  # then dead, and revived
+                return True
+        return False
 
     async def revive(self) -> None:
         for stage in self.omni.health().stages:
