@@ -139,14 +139,15 @@ class SpeechService(Service):
             raise APIError(400, f"stream_format sse carries {' or '.join(STREAMABLE)} chunks, not {fmt}; "
                            f"use stream_format audio for {fmt}", param="stream_format")
         text = body.input
-        if not any(not ch.isspace() and unicodedata.category(ch) != "Cf" for ch in text):  # zero-width ones too
-            raise APIError(400, "input is empty: give the text to speak", param="input", code="empty_input")
         for field, value in (("input", text), ("instructions", body.instructions or "")):
-            # before anything is tokenized: tokenizing runs on the event loop (megabytes of it froze the server)
+            # before anything is read character by character or tokenized: that runs on the event loop (megabytes
+            # of it froze the server)
             if len(value) > self.max_input_chars:
                 raise APIError(400, f"{field} has {len(value)} characters; this server takes at most "
                                f"{self.max_input_chars} (--max-input-chars); shorten it", param=field,
                                code="input_too_long")
+        if not any(not ch.isspace() and unicodedata.category(ch) != "Cf" for ch in text):  # zero-width ones too
+            raise APIError(400, "input is empty: give the text to speak", param="input", code="empty_input")
         voice = body.voice.lower()
         if voice not in self.config.talker.speakers:
             raise APIError(400, f"unknown voice {body.voice!r}; this model's voices: {', '.join(self.voices)} "
