@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from edge_infer.runtime.omni import AsyncOmni
+from edge_infer.runtime.orchestrator import HEARTBEAT_TIMEOUT_S
 from edge_infer.runtime.transport import list_segments
 from edge_infer.tts.deploy import SpeechPipeline
 from tts_helpers import SAMPLES_PER_FRAME, STAGE_OVERRIDES, TINY, wait_until
@@ -111,8 +112,11 @@ def test_the_speech_server_kills_a_stage_silent_past_its_policy_and_replaces_it(
     from edge_infer.server.service import RestartPolicy, ServeSettings
     from edge_infer.server.speech_service import SpeechService
 
+    # The stage is unresponsive after HEARTBEAT_TIMEOUT_S of silence and killed past kill_unresponsive_s: the gap
+    # between them must be wider than this loop's poll for the state to be seen (a 1 s policy left one supervisor tick).
+    kill_after_s = HEARTBEAT_TIMEOUT_S + 1.5
     service = SpeechService(pipeline, ServeSettings(served_model_name="tiny"),
-                            restart=RestartPolicy(kill_unresponsive_s=1.0))
+                            restart=RestartPolicy(kill_unresponsive_s=kill_after_s))
 
     async def scenario() -> tuple[str, int, int | None]:
         await service.load()
