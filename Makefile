@@ -21,16 +21,19 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/edge-infer serve
 
+# A worker per core (pytest-xdist; tests/conftest.py pins each to its own), a file's tests on one worker.
+XDIST := -n auto --dist loadfile
+
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest $(XDIST)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -m 'not slow'
+	$(PY) -m pytest $(XDIST) -m 'not slow'
 
 # The whole suite as an AVX2-only CPU (no AVX-512, VNNI or bf16) sees it: edge-infer's capability
 # model and PyTorch's and oneDNN's dispatch all masked. For developers on AVX-512 machines.
 test-avx2: $(STAMP)
-	EDGE_INFER_CPU_FEATURES=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 $(PY) -m pytest
+	EDGE_INFER_CPU_FEATURES=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 $(PY) -m pytest $(XDIST)
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info
