@@ -13,7 +13,6 @@ from testutil import FAMILY_CONFIGS, write_hf_checkpoint
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-
 # `make test` runs the suite on pytest-xdist, a worker per core (at most 4: each holds its own checkpoints and servers).
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_auto_num_workers(config) -> int:
