@@ -17,9 +17,8 @@ The sources compile on all the cores there are at once, and PyTorch's
 headers (about 10 s of a core for each binding source) are parsed once
 into a precompiled header: 51-54 s on 2 AVX2 cores of a Zen 3 (65 without
 that header), where PyTorch's extension builder after the variants one at
-a time took 79. The tests compile the same
-objects into a standalone harness (``compile_isa_objects``), natively and
-cross-compiled for ARM.
+a time took 79. The tests compile the same objects into a standalone
+harness (``compile_isa_objects``), natively and cross-compiled for ARM.
 """
 from __future__ import annotations
 
@@ -110,7 +109,8 @@ def missing_toolchain() -> str | None:
 def library_path() -> Path:
     """Where the library built from these sources and flags for this torch and architecture lives."""
     sources = ISA_SOURCES.get(arch(), ()) + OPTIONAL_SOURCES.get(arch(), ())
-    key = hashlib.sha256(f"{metadata.version('torch')} {arch()} {COMMON_FLAGS} {BINDING_FLAGS} {sources}".encode())
+    key = hashlib.sha256(
+        f"{metadata.version('torch')} {arch()} {COMMON_FLAGS} {BINDING_FLAGS} {PRELUDE_HEADERS} {sources}".encode())
     for path in sorted(p for p in CSRC.iterdir() if p.suffix in (".cpp", ".h")):
         key.update(path.name.encode() + path.read_bytes())
     cache = Path(os.environ.get("EDGE_INFER_KERNEL_CACHE", Path.home() / ".cache" / "edge-infer" / "kernels"))
@@ -161,10 +161,12 @@ def _isa_objects(runs: list[tuple[str, Path, bool, Future]]) -> tuple[list[Path]
 
 
 def _pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0)))
+    """A compile per core this process may run on."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return ThreadPoolExecutor(max_workers=cores or 1)
 
 
-def _compile(cxx: str, source: str | Path, flags: tuple[str, ...], obj: Path) -> subprocess.CompletedProcess:
+def _compile(cxx: str, source: str, flags: tuple[str, ...], obj: Path) -> subprocess.CompletedProcess:
     cmd = [cxx, *flags, "-c", str(CSRC / source), "-o", str(obj)]
     return subprocess.run(cmd, capture_output=True, text=True)
 
@@ -180,7 +182,8 @@ def build(library: Path) -> None:
 
     if _failed_build is not None:  # callers that fall back (cpu_int4's quantizer) ask once per linear
         raise _failed_build
-    log.info("building edge-infer's int8 kernels into %s (once per source version, about 30 s)", library.parent)
+    log.info("building edge-infer's int8 kernels into %s (once per source version, about a minute on 2 cores)",
+             library.parent)
     script = "import sys; from edge_infer.quant.native_build import compile_library; compile_library(sys.argv[1])"
     run = subprocess.run([sys.executable, "-c", script, str(library)], capture_output=True, text=True)
     if run.returncode != 0 or not library.exists():
