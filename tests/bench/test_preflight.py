@@ -12,8 +12,6 @@ from edge_infer.bench.harness.results import LoadSample
 from .conftest import metrics_arm
 
 BUSY_LOOP = "import os, sys; os.sched_setaffinity(0, {{{}}}); print('ready', flush=True)\nwhile True: pass"
-
-
 CORE = min(os.sched_getaffinity(0))  # one this process may run on (make test gives each worker its own)
 
 
