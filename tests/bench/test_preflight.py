@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -9,10 +8,9 @@ import pytest
 from edge_infer.bench.harness import preflight
 from edge_infer.bench.harness.results import LoadSample
 
-from .conftest import metrics_arm
+from .conftest import CORE, metrics_arm
 
 BUSY_LOOP = "import os, sys; os.sched_setaffinity(0, {{{}}}); print('ready', flush=True)\nwhile True: pass"
-CORE = min(os.sched_getaffinity(0))  # one this process may run on (make test gives each worker its own)
 
 
 @pytest.fixture
