@@ -119,8 +119,10 @@ def test_chat_logprobs(server):
 
 
 def test_completion_logprobs(server):
+    # Greedy: a sampled reply may split a character's UTF-8 bytes between two tokens, and each token's own
+    # decode then reads U+FFFD where the text holds the character once (a known gap; docs/serving.md).
     out = server.client().completions.create(model=model_name(server), prompt="Hello", max_tokens=4, logprobs=2,
-                                             extra_body={"ignore_eos": True})
+                                             temperature=0, extra_body={"ignore_eos": True})
     lp = out.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
     # logprobs name special tokens too (ignore_eos may sample one); the text skips them
