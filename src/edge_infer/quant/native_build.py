@@ -166,7 +166,8 @@ def _pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=cores or 1)
 
 
-def _compile(cxx: str, source: str, flags: tuple[str, ...], obj: Path) -> subprocess.CompletedProcess:
+def _compile(cxx: str, source: str | Path, flags: tuple[str, ...], obj: Path) -> subprocess.CompletedProcess:
+    """Compile ``source`` (under csrc/ unless absolute) into ``obj``."""
     cmd = [cxx, *flags, "-c", str(CSRC / source), "-o", str(obj)]
     return subprocess.run(cmd, capture_output=True, text=True)
 
@@ -217,7 +218,7 @@ def _build_into(work: Path, name: str) -> None:
     prelude = work / "torch_prelude.h"
     prelude.write_text("".join(f"#include <{h}>\n" for h in PRELUDE_HEADERS))
     with _pool() as pool:
-        pch = pool.submit(_compile_header, cxx, prelude, binding_flags)
+        pch = pool.submit(_compile, cxx, prelude, (*binding_flags, "-x", "c++-header"), Path(f"{prelude}.gch"))
         isa = _submit_isa(pool, cxx, work, ISA_SOURCES[arch()])
         optional = [(s, work / f"{s.variant}.o", pool.submit(_compile, cxx, s.source, (*COMMON_FLAGS, *s.flags),
                                                              work / f"{s.variant}.o"))
@@ -243,7 +244,3 @@ def _build_into(work: Path, name: str) -> None:
         raise KernelUnavailableError(f"linking {name} failed:\n{done.stderr[-3000:]}")
     (work / VARIANTS_FILE).write_text(json.dumps(built))
 
-
-def _compile_header(cxx: str, header: Path, flags: tuple[str, ...]) -> subprocess.CompletedProcess:
-    return subprocess.run([cxx, *flags, "-x", "c++-header", str(header), "-o", f"{header}.gch"], capture_output=True,
-                          text=True)
