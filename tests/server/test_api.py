@@ -120,7 +120,8 @@ def test_chat_logprobs(server):
 
 def test_completion_logprobs(server):
     # Greedy: a sampled reply may split a character's UTF-8 bytes between two tokens, and each token's own
-    # decode then reads U+FFFD where the text holds the character once (a known gap; docs/serving.md).
+    # decode then reads U+FFFD where the text holds the character once (the tokens' text_offset and chat's
+    # bytes place them: test_logprobs_place_the_tokens_of_a_character_split_between_them).
     out = server.client().completions.create(model=model_name(server), prompt="Hello", max_tokens=4, logprobs=2,
                                              temperature=0, extra_body={"ignore_eos": True})
     lp = out.choices[0].logprobs
@@ -130,6 +131,28 @@ def test_completion_logprobs(server):
 
 
 PROMPT = "What is the weather like in Berlin?"
+SPLIT = "Grüße aus 東京 🦜"  # the test vocabulary spells each non-ASCII character in byte tokens
+
+
+def test_logprobs_place_the_tokens_of_a_character_split_between_them(server, tokenizer):
+    """Each such token's own text reads U+FFFD: chat logprobs carry its bytes (as OpenAI's do), and a completion's
+    text_offset puts it where its character begins in the text."""
+    client, name = server.client(), model_name(server)
+    chat = client.chat.completions.create(model=name, messages=HELLO, max_tokens=40, logprobs=True, top_logprobs=2,
+                                          extra_body={"guided_choice": [SPLIT]})
+    entries = chat.choices[0].logprobs.content
+    assert chat.choices[0].message.content == SPLIT and sum(e.token == "\ufffd" for e in entries) >= 4
+    assert b"".join(bytes(e.bytes) for e in entries).decode("utf-8") == SPLIT
+    assert all(len(t.bytes) >= 1 for e in entries for t in e.top_logprobs)
+
+    ids = tokenizer.encode(SPLIT)
+    for stream in (False, True):
+        out = client.completions.create(model=name, prompt=SPLIT, max_tokens=0, echo=True, logprobs=1, stream=stream)
+        lp = out.choices[0].logprobs if not stream else next(c.choices[0].logprobs for c in out if c.choices[0].logprobs)
+        # A token begins at the characters completed before it (an incomplete one is not yet counted).
+        starts = [len(b"".join(map(tokenizer.token_bytes, ids[:i])).decode("utf-8", errors="ignore")) for i in range(len(ids))]
+        assert lp.text_offset == starts
+        assert {SPLIT[o] for t, o in zip(lp.tokens, lp.text_offset) if t == "\ufffd"} == {"ü", "ß", "東", "京", "🦜"}
 
 
 def test_echo_with_logprobs_scores_the_prompt_as_evaluators_ask(server, tokenizer, served_model):
@@ -164,8 +187,10 @@ def test_echo_with_logprobs_then_generated_tokens_streamed_and_not(server):
     assert all(v <= 0 for v in whole.logprobs.token_logprobs[1:])
     chunks = list(client.completions.create(stream=True, **args))
     text = "".join(c.choices[0].text for c in chunks if c.choices)
-    tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
-    assert text == whole.text and tokens == whole.logprobs.tokens
+    logprobs = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+    assert text == whole.text and [t for lp in logprobs for t in lp.tokens] == whole.logprobs.tokens
+    assert [o for lp in logprobs for o in lp.text_offset] == whole.logprobs.text_offset
+    assert whole.logprobs.text_offset[len(whole.logprobs.tokens) - 3] == len(PROMPT)  # the first generated token
 
 
 def test_a_resent_conversation_reuses_its_cached_prefix(server):

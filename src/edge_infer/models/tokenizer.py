@@ -47,6 +47,18 @@ def _map_strings(value: Any, fn: Callable[[str], str]) -> Any:
     return value
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's spelling of the 256 bytes as characters, inverted: printable Latin-1 bytes stand for
+    themselves, the other 68 (controls, space, soft hyphen...) for the characters from U+0100 on, in order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1), *range(ord("\u00ae"), 256)]
+    others = [b for b in range(256) if b not in set(printable)]
+    return {**{chr(b): b for b in printable}, **{chr(256 + n): b for n, b in enumerate(others)}}
+
+
+_BYTE_LEVEL_ALPHABET = _byte_level_alphabet()
+_BYTE_FALLBACK_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
 def _invalid_text(text: str) -> InvalidRequestError:
     try:
         text.encode("utf-8")
@@ -195,6 +207,43 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
 
+    @cached_property
+    def _byte_spelling(self) -> tuple[str, list[tuple[str, str]]]:
+        """How vocabulary entries spell bytes, from tokenizer.json's decoder: ``byte_level`` (GPT-2's
+        alphabet), ``byte_fallback`` (``<0x0A>`` tokens beside text pieces, whose string replacements such
+        as U+2581 for a space come along), or ``text`` (a token's bytes are its decoded text)."""
+        decoder = self._tok.decoder
+        spec = json.loads(decoder.__getstate__()) if decoder is not None else {}
+        steps = spec.get("decoders", [spec])
+        kinds = {step.get("type") for step in steps}
+        replacements = [(step["pattern"]["String"], step["content"]) for step in steps
+                        if step.get("type") == "Replace" and "String" in step.get("pattern", {})]
+        kind = "byte_level" if "ByteLevel" in kinds else "byte_fallback" if "ByteFallback" in kinds else "text"
+        return kind, replacements
+
+    @cached_property
+    def _added_token_bytes(self) -> dict[int, bytes]:
+        return {i: t.content.encode("utf-8") for i, t in self._tok.get_added_tokens_decoder().items()}
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for, also when they end inside a character (its own decode then reads
+        U+FFFD): a byte-level vocabulary's tokens' bytes joined are the text's UTF-8 (a SentencePiece one's
+        keep the leading space its decoder strips). Unknown ids stand for none."""
+        piece = self._tok.id_to_token(token_id)
+        kind, replacements = self._byte_spelling
+        byte = _BYTE_FALLBACK_TOKEN.fullmatch(piece or "") if kind == "byte_fallback" else None
+        if byte:
+            return bytes([int(byte.group(1), 16)])
+        if token_id in self._added_token_bytes or piece is None:
+            return self._added_token_bytes.get(token_id, b"")
+        if kind == "byte_level" and all(c in _BYTE_LEVEL_ALPHABET for c in piece):
+            return bytes(_BYTE_LEVEL_ALPHABET[c] for c in piece)
+        if kind == "byte_fallback":
+            for pattern, content in replacements:
+                piece = piece.replace(pattern, content)
+            return piece.encode("utf-8")
+        return self.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
     def decode_stream(self, skip_special_tokens: bool = True) -> "IncrementalDecoder":
         return IncrementalDecoder(self, skip_special_tokens)
 
@@ -292,6 +341,11 @@ class IncrementalDecoder:
         self._skip_special_tokens = skip_special_tokens
         self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         self._emitted = 0  # characters returned so far
+
+    @property
+    def emitted(self) -> int:
+        """Characters returned so far."""
+        return self._emitted
 
     def step(self, token_id: int) -> str:
         try:

@@ -57,6 +57,21 @@ def token_text(frontend: Frontend, token_id: int) -> str:
     return frontend.require_tokenizer().decode([token_id], skip_special_tokens=False)
 
 
+class TextOffsets:
+    """Where each of a text's tokens begins in it, in characters, fed the tokens in order and decoded as the
+    text was: a token that ends inside a character (its own decode reads U+FFFD) and the one completing it
+    begin where that character does; a special token the text skips covers nothing."""
+
+    def __init__(self, frontend: Frontend, skip_special_tokens: bool, start: int = 0) -> None:
+        self._decoder = frontend.require_tokenizer().decode_stream(skip_special_tokens)
+        self._start = start
+
+    def next(self, token_id: int) -> int:
+        offset = self._start + self._decoder.emitted
+        self._decoder.step(token_id)
+        return offset
+
+
 @dataclass
 class TokenLogprob:
     token_id: int

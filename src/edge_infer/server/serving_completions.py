@@ -11,7 +11,7 @@ from typing import AsyncIterator
 from edge_infer.engine.frontend import PreparedPrompt
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.server.errors import APIError
-from edge_infer.server.generation import Generation, Sample, TokenLogprob, build_params, token_text
+from edge_infer.server.generation import Generation, Sample, TextOffsets, TokenLogprob, build_params, token_text
 from edge_infer.server.protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Usage
 from edge_infer.server.text_service import TextService
 from edge_infer.server.streaming import sse, sse_done, sse_error
@@ -39,16 +39,26 @@ def _echo(service: TextService, job: CompletionJob, s: Sample) -> str:
     return prompt.prompt if prompt.prompt is not None else service.frontend.require_tokenizer().decode(prompt.token_ids)
 
 
-def completion_logprobs(service: TextService, items: list[TokenLogprob], offset: int) -> CompletionLogprobs:
-    """OpenAI's logprobs of ``items``; ``offset`` is the text length before them."""
-    out = CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
+def text_offsets(service: TextService, job: CompletionJob, s: Sample, echoed: bool) -> TextOffsets:
+    """Offsets of a choice's echoed prompt tokens, or of its generated ones (after the echo), each decoded as
+    its part of the choice's text is."""
+    prompt = job.prompts[s.prompt_index]
+    if echoed:  # a text prompt is echoed as sent, special-token strings included
+        return TextOffsets(service.frontend, skip_special_tokens=prompt.prompt is None)
+    return TextOffsets(service.frontend, job.params.skip_special_tokens, start=len(_echo(service, job, s)))
+
+
+def completion_logprobs(service: TextService, items: list[TokenLogprob], offsets: TextOffsets,
+                        out: CompletionLogprobs | None = None) -> CompletionLogprobs:
+    """OpenAI's logprobs of ``items`` (appended to ``out``); ``offsets`` was fed the tokens of the text before them."""
+    if out is None:
+        out = CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
     for item in items:
         text = token_text(service.frontend, item.token_id)
         out.tokens.append(text)
         out.token_logprobs.append(item.logprob)
         out.top_logprobs.append(None if item.top is None else _top_by_text(service, item.top))
-        out.text_offset.append(offset)
-        offset += len(text)
+        out.text_offset.append(offsets.next(item.token_id))
     return out
 
 
@@ -79,8 +89,9 @@ async def complete(service: TextService, job: CompletionJob, gen: Generation) ->
         echo = _echo(service, job, s)
         logprobs = None
         if job.request.logprobs is not None:
-            items = (echoed_logprobs(job, s) if echo else []) + s.logprobs
-            logprobs = completion_logprobs(service, items, 0)
+            if echo:
+                logprobs = completion_logprobs(service, echoed_logprobs(job, s), text_offsets(service, job, s, echoed=True))
+            logprobs = completion_logprobs(service, s.logprobs, text_offsets(service, job, s, echoed=False), logprobs)
         choices.append(CompletionChoice(index=s.index, text=echo + s.text, logprobs=logprobs, finish_reason=s.finish_reason))
     return CompletionResponse(id=f"cmpl-{gen.id}", model=service.settings.served_model_name, choices=choices, usage=gen.usage())
 
@@ -94,22 +105,20 @@ async def stream(service: TextService, job: CompletionJob, gen: Generation) -> A
     def chunk(*choices: CompletionChoice, usage_: Usage | None = None) -> str:
         return sse(CompletionResponse(id=ident, created=created, model=model, choices=list(choices), usage=usage_))
 
-    offsets = {}
+    offsets = {s.index: text_offsets(service, job, s, echoed=False) for s in gen.samples}
     scored_echo = req.echo and req.logprobs is not None  # the echo waits for its logprobs (the prefill's)
     for s in gen.samples:
         echo = _echo(service, job, s)
-        offsets[s.index] = len(echo)
         if echo and not scored_echo:
             yield chunk(CompletionChoice(index=s.index, text=echo, finish_reason=None))
     async for s, event in gen.events():
         if scored_echo and event.prompt_logprobs is not None:
-            echoed = completion_logprobs(service, echoed_logprobs(job, s), 0)
+            echoed = completion_logprobs(service, echoed_logprobs(job, s), text_offsets(service, job, s, echoed=True))
             yield chunk(CompletionChoice(index=s.index, text=_echo(service, job, s), logprobs=echoed, finish_reason=None))
         if event.kind == "token":
             logprobs = None
             if req.logprobs is not None and event.token_ids:
                 logprobs = completion_logprobs(service, s.logprobs[len(s.logprobs) - len(event.token_ids):], offsets[s.index])
-            offsets[s.index] += len(event.text)
             if event.text or logprobs is not None:
                 yield chunk(CompletionChoice(index=s.index, text=event.text, logprobs=logprobs, finish_reason=None))
         elif event.kind == "finished" or (event.kind == "cancelled" and gen.cancel_reason is None):
