@@ -19,7 +19,6 @@ from typing import Any, AsyncIterator
 
 from edge_infer.engine.frontend import PreparedPrompt
 from edge_infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
-from edge_infer.errors import InvalidRequestError
 from edge_infer.server.errors import APIError
 from edge_infer.server.generation import Generation, Sample, TokenLogprob, build_params, token_text
 from edge_infer.server.protocol import (
@@ -50,7 +49,7 @@ from edge_infer.server.protocol import TokenLogprob as TokenLogprobOut
 from edge_infer.server.text_service import TextService
 from edge_infer.server.streaming import sse, sse_done, sse_error
 from edge_infer.server.tool_parsers import (
-    END_TAG, PARSERS, START_TAG, ParsedCall, Recovery, ToolCallExtractor, ToolCallParser, extract, hermes_calls_grammar,
+    END_TAG, PARSERS, START_TAG, ParsedCall, Recovery, ToolCallExtractor, ToolCallParser, hermes_calls_grammar,
 )
 
 
