@@ -17,6 +17,7 @@ from edge_infer.config import EngineConfig, QuantConfig
 from edge_infer.engine.core import EngineCore
 from edge_infer.errors import InvalidRequestError
 from edge_infer.hardware.cpu import profile
+from edge_infer.hardware.kernels import auto_encoder_quantization
 from edge_infer.memory.plan import plan_text_session
 from edge_infer.quant.export import quantize_checkpoint
 
@@ -87,6 +88,8 @@ def test_a_kernel_this_cpu_cannot_run_is_refused_with_the_nearest(omni, capsys):
     ("avx2", "cpu_w4a8", "float32", "none"),      # fp32 towers are native
     ("avx2", None, "auto", "none"),
     ("avx512-bf16", "cpu_w4a8", "auto", "none"),  # native bf16: oneDNN's bf16 towers are as fast
+    ("avx2", "cpu_int4", "auto", "cpu_w4a8"),     # bf16 for tinygemm: towers on edge-infer's int8 kernel
+    ("avx512-bf16", "cpu_int4", "auto", "none"),
 ])
 def test_auto_towers_take_the_decoders_int8_kernel_where_dense_bf16_would_be_emulated(omni, cpu, quantization, dtype,
                                                                                         expected):
@@ -95,10 +98,19 @@ def test_auto_towers_take_the_decoders_int8_kernel_where_dense_bf16_would_be_emu
     assert plan.settings["encoder_quantization"] == expected
     assert any(n.startswith(f"encoder_quantization auto -> {expected}") for n in plan.notes), plan.notes
     towers = {c.kind: c.kernel for c in plan.kernels.choices}["encoder linears"]
-    assert towers == quantization.replace("_", "-") if expected == "same" else towers in ("dense", "onednn-bf16")
+    if expected == "none":
+        assert towers in ("dense", "onednn-bf16")
+    else:
+        assert towers == (quantization if expected == "same" else expected).replace("_", "-")
     explicit = plan_text_session(omni, cpu=profile(cpu), encoder_quantization="none",
                                  **{**SETTINGS, "dtype": dtype, "quantization": quantization})
     assert explicit.settings["encoder_quantization"] == "none"  # a choice given wins
+
+
+def test_auto_towers_beside_an_int4_decoder_keep_its_kernel_without_edge_infers_library():
+    choice, why = auto_encoder_quantization(profile("avx2"), "bfloat16", "cpu_int4", native_library=False)
+    assert choice == "same" and "emulated" in why
+    assert auto_encoder_quantization(profile("avx2"), "float32", "cpu_int4")[0] == "none"
 
 
 def test_settings_that_do_not_apply_say_so(omni, hf_checkpoints):

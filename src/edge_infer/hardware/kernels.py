@@ -167,15 +167,22 @@ def auto_dtype(cpu: CpuCapabilities, quantization: str | None) -> tuple[str, str
     return "float32", f"bf16 on {cpu.arch} is not measured by edge-infer yet; float32 is the known path"
 
 
-def auto_encoder_quantization(cpu: CpuCapabilities, dtype: str, quantization: str | None) -> tuple[str, str]:
+def auto_encoder_quantization(cpu: CpuCapabilities, dtype: str, quantization: str | None,
+                              native_library: bool = True) -> tuple[str, str]:
     """(choice, why) for a thinker's ``encoder_quantization="auto"``: dense towers in the engine's dtype, unless
-    that is bf16 on a CPU without native bf16 while the decoder runs edge-infer's int8 kernels (dtype auto's
-    bf16 for them): the towers then take the decoder's kernel, not PyTorch's emulated bf16 products (a
-    448x448 image's TTFT at the Qwen2.5-Omni-3B shape under the AVX2 mask: 7.0 s, not 32 s)."""
-    if dtype == "bfloat16" and not cpu.native_bf16 and quantization in ("cpu_w4a8", "cpu_w8a8"):
-        return "same", (f"dense bfloat16 towers would run emulated on this CPU (no avx512_bf16/amx_bf16); they take "
-                        f"the decoder's {quantization}")
-    return "none", f"dense {dtype} towers"
+    that is bf16 on a CPU without native bf16 while the decoder is quantized (dtype auto's bf16 for its kernels):
+    the towers then take the decoder's int8 kernel, not PyTorch's emulated bf16 products (a 448x448 image's TTFT at
+    the Qwen2.5-Omni-3B shape under the AVX2 mask: 7.0 s, not 32 s); beside an int4 decoder, edge-infer's W4A8
+    kernel where its library builds (``native_library``), else the decoder's int4 kernel."""
+    if dtype != "bfloat16" or cpu.native_bf16 or quantization is None:
+        return "none", f"dense {dtype} towers"
+    emulated = "dense bfloat16 towers would run emulated on this CPU (no avx512_bf16/amx_bf16)"
+    if quantization in ("cpu_w4a8", "cpu_w8a8"):
+        return "same", f"{emulated}; they take the decoder's {quantization}"
+    if native_library and KERNELS["cpu-w4a8"].missing(cpu) is None:
+        return "cpu_w4a8", (f"{emulated}; they take edge-infer's cpu_w4a8 (PyTorch's int4 kernel behind "
+                            f"{quantization} runs a prompt's products at about a quarter of its rate)")
+    return "same", f"{emulated}; they take the decoder's {quantization}"
 
 
 def select_kernels(

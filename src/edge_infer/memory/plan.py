@@ -310,7 +310,8 @@ def _resolve(cfg: ModelConfig, model_dir: str, quantization: str | QuantConfig |
     if cfg.multimodal is not None and stored_towers(cfg.quantization_config):
         encoder_choice = _stored_towers_choice(encoder_choice, quant, notes, reasons)
     elif encoder_choice == "auto" and cfg.multimodal is not None:
-        encoder_choice, why = auto_encoder_quantization(cpu, dtype, quant.name if quant else None)
+        encoder_choice, why = auto_encoder_quantization(cpu, dtype, quant.name if quant else None,
+                                                        native_library=native_build.missing_toolchain() is None)
         notes.append(f"encoder_quantization auto -> {encoder_choice}: {why}")
     elif encoder_choice == "auto":
         encoder_choice = "none"
