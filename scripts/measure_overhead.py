@@ -152,8 +152,10 @@ def _step_transients(model_dir: str, quantization: str | None) -> tuple[float, f
     costs more than its own bytes: attention turns it into a float bias.
     Its real cost per element comes from the same chunk at two contexts;
     the rest from two chunk sizes at the shorter context."""
+    from edge_infer.hardware.cpu import detect
     from edge_infer.memory import plan
     from edge_infer.models.config import ModelConfig
+    from edge_infer.quant.sizes import int4_prompt_bytes
 
     cfg = ModelConfig.from_dir(model_dir)
     group = cfg.num_attention_heads // cfg.num_key_value_heads
@@ -163,7 +165,10 @@ def _step_transients(model_dir: str, quantization: str | None) -> tuple[float, f
     at_long = _probe_transient(model_dir, hi, long, quantization)
     per_mask_element = max(1.0, (at_long - at_short[hi]) / (hi * (long - short) * group))
     logits = 4 * cfg.vocab_size * 5
-    measured = {t: m - per_mask_element * t * short * group - logits for t, m in at_short.items()}
+    # cpu_int4's dequantized prompt blocks are an item of their own (quant/sizes.int4_prompt_bytes)
+    blocks = {t: int4_prompt_bytes(t, max(cfg.hidden_size, cfg.intermediate_size), 128, 2, detect().native_bf16)
+              if quantization == "cpu_int4" else 0 for t in at_short}
+    measured = {t: m - per_mask_element * t * short * group - logits - blocks[t] for t, m in at_short.items()}
     per_token = (measured[hi] - measured[lo]) / (hi - lo)
     return per_token, measured[lo] - per_token * lo, per_mask_element, plan.activation_tensor_bytes(cfg, 2)
 

@@ -19,8 +19,8 @@ QUANT_METHODS = ("cpu_int4", "cpu_w4a8", "cpu_w8a8")
 QUANTIZATION_CHOICES = (*QUANT_METHODS, "auto", "none")
 PRIORITIES = ("speed", "fidelity", "memory")
 # What --encoder-quantization takes for a thinker's media towers: none (dense, in the engine's dtype), the
-# decoder's weight path (same), one by name, or auto (hardware.kernels.auto_encoder_quantization: none, or same
-# where dense towers would run emulated bf16).
+# decoder's weight path (same), one by name, or auto (hardware.kernels.auto_encoder_quantization: none, or where
+# dense towers would run emulated bf16 the decoder's int8 kernel, cpu_w4a8 beside cpu_int4).
 ENCODER_QUANTIZATION_CHOICES = ("none", "same", *QUANT_METHODS, "auto")
 # auto: the compute dtype; int8: codes with an fp32 scale per token and head (models/layers/kv_cache.py).
 KV_CACHE_DTYPES = ("auto", "int8")

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 import testutil
-from edge_infer.hardware.cpu import detect
+from edge_infer.hardware.cpu import detect, profile
 
 from edge_infer.models.weights import WeightSpec
 from edge_infer.config import QuantConfig
 from edge_infer.quant.kernel import Int4Kernel
 from edge_infer.quant.quantize import dequantize_rows, pack_nibbles, quantize_rows, unpack_nibbles
-from edge_infer.quant.sizes import GROUP_SIZES, quantized_nbytes, linear_nbytes
+from edge_infer.quant.sizes import GROUP_SIZES, PROMPT_BLOCK_ROWS, PROMPT_MIN_ROWS, quantized_nbytes, linear_nbytes
 
 
 def packed_kernel(weight: torch.Tensor, group_size: int, symmetric: bool, dtype: torch.dtype, block_rows: int = 128):
@@ -35,6 +35,28 @@ def test_int4_matmul_equals_dequantized_reference(group_size, symmetric, dtype):
     ref = x.float() @ reference_w.T
     tolerance = 1e-4 if dtype == torch.float32 else 2e-2
     assert (out - ref).abs().max() <= tolerance * ref.abs().max()
+
+
+@pytest.mark.parametrize("group_size", [32, 128])
+@pytest.mark.parametrize("dtype, native_bf16", [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)],
+                         ids=["fp32", "bf16-on-fp32-blocks", "bf16-on-bf16-blocks"])
+def test_a_prompt_runs_on_blas_with_the_int4_kernels_results(group_size, dtype, native_bf16, monkeypatch):
+    """A prompt's rows take dequantized blocks of the weight through BLAS (csrc/int4_rows.cpp): the int4 kernel's
+    products within a rounding, across blocks of prompt rows and weight rows, a partial last tile and padded columns;
+    in fp32, or in bf16 where the CPU has native bf16 (here stood in for: PyTorch emulates what it lacks)."""
+    if Int4Kernel(16, 32, 32, dtype).quantizer is None:
+        pytest.skip("edge-infer's kernel library does not run on this CPU (prompts stay on the int4 kernel)")
+    if native_bf16 != detect().native_bf16:
+        monkeypatch.setattr("edge_infer.quant.kernel.detect", lambda: profile("avx512-bf16" if native_bf16 else "avx2"))
+    torch.manual_seed(group_size)
+    weight = torch.randn(3436, 3 * group_size - 20) * 0.05  # 3440 padded rows: 107 whole tiles of 32 and one of 16
+    kernel, q = packed_kernel(weight, group_size, False, dtype, block_rows=512)
+    x = torch.randn(PROMPT_BLOCK_ROWS + 44, weight.shape[1]).to(dtype)
+    ref = x.float() @ dequantize_rows(q, group_size, weight.shape[1]).T
+    prompt = kernel(x).float()
+    int4 = torch.cat([kernel(x[i : i + PROMPT_MIN_ROWS - 1]) for i in range(0, len(x), PROMPT_MIN_ROWS - 1)]).float()
+    tolerance = (1e-5 if dtype == torch.float32 else 8e-3) * ref.abs().max()
+    assert (prompt - ref).abs().max() <= tolerance and (int4 - ref).abs().max() <= tolerance
 
 
 @pytest.mark.parametrize("shape", [(40, 80), (200, 100), (17, 33)])
@@ -97,6 +119,10 @@ for rows in (4096, 4112, 4144, 100):
         kernel.write_rows(start, q.codes[start:start + 1024], q.scales[start:start + 1024], q.zeros[start:start + 1024])
     ids = torch.tensor([0, 1, 15, 16, 31, 32, 63, 64, rows - 17, rows - 1])
     assert torch.equal(kernel.rows(ids), dequantize_rows(q, 32)[ids].to(torch.bfloat16)), rows
+    if kernel.quantizer is not None:  # a prompt's blocks are dequantized from this layout too
+        x = torch.randn(64, 96).to(torch.bfloat16)
+        ref = x.float() @ dequantize_rows(q, 32).T
+        assert (kernel._prompt_matmul(kernel.padded_input(x))[:, :rows].float() - ref).abs().max() <= 8e-3 * ref.abs().max()
 print(torch.backends.cpu.get_cpu_capability(), tile_rows())
 """
 

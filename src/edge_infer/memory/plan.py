@@ -405,6 +405,14 @@ def _size_items(r: _Resolved, model_dir: str, frontend: str, int8_kv: bool) -> t
     acts = activation_bytes(cfg, r.dtype_bytes, r.max_num_batched_tokens, r.max_num_seqs, r.max_model_len,
                             r.quant.name if r.quant is not None else None)
     acts_note = f"one step of {r.max_num_batched_tokens} tokens, {r.max_num_seqs} logit rows"
+    if r.quant is not None and not r.quant.int8_activations:  # the towers' products are no wider than the decoder's
+        from edge_infer.quant.sizes import int4_prompt_bytes
+
+        prompt_blocks = int4_prompt_bytes(r.max_num_batched_tokens, max(cfg.hidden_size, cfg.intermediate_size),
+                                          r.quant.group_size, r.dtype_bytes, r.cpu.native_bf16)
+        if prompt_blocks:
+            acts += prompt_blocks
+            acts_note += ", cpu_int4's dequantized prompt blocks"
     if int8_kv:  # attention reads one sequence's K and V back at the compute dtype, a layer at a time
         acts += 2 * r.max_model_len * cfg.num_key_value_heads * cfg.head_dim * r.dtype_bytes
         acts_note += f", one {r.max_model_len}-token sequence's int8 K/V read back"

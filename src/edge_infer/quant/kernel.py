@@ -13,6 +13,11 @@ last tile always pairs rows), so it is built at load time and never written
 to disk. Row tiles are independent, which makes blocked packing exact:
 blocks start at multiples of 64 rows, a multiple of every tile size.
 
+A prompt's rows go through BLAS instead (``sizes.PROMPT_MIN_ROWS``): blocks of the weight dequantized by
+edge-infer's library (csrc/int4_rows.cpp) and multiplied in bf16 where the CPU has native bf16 (oneDNN),
+else in fp32 (MKL). PyTorch's int4 kernel runs a prompt at about half of MKL's fp32 rate on AVX2 and never
+uses AMX; the blocks' bytes are the plan's (``sizes.int4_prompt_bytes``).
+
 ``rows(ids)`` reads whole weight rows back out of the packed form. A tied
 model whose head is quantized uses it as its embedding lookup, so the table
 is resident once, in 4 bits. Neither the tile size nor where each row's
@@ -29,11 +34,12 @@ import torch
 import torch.nn.functional as F
 
 from edge_infer.errors import KernelUnavailableError
+from edge_infer.hardware.cpu import detect
 from edge_infer.models.layers.linear import WeightKernel
 from edge_infer.models.weight_arena import packed_zeros
 from edge_infer.quant.native import vector_variant
 from edge_infer.quant.quantize import NonFiniteWeightError, quantize_rows, unpack_nibbles
-from edge_infer.quant.sizes import ROW_MULTIPLE, padded
+from edge_infer.quant.sizes import PROMPT_BLOCK_ROWS, PROMPT_MIN_ROWS, ROW_MULTIPLE, WEIGHT_BLOCK_ROWS, padded
 
 BLOCK_ALIGN = 64  # the largest row tile of any layout; blocks of rows start at multiples of it
 
@@ -151,10 +157,33 @@ class Int4Kernel(PackedWeights):
         if x.dtype != self.scales_zeros.dtype:
             raise TypeError(f"int4 linear holds {self.scales_zeros.dtype} scales; got {x.dtype} activations")
         lead = x.shape[:-1]
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(self.padded_input(x), self.packed, self.group_size, self.scales_zeros)
+        x = self.padded_input(x)
+        if x.shape[0] >= PROMPT_MIN_ROWS and self.quantizer is not None and _prompt_layout() is not None:
+            y = self._prompt_matmul(x)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_zeros)
         if self.rows_padded != self.out_features:
             y = y[:, : self.out_features].contiguous()
         return y.view(*lead, self.out_features)
+
+    def _prompt_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [m, cols_padded] @ W.T`` -> ``[m, rows_padded]`` on BLAS, over dequantized weight blocks."""
+        dtype = x.dtype if x.dtype == torch.float32 or detect().native_bf16 else torch.float32
+        full, positions = _prompt_layout()
+        whole = self.rows_padded // full * full
+        spans = [(n0, min(WEIGHT_BLOCK_ROWS, whole - n0), positions[full]) for n0 in range(0, whole, WEIGHT_BLOCK_ROWS)]
+        if whole < self.rows_padded:  # a partial last tile has a layout of its own
+            tail = self.rows_padded - whole
+            spans.append((whole, tail, positions.setdefault(tail, _tile_positions(tail))))
+        out = torch.empty(x.shape[0], self.rows_padded, dtype=x.dtype)
+        block = torch.empty(self.cols_padded * WEIGHT_BLOCK_ROWS, dtype=dtype)
+        for i0 in range(0, x.shape[0], PROMPT_BLOCK_ROWS):
+            rows = x[i0 : i0 + PROMPT_BLOCK_ROWS].to(dtype)
+            for n0, n, position in spans:
+                w_t = block[: self.cols_padded * n].view(self.cols_padded, n)
+                torch.ops.edge_infer.int4_rows_transposed(self.packed, self.scales_zeros, position, self.group_size, n0, w_t)
+                out[i0 : i0 + PROMPT_BLOCK_ROWS, n0 : n0 + n] = rows @ w_t
+        return out
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Dequantized weight rows ``[len(ids), in_features]`` in the activation dtype (an embedding lookup)."""
@@ -178,6 +207,17 @@ class Int4Kernel(PackedWeights):
         zero = sz[..., 1].T.repeat_interleave(self.group_size, dim=1)
         w = (codes.float() - 8) * scale + zero
         return w[:, : self.in_features].to(self.scales_zeros.dtype)
+
+
+@functools.lru_cache(maxsize=1)
+def _prompt_layout() -> tuple[int, dict[int, torch.Tensor]] | None:
+    """(rows per full tile, {tile rows: nibble positions}) for the library's dequantizing, or None when this
+    PyTorch's layout cannot be read (its prompts then stay on the int4 kernel)."""
+    try:
+        full = tile_rows()
+        return full, {full: _tile_positions(full)}
+    except KernelUnavailableError:
+        return None
 
 
 @functools.lru_cache(maxsize=1)

@@ -73,7 +73,7 @@ OPTIONAL_SOURCES = {
                          ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")),),
 }
 BINDING_SOURCES = ("linear.cpp", "decode_layer.cpp", "snake.cpp", "elementwise.cpp", "block_cache.cpp", "attention.cpp",
-                   "pack.cpp")
+                   "pack.cpp", "int4_rows.cpp")
 # The binding's flags: -fopenmp, as at::parallel_for runs on the OpenMP pool PyTorch already started (same
 # libgomp soname); -ffp-contract=off as for the variants (no multiply-adds where x86's baseline has none, so ARM
 # computes the same bits); -fno-trapping-math lets the compiler vectorize the loops that select between floats

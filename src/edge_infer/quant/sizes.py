@@ -78,6 +78,23 @@ def padded(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+# cpu_int4's prompt path (quant/kernel.py, Int4Kernel._prompt_matmul): products with at least PROMPT_MIN_ROWS
+# activation rows run on BLAS, the rows PROMPT_BLOCK_ROWS at a time, the weight dequantized WEIGHT_BLOCK_ROWS
+# output rows at a time (each block once per block of rows: ~1/256 of the products' work).
+PROMPT_MIN_ROWS = 64
+PROMPT_BLOCK_ROWS = 256
+WEIGHT_BLOCK_ROWS = 128
+
+
+def int4_prompt_bytes(tokens: int, in_features: int, group_size: int, dtype_bytes: int, native_bf16: bool) -> int:
+    """What cpu_int4's prompt path holds beside a product's input and output, for a step of ``tokens`` tokens:
+    a block of the rows and a dequantized weight block, in fp32 (bf16 where the CPU has native bf16)."""
+    if tokens < PROMPT_MIN_ROWS:
+        return 0
+    product_bytes = dtype_bytes if dtype_bytes == 2 and native_bf16 else 4
+    return product_bytes * padded(in_features, group_size) * (min(tokens, PROMPT_BLOCK_ROWS) + WEIGHT_BLOCK_ROWS)
+
+
 def packed_rows(rows: int, quant: QuantConfig) -> int:
     """Output rows as the kernel packs them (padded to its row tile)."""
     return padded(rows, INT8_KERNEL_ROW_MULTIPLE if quant.int8_activations else ROW_MULTIPLE)

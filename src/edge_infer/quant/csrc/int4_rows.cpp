@@ -1,0 +1,97 @@
+// Rows of a weight packed for PyTorch's int4 kernel (cpu_int4, quant/kernel.py) dequantized into a float block,
+// so that a prompt's products run on the BLAS PyTorch calls (MKL's fp32 GEMM, oneDNN's bf16 one), at several
+// times the int4 kernel's rate at a prompt's rows; the block is a few output rows' worth, reused.
+//
+// The layout is PyTorch's, learned by probing in kernel.py (tile_rows, _tile_positions): tiles of t rows, each
+// k-major: column c's t codes in t / 2 bytes, row r's at nibble position[r] (byte position / 2, the high nibble
+// when odd). A code q stands for (q - 8) * scale + zero, in fp32, per group of ``group`` columns.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cstdint>
+
+namespace edge_infer {
+namespace {
+
+constexpr int64_t kMaxTileRows = 64;
+
+// Whether row r < t / 2 sits in byte r's low nibble and row t / 2 + r in its high one (PyTorch's AVX2 and AVX-512
+// layouts): the codes of a column then come out in row order without a gather, and the loops vectorize.
+bool split_layout(const int64_t* position, int64_t t) {
+  for (int64_t r = 0; r < t; ++r)
+    if (position[r] != (r < t / 2 ? 2 * r : 2 * (r - t / 2) + 1)) return false;
+  return true;
+}
+
+template <typename P, typename O>
+void dequantize_tiles(const uint8_t* packed, const P* pairs, const int64_t* position, int64_t t, int64_t k,
+                      int64_t group, int64_t n_padded, int64_t first_row, int64_t rows, O* out) {
+  const bool split = split_layout(position, t);
+  // One task per tile: its t rows of out^T, i.e. t adjacent values in each of the k rows of out [k, rows].
+  at::parallel_for(0, rows / t, 1, [&](int64_t begin, int64_t end) {
+    float scale[kMaxTileRows], zero[kMaxTileRows], codes[kMaxTileRows];
+    for (int64_t tile = begin; tile < end; ++tile) {
+      const int64_t row0 = first_row + tile * t;
+      const uint8_t* bytes = packed + row0 * (k / 2);
+      for (int64_t c = 0; c < k; ++c, bytes += t / 2) {
+        if (c % group == 0) {
+          const P* pair = pairs + ((c / group) * n_padded + row0) * 2;
+          for (int64_t r = 0; r < t; ++r) scale[r] = static_cast<float>(pair[2 * r]), zero[r] = static_cast<float>(pair[2 * r + 1]);
+        }
+        if (split) {
+          for (int64_t j = 0; j < t / 2; ++j) codes[j] = static_cast<float>(bytes[j] & 15);
+          for (int64_t j = 0; j < t / 2; ++j) codes[t / 2 + j] = static_cast<float>(bytes[j] >> 4);
+        } else {
+          for (int64_t r = 0; r < t; ++r) codes[r] = static_cast<float>((bytes[position[r] / 2] >> (4 * (position[r] % 2))) & 15);
+        }
+        O* o = out + c * rows + tile * t;
+        for (int64_t r = 0; r < t; ++r) o[r] = static_cast<O>((codes[r] - 8.f) * scale[r] + zero[r]);
+      }
+    }
+  });
+}
+
+// out [k, rows] = W^T for weight rows first_row .. first_row + rows (whole tiles of position.numel() rows) of the
+// packed [n_padded, k / 2] weight with its (scale, zero) pairs [k / group, n_padded, 2]: fp32, or the pairs' bf16.
+void int4_rows_transposed(const at::Tensor& packed, const at::Tensor& pairs, const at::Tensor& position,
+                          int64_t group, int64_t first_row, at::Tensor& out) {
+  const int64_t t = position.numel(), n_padded = packed.size(0), k = 2 * packed.size(1), rows = out.size(1);
+  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous(),
+              "int4_rows_transposed: packed must be contiguous uint8 [n_padded, k / 2]");
+  TORCH_CHECK(t >= 2 && t <= kMaxTileRows && t % 2 == 0 && position.scalar_type() == at::kLong && position.is_contiguous(),
+              "int4_rows_transposed: position must be a tile's int64 nibble positions (2 to 64 rows)");
+  TORCH_CHECK(group > 0 && k % group == 0 && pairs.is_contiguous() && pairs.dim() == 3 && pairs.size(0) == k / group &&
+                  pairs.size(1) == n_padded && pairs.size(2) == 2,
+              "int4_rows_transposed: pairs must be contiguous [k / group, n_padded, 2]");
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == k && out.is_contiguous() &&
+                  (out.scalar_type() == at::kFloat || out.scalar_type() == pairs.scalar_type()),
+              "int4_rows_transposed: out must be contiguous [k, rows], fp32 or the pairs' dtype");
+  TORCH_CHECK(first_row >= 0 && first_row % t == 0 && rows % t == 0 && first_row + rows <= n_padded,
+              "int4_rows_transposed: rows ", first_row, " .. ", first_row + rows, " are not whole tiles of ", t,
+              " within ", n_padded);
+  const int64_t* pos = position.data_ptr<int64_t>();
+  for (int64_t r = 0; r < t; ++r) TORCH_CHECK(pos[r] >= 0 && pos[r] < t, "int4_rows_transposed: position out of the tile");
+  const uint8_t* codes = packed.data_ptr<uint8_t>();
+  TORCH_CHECK(pairs.scalar_type() == at::kBFloat16 || pairs.scalar_type() == at::kFloat,
+              "int4_rows_transposed: pairs must be bf16 or fp32");
+  if (pairs.scalar_type() == at::kFloat) {
+    dequantize_tiles(codes, pairs.data_ptr<float>(), pos, t, k, group, n_padded, first_row, rows, out.data_ptr<float>());
+  } else if (out.scalar_type() == at::kFloat) {
+    dequantize_tiles(codes, pairs.data_ptr<at::BFloat16>(), pos, t, k, group, n_padded, first_row, rows,
+                     out.data_ptr<float>());
+  } else {
+    dequantize_tiles(codes, pairs.data_ptr<at::BFloat16>(), pos, t, k, group, n_padded, first_row, rows,
+                     out.data_ptr<at::BFloat16>());
+  }
+}
+
+}  // namespace
+}  // namespace edge_infer
+
+TORCH_LIBRARY_FRAGMENT(edge_infer, lib) {
+  lib.def("int4_rows_transposed(Tensor packed, Tensor pairs, Tensor position, int group, int first_row, "
+          "Tensor(a!) out) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(edge_infer, CPU, lib) { lib.impl("int4_rows_transposed", &edge_infer::int4_rows_transposed); }
