@@ -158,7 +158,7 @@ class Int4Kernel(PackedWeights):
             raise TypeError(f"int4 linear holds {self.scales_zeros.dtype} scales; got {x.dtype} activations")
         lead = x.shape[:-1]
         x = self.padded_input(x)
-        if x.shape[0] >= PROMPT_MIN_ROWS and self.quantizer is not None and _prompt_layout() is not None:
+        if x.shape[0] >= PROMPT_MIN_ROWS and self.quantizer is not None and _layout_readable():
             y = self._prompt_matmul(x)
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_zeros)
@@ -169,12 +169,11 @@ class Int4Kernel(PackedWeights):
     def _prompt_matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x [m, cols_padded] @ W.T`` -> ``[m, rows_padded]`` on BLAS, over dequantized weight blocks."""
         dtype = x.dtype if x.dtype == torch.float32 or detect().native_bf16 else torch.float32
-        full, positions = _prompt_layout()
+        full = tile_rows()
         whole = self.rows_padded // full * full
-        spans = [(n0, min(WEIGHT_BLOCK_ROWS, whole - n0), positions[full]) for n0 in range(0, whole, WEIGHT_BLOCK_ROWS)]
+        spans = [(n0, min(WEIGHT_BLOCK_ROWS, whole - n0), _tile_positions(full)) for n0 in range(0, whole, WEIGHT_BLOCK_ROWS)]
         if whole < self.rows_padded:  # a partial last tile has a layout of its own
-            tail = self.rows_padded - whole
-            spans.append((whole, tail, positions.setdefault(tail, _tile_positions(tail))))
+            spans.append((whole, self.rows_padded - whole, _tile_positions(self.rows_padded - whole)))
         out = torch.empty(x.shape[0], self.rows_padded, dtype=x.dtype)
         block = torch.empty(self.cols_padded * WEIGHT_BLOCK_ROWS, dtype=dtype)
         for i0 in range(0, x.shape[0], PROMPT_BLOCK_ROWS):
@@ -210,14 +209,13 @@ class Int4Kernel(PackedWeights):
 
 
 @functools.lru_cache(maxsize=1)
-def _prompt_layout() -> tuple[int, dict[int, torch.Tensor]] | None:
-    """(rows per full tile, {tile rows: nibble positions}) for the library's dequantizing, or None when this
-    PyTorch's layout cannot be read (its prompts then stay on the int4 kernel)."""
+def _layout_readable() -> bool:
+    """Whether this PyTorch's packed layout is one the library can dequantize (else prompts stay on the int4 kernel)."""
     try:
-        full = tile_rows()
-        return full, {full: _tile_positions(full)}
+        _tile_positions(tile_rows())
     except KernelUnavailableError:
-        return None
+        return False
+    return True
 
 
 @functools.lru_cache(maxsize=1)

@@ -229,11 +229,11 @@ def check_json_output(text: str, kind: str) -> FormatCheck:
 
 
 def chat_logprobs(service: TextService, items: list[TokenLogprob]) -> ChatLogprobs:
+    tokenizer = service.frontend.require_tokenizer()
+
     def entry(tid: int, lp: float) -> TopLogprob:
         # The token's own bytes: a character split between two tokens reads U+FFFD in each one's text.
         return TopLogprob(token=token_text(service.frontend, tid), logprob=lp, bytes=list(tokenizer.token_bytes(tid)))
-
-    tokenizer = service.frontend.require_tokenizer()
 
     out = []
     for item in items:
