@@ -25,6 +25,7 @@ def test_a_plan_that_does_not_fit_is_printed_and_refused_before_loading(served_m
     (["--max-body-items", "100"], "--max-body-items must be at least 1024"),
     (["--body-timeout-s", "0"], "--header-timeout-s, --body-timeout-s and --send-timeout-s must be positive"),
     (["--send-timeout-s", "nan"], "--header-timeout-s, --body-timeout-s and --send-timeout-s must be positive"),
+    (["--max-connections-per-client", "-1"], "--max-connections-per-client must not be negative"),
 ])
 def test_body_limits_that_refuse_ordinary_requests_are_refused_before_loading(served_model, flags, says):
     cmd = [sys.executable, "-m", "edge_infer.cli", "serve", str(served_model), *flags]

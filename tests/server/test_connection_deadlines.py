@@ -12,7 +12,7 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from edge_infer.server.connection import DeadlineProtocol, deadline_protocol
+from edge_infer.server.connection import ClientConnections, DeadlineProtocol, deadline_protocol
 
 from .serverutil import free_port
 
@@ -107,7 +107,7 @@ def test_bytes_left_when_the_client_half_closes_are_watched_too():
     loop = asyncio.new_event_loop()
     try:
         protocol = DeadlineProtocol(config=config, server_state=ServerState(), app_state={}, _loop=loop,
-                                    header_timeout_s=10.0, send_timeout_s=SEND_TIMEOUT_S)
+                                    header_timeout_s=10.0, send_timeout_s=SEND_TIMEOUT_S, clients=ClientConnections(0))
         protocol.connection_made(BufferedTransport(buffered=30_000))
         assert not protocol.send_deadline.running
         protocol.eof_received()

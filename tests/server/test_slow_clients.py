@@ -192,3 +192,20 @@ def test_a_body_that_arrived_in_time_is_read_however_late_the_route_asks():
                       timeout_s=0.1)
     asyncio.run(limit({"type": "http", "headers": []}, received, send))
     assert sent[0]["status"] == 200 and sent[1]["body"] == b"{}"
+
+
+def test_connections_past_the_per_client_limit_get_429_and_the_clients_others_are_served(served_model):
+    """--max-connections-per-client: idle connections up to the limit hold the client's share, not the server's
+    descriptors; one more is answered 429 naming the flag and closed; a connection closed frees its place."""
+    with ServerProcess(served_model, "--max-connections-per-client", "3", "--header-timeout-s", "30") as proc, \
+            ExitStack() as held:
+        idle = [held.enter_context(socket.create_connection(("127.0.0.1", proc.port), timeout=30)) for _ in range(2)]
+        with httpx.Client(base_url=proc.base_url, timeout=30) as client:  # the third: one kept-alive connection
+            assert client.get("/health").status_code == 200
+            extra = connect(proc)
+            status, error = error_of(read_until_closed(extra)[0])
+            assert status == 429 and error["code"] == "too_many_connections" and "--max-connections-per-client" in error["message"]
+            assert client.get("/health").status_code == 200  # the kept-alive connection is still served
+        idle[0].close()
+        wait_until(lambda: httpx.get(f"{proc.base_url}/health", timeout=10).status_code == 200, "a place to be freed", 10)
+        served(proc)

@@ -75,6 +75,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="seconds a client may take none of what it is sent (the socket full, or bytes left after the "
                         f"connection closed); then the connection is reset and its request cancelled (default "
                         f"{DEFAULT_SEND_TIMEOUT_S:g})")
+    g.add_argument("--max-connections-per-client", type=int, default=0,
+                   help="connections one client address may hold open at once; more get 429 and are closed (default "
+                        "0: no limit; behind a proxy every client has the proxy's address)")
     g.add_argument("--parse-special-tokens-in-content", action="store_true",
                    help="tokenize special-token text (e.g. <|im_end|>) in chat messages and tools as control tokens; by "
                         "default it is plain text, so a user cannot close their turn or open another role's")
@@ -107,8 +110,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.max_queue < 0 or args.shutdown_grace_s < 0 or args.max_restarts < 0:
-        print("error: --max-queue, --shutdown-grace-s and --max-restarts must not be negative", file=sys.stderr)
+    if min(args.max_queue, args.shutdown_grace_s, args.max_restarts, args.max_connections_per_client) < 0:
+        print("error: --max-queue, --shutdown-grace-s, --max-restarts and --max-connections-per-client must not be "
+              "negative", file=sys.stderr)
         return 2
     if args.max_body_bytes < 1024 or (args.heartbeat_timeout_s is not None and args.heartbeat_timeout_s <= 0):
         print("error: --max-body-bytes must be at least 1024 and --heartbeat-timeout-s positive", file=sys.stderr)
@@ -287,7 +291,7 @@ def _serve(services: list[Any], args: argparse.Namespace) -> int:
     config = uvicorn.Config(
         build_app(services, load), host=args.host, port=args.port, log_level=args.log_level, access_log=False,
         timeout_graceful_shutdown=args.shutdown_grace_s + UVICORN_GRACE_MARGIN_S,
-        http=deadline_protocol(args.header_timeout_s, args.send_timeout_s),
+        http=deadline_protocol(args.header_timeout_s, args.send_timeout_s, args.max_connections_per_client),
     )
     server = Server(config)
     # uvicorn re-raises the signal it handled once it has shut down; a no-op handler makes that a clean exit.

@@ -6,7 +6,9 @@ it was sent (a response waits on a full socket; a connection closed with
 bytes unsent waits for them to go). A client that opens connections and
 sends nothing, or half a request line, or stops reading, holds a file
 descriptor each (a streamed request its sequence too), and a few hundred of
-them leave the server unable to accept (slowloris).
+them leave the server unable to accept (slowloris). The deadlines bound how
+long a connection holds its descriptor; ``ClientConnections`` bounds how many
+one address may hold at once (--max-connections-per-client).
 """
 from __future__ import annotations
 
@@ -54,6 +56,27 @@ class Deadline:
         self.expired()
 
 
+class ClientConnections:
+    """Connections open per client address; beyond ``limit`` (0: no limit) a new one is refused."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open: dict[str, int] = {}
+
+    def admit(self, host: str) -> bool:
+        if self.limit and self.open.get(host, 0) >= self.limit:
+            return False
+        self.open[host] = self.open.get(host, 0) + 1
+        return True
+
+    def release(self, host: str) -> None:
+        left = self.open[host] - 1
+        if left:
+            self.open[host] = left
+        else:
+            del self.open[host]
+
+
 class _ClosingTransport:
     """The connection's transport as uvicorn sees it: ``close`` also tells the protocol (uvicorn closes it from
     several places: a response with Connection: close, an app error mid-response, an invalid request)."""
@@ -77,20 +100,36 @@ class DeadlineProtocol(H11Protocol):
     take some of them every ``send_timeout_s`` (as nginx's send_timeout); else the connection is reset, and a
     request whose client is gone is cancelled."""
 
-    def __init__(self, *args: Any, header_timeout_s: float, send_timeout_s: float, **kwargs: Any):
+    def __init__(self, *args: Any, header_timeout_s: float, send_timeout_s: float, clients: ClientConnections,
+                 **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.head_deadline = Deadline(self.loop, header_timeout_s, self._head_timed_out)
         self.send_deadline = Deadline(self.loop, send_timeout_s, self._send_timed_out)
         self.unsent_at_start = 0  # bytes the client had not taken when the send deadline started
         self.upgraded = False  # to a websocket, whose protocol now owns the transport
+        self.clients = clients
+        self.client_host: str | None = None  # counted in ``clients`` while this connection is open
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_ClosingTransport(transport, self._closed_by_server))  # type: ignore[arg-type]
+        peer = transport.get_extra_info("peername")
+        host = peer[0] if isinstance(peer, tuple) and peer else None  # a Unix socket's peer has no address
+        if host is not None and not self.clients.admit(host):
+            error = APIError(429, f"this client already has {self.clients.limit} connections open, the most this server "
+                             "takes from one address (--max-connections-per-client); reuse them (keep-alive) or "
+                             "close some", code="too_many_connections")
+            self.transport.write(_raw_response(error))
+            self.transport.close()
+            return
+        self.client_host = host
         self.head_deadline.start()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.head_deadline.stop()
         self.send_deadline.stop()
+        if self.client_host is not None:
+            self.clients.release(self.client_host)
+            self.client_host = None
         super().connection_lost(exc)
 
     def handle_events(self) -> None:
@@ -182,6 +221,8 @@ def _raw_response(error: APIError) -> bytes:
     return head.encode("ascii") + body
 
 
-def deadline_protocol(header_timeout_s: float, send_timeout_s: float) -> Callable[..., DeadlineProtocol]:
-    """uvicorn's ``http`` setting: builds each connection's protocol."""
-    return functools.partial(DeadlineProtocol, header_timeout_s=header_timeout_s, send_timeout_s=send_timeout_s)
+def deadline_protocol(header_timeout_s: float, send_timeout_s: float,
+                      max_connections_per_client: int = 0) -> Callable[..., DeadlineProtocol]:
+    """uvicorn's ``http`` setting: builds each connection's protocol (one count of connections per address for all)."""
+    return functools.partial(DeadlineProtocol, header_timeout_s=header_timeout_s, send_timeout_s=send_timeout_s,
+                             clients=ClientConnections(max_connections_per_client))
