@@ -28,13 +28,18 @@ def test_byte_level_tokens_joined_are_the_texts_utf8(byte_level):
     assert byte_level.token_bytes(byte_level.vocab_size + 5) == b""  # an id past the vocabulary stands for nothing
 
 
-def test_sentencepiece_byte_fallback_tokens_give_their_byte(tmp_path):
-    """A SentencePiece vocabulary (Llama 2, Mistral 7B v0.1): characters it lacks are <0xNN> tokens, a space is U+2581."""
+@pytest.mark.parametrize("space", ["replace", "metaspace"])
+def test_sentencepiece_byte_fallback_tokens_give_their_byte(tmp_path, space):
+    """A SentencePiece vocabulary (Llama 2, Mistral 7B v0.1): characters it lacks are <0xNN> tokens, a space is U+2581
+    (turned back by a Replace step of the decoder, or by its Metaspace step)."""
     pieces = [f"<0x{b:02X}>" for b in range(256)] + ["\u2581", "h", "e", "l", "o", "w", "r", "d", "\u2581h", "\u2581w"]
     tok = HFTokenizer(models.BPE({p: i for i, p in enumerate(pieces)}, [("\u2581", "h"), ("\u2581", "w")], byte_fallback=True))
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
-    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
+    if space == "replace":
+        tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    else:
+        tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace(), decoders.Fuse()])
     tok.add_special_tokens(["</s>"])
     tok.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))

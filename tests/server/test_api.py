@@ -7,6 +7,7 @@ import httpx
 import pytest
 
 from .conftest import SPECIALS
+from .serverutil import ServerProcess
 
 pytestmark = pytest.mark.slow
 
@@ -176,6 +177,25 @@ def test_echo_with_logprobs_scores_the_prompt_as_evaluators_ask(server, tokenize
     for i, top in enumerate(lp.top_logprobs[1:]):
         # keyed by token text, as in OpenAI's format: two byte tokens shown as U+FFFD share a key (the likelier kept)
         assert 1 <= len(top) <= 2 and max(top.values()) == pytest.approx(ref[i].max().item(), abs=1e-3)
+
+
+def test_an_echoed_prompts_offsets_leave_out_the_bos_the_tokenizer_added(tmp_path):
+    """Llama 3's tokenizer puts <|begin_of_text|> before a prompt; the echo is the text as sent, without it."""
+    from edge_infer.models.synth import write_checkpoint
+
+    model = write_checkpoint(tmp_path / "llama", "llama", "tiny", dtype="float32")
+    with ServerProcess(model, "--max-model-len", "128") as proc:
+        client, name = proc.client(), model_name(proc)
+        for stream in (False, True):
+            out = client.completions.create(model=name, prompt=SPLIT, max_tokens=2, echo=True, logprobs=1,
+                                            temperature=0, stream=stream, extra_body={"ignore_eos": True})
+            chunks = list(out) if stream else [out]
+            text = "".join(c.choices[0].text for c in chunks)
+            lp = [o for c in chunks if c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
+            tokens = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+            assert tokens[0] == "<|begin_of_text|>" and lp[:2] == [0, 0]  # the BOS covers nothing
+            assert lp == sorted(lp) and lp[-2] == len(SPLIT) <= lp[-1] <= len(text)  # the generated tokens
+            assert {SPLIT[o] for t, o in zip(tokens, lp) if t == "\ufffd"} <= set("üß東京🦜")
 
 
 def test_echo_with_logprobs_then_generated_tokens_streamed_and_not(server):

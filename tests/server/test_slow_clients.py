@@ -199,6 +199,10 @@ def test_connections_past_the_per_client_limit_get_429_and_the_clients_others_ar
     descriptors; one more is answered 429 naming the flag and closed; a connection closed frees its place."""
     with ServerProcess(served_model, "--max-connections-per-client", "3", "--header-timeout-s", "30") as proc, \
             ExitStack() as held:
+        upgrade = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+                   "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+        for _ in range(4):  # no route takes a WebSocket: an ordinary request, whose connection's place is freed
+            assert httpx.get(f"{proc.base_url}/health", headers=upgrade, timeout=10).status_code == 200
         idle = [held.enter_context(socket.create_connection(("127.0.0.1", proc.port), timeout=30)) for _ in range(2)]
         with httpx.Client(base_url=proc.base_url, timeout=30) as client:  # the third: one kept-alive connection
             assert client.get("/health").status_code == 200

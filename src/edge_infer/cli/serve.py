@@ -292,6 +292,7 @@ def _serve(services: list[Any], args: argparse.Namespace) -> int:
         build_app(services, load), host=args.host, port=args.port, log_level=args.log_level, access_log=False,
         timeout_graceful_shutdown=args.shutdown_grace_s + UVICORN_GRACE_MARGIN_S,
         http=deadline_protocol(args.header_timeout_s, args.send_timeout_s, args.max_connections_per_client),
+        ws="none",  # no route takes a WebSocket: an upgrade request is an ordinary one (404)
     )
     server = Server(config)
     # uvicorn re-raises the signal it handled once it has shut down; a no-op handler makes that a clean exit.

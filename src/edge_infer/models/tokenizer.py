@@ -218,6 +218,7 @@ class Tokenizer:
         kinds = {step.get("type") for step in steps}
         replacements = [(step["pattern"]["String"], step["content"]) for step in steps
                         if step.get("type") == "Replace" and "String" in step.get("pattern", {})]
+        replacements += [(step.get("replacement", "\u2581"), " ") for step in steps if step.get("type") == "Metaspace"]
         kind = "byte_level" if "ByteLevel" in kinds else "byte_fallback" if "ByteFallback" in kinds else "text"
         return kind, replacements
 

@@ -106,7 +106,6 @@ class DeadlineProtocol(H11Protocol):
         self.head_deadline = Deadline(self.loop, header_timeout_s, self._head_timed_out)
         self.send_deadline = Deadline(self.loop, send_timeout_s, self._send_timed_out)
         self.unsent_at_start = 0  # bytes the client had not taken when the send deadline started
-        self.upgraded = False  # to a websocket, whose protocol now owns the transport
         self.clients = clients
         self.client_host: str | None = None  # counted in ``clients`` while this connection is open
 
@@ -138,12 +137,6 @@ class DeadlineProtocol(H11Protocol):
         if self.cycle is not cycle:  # a request's head arrived
             self.head_deadline.stop()
 
-    def handle_websocket_upgrade(self, event: Any) -> None:  # the connection is no longer this protocol's
-        self.upgraded = True
-        self.head_deadline.stop()
-        self.send_deadline.stop()
-        super().handle_websocket_upgrade(event)
-
     def eof_received(self) -> None:  # the client half-closed: asyncio closes the transport itself
         self._watch_what_is_left()
         return super().eof_received()
@@ -164,8 +157,7 @@ class DeadlineProtocol(H11Protocol):
 
     def _closed_by_server(self) -> None:
         self.head_deadline.stop()
-        if not self.upgraded:
-            self._watch_what_is_left()
+        self._watch_what_is_left()
 
     def _watch_what_is_left(self) -> None:
         """A closing transport keeps its descriptor until the bytes in its buffer are taken."""
@@ -223,6 +215,7 @@ def _raw_response(error: APIError) -> bytes:
 
 def deadline_protocol(header_timeout_s: float, send_timeout_s: float,
                       max_connections_per_client: int = 0) -> Callable[..., DeadlineProtocol]:
-    """uvicorn's ``http`` setting: builds each connection's protocol (one count of connections per address for all)."""
+    """uvicorn's ``http`` setting: builds each connection's protocol (one count of connections per address for all).
+    The server runs it with ``ws="none"``: no route takes a WebSocket, so no connection leaves this protocol."""
     return functools.partial(DeadlineProtocol, header_timeout_s=header_timeout_s, send_timeout_s=send_timeout_s,
                              clients=ClientConnections(max_connections_per_client))

@@ -66,9 +66,11 @@ class TextOffsets:
         self._decoder = frontend.require_tokenizer().decode_stream(skip_special_tokens)
         self._start = start
 
-    def next(self, token_id: int) -> int:
+    def next(self, token_id: int, in_text: bool = True) -> int:
+        """The offset of ``token_id``; one not ``in_text`` (a BOS the tokenizer added to a prompt) covers nothing."""
         offset = self._start + self._decoder.emitted
-        self._decoder.step(token_id)
+        if in_text:
+            self._decoder.step(token_id)
         return offset
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AbstractSet, AsyncIterator
 
 from edge_infer.engine.frontend import PreparedPrompt
 from edge_infer.engine.sampling_params import SamplingParams
@@ -48,17 +48,31 @@ def text_offsets(service: TextService, job: CompletionJob, s: Sample, echoed: bo
     return TextOffsets(service.frontend, job.params.skip_special_tokens, start=len(_echo(service, job, s)))
 
 
+def added_around_text(service: TextService, prompt: PreparedPrompt) -> set[int]:
+    """Positions of a text prompt's tokens the tokenizer added around its text (a BOS): its echo does not hold them."""
+    if prompt.prompt is None:
+        return set()
+    bare = service.frontend.require_tokenizer().encode(prompt.prompt, add_special_tokens=False)
+    ids = prompt.token_ids
+    for lead in range(len(ids) - len(bare) + 1):
+        if ids[lead : lead + len(bare)] == bare:
+            return set(range(lead)) | set(range(lead + len(bare), len(ids)))
+    return set()
+
+
 def completion_logprobs(service: TextService, items: list[TokenLogprob], offsets: TextOffsets,
-                        out: CompletionLogprobs | None = None) -> CompletionLogprobs:
-    """OpenAI's logprobs of ``items`` (appended to ``out``); ``offsets`` was fed the tokens of the text before them."""
+                        out: CompletionLogprobs | None = None,
+                        outside_text: AbstractSet[int] = frozenset()) -> CompletionLogprobs:
+    """OpenAI's logprobs of ``items`` (appended to ``out``); ``offsets`` was fed the tokens of the text before them;
+    the items at ``outside_text`` are not in the text (they begin where the next one does)."""
     if out is None:
         out = CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
-    for item in items:
+    for i, item in enumerate(items):
         text = token_text(service.frontend, item.token_id)
         out.tokens.append(text)
         out.token_logprobs.append(item.logprob)
         out.top_logprobs.append(None if item.top is None else _top_by_text(service, item.top))
-        out.text_offset.append(offsets.next(item.token_id))
+        out.text_offset.append(offsets.next(item.token_id, in_text=i not in outside_text))
     return out
 
 
@@ -69,6 +83,12 @@ def _top_by_text(service: TextService, top: list[tuple[int, float]]) -> dict[str
     for t, lp in top:  # most likely first
         out.setdefault(token_text(service.frontend, t), lp)
     return out
+
+
+def echo_logprobs(service: TextService, job: CompletionJob, s: Sample) -> CompletionLogprobs:
+    """The echoed prompt's logprobs, each token placed in the echoed text."""
+    return completion_logprobs(service, echoed_logprobs(job, s), text_offsets(service, job, s, echoed=True),
+                               outside_text=added_around_text(service, job.prompts[s.prompt_index]))
 
 
 def echoed_logprobs(job: CompletionJob, s: Sample) -> list[TokenLogprob]:
@@ -90,7 +110,7 @@ async def complete(service: TextService, job: CompletionJob, gen: Generation) ->
         logprobs = None
         if job.request.logprobs is not None:
             if echo:
-                logprobs = completion_logprobs(service, echoed_logprobs(job, s), text_offsets(service, job, s, echoed=True))
+                logprobs = echo_logprobs(service, job, s)
             logprobs = completion_logprobs(service, s.logprobs, text_offsets(service, job, s, echoed=False), logprobs)
         choices.append(CompletionChoice(index=s.index, text=echo + s.text, logprobs=logprobs, finish_reason=s.finish_reason))
     return CompletionResponse(id=f"cmpl-{gen.id}", model=service.settings.served_model_name, choices=choices, usage=gen.usage())
@@ -113,7 +133,7 @@ async def stream(service: TextService, job: CompletionJob, gen: Generation) -> A
             yield chunk(CompletionChoice(index=s.index, text=echo, finish_reason=None))
     async for s, event in gen.events():
         if scored_echo and event.prompt_logprobs is not None:
-            echoed = completion_logprobs(service, echoed_logprobs(job, s), text_offsets(service, job, s, echoed=True))
+            echoed = echo_logprobs(service, job, s)
             yield chunk(CompletionChoice(index=s.index, text=_echo(service, job, s), logprobs=echoed, finish_reason=None))
         if event.kind == "token":
             logprobs = None
