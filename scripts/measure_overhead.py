@@ -122,7 +122,7 @@ from edge_infer.engine.protocol import EngineRequest
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.memory.measure import PeakSampler, malloc_trim, rss_anon_bytes
 model, tokens, ctx, quantization = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-quant = QuantConfig(method=quantization) if quantization != "none" else None
+quant = QuantConfig.named(quantization) if quantization != "none" else None
 core = EngineCore(EngineConfig(model=model, dtype="bfloat16", max_model_len=ctx, max_num_seqs=1,
                                max_num_batched_tokens=tokens, kv_cache_memory_bytes=64 << 20, quant=quant))
 malloc_trim()
@@ -152,10 +152,12 @@ def _step_transients(model_dir: str, quantization: str | None) -> tuple[float, f
     costs more than its own bytes: attention turns it into a float bias.
     Its real cost per element comes from the same chunk at two contexts;
     the rest from two chunk sizes at the shorter context."""
+    from edge_infer.config import QuantConfig
     from edge_infer.hardware.cpu import detect
     from edge_infer.memory import plan
     from edge_infer.models.config import ModelConfig
-    from edge_infer.quant.sizes import int4_prompt_bytes
+    from edge_infer.models.weights import weight_specs
+    from edge_infer.quant.sizes import int4_prompt_bytes, int4_prompt_widths
 
     cfg = ModelConfig.from_dir(model_dir)
     group = cfg.num_attention_heads // cfg.num_key_value_heads
@@ -166,8 +168,8 @@ def _step_transients(model_dir: str, quantization: str | None) -> tuple[float, f
     per_mask_element = max(1.0, (at_long - at_short[hi]) / (hi * (long - short) * group))
     logits = 4 * cfg.vocab_size * 5
     # cpu_int4's dequantized prompt blocks are an item of their own (quant/sizes.int4_prompt_bytes)
-    blocks = {t: int4_prompt_bytes(t, max(cfg.hidden_size, cfg.intermediate_size), 128, 2, detect().native_bf16)
-              if quantization == "cpu_int4" else 0 for t in at_short}
+    width = int4_prompt_widths(weight_specs(cfg), QuantConfig.named(quantization), None)[0] if quantization else 0
+    blocks = {t: int4_prompt_bytes(t, width, 2, detect().native_bf16) for t in at_short}  # the probe's bf16, g128
     measured = {t: m - per_mask_element * t * short * group - logits - blocks[t] for t, m in at_short.items()}
     per_token = (measured[hi] - measured[lo]) / (hi - lo)
     return per_token, measured[lo] - per_token * lo, per_mask_element, plan.activation_tensor_bytes(cfg, 2)

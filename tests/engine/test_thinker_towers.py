@@ -19,7 +19,11 @@ from edge_infer.errors import InvalidRequestError
 from edge_infer.hardware.cpu import profile
 from edge_infer.hardware.kernels import auto_encoder_quantization
 from edge_infer.memory.plan import plan_text_session
+from edge_infer.models.config import ModelConfig
+from edge_infer.models.weights import weight_specs
+from edge_infer.quant import native_build
 from edge_infer.quant.export import quantize_checkpoint
+from edge_infer.quant.sizes import int4_prompt_bytes, int4_prompt_widths
 
 SETTINGS = dict(dtype="float32", max_model_len=128, max_num_seqs=2, max_num_batched_tokens=32,
                 kv_cache_memory_bytes=1 << 20, available_bytes=8 << 30)
@@ -93,6 +97,8 @@ def test_a_kernel_this_cpu_cannot_run_is_refused_with_the_nearest(omni, capsys):
 ])
 def test_auto_towers_take_the_decoders_int8_kernel_where_dense_bf16_would_be_emulated(omni, cpu, quantization, dtype,
                                                                                         expected):
+    if expected == "cpu_w4a8" and native_build.missing_toolchain() is not None:
+        expected = "same"  # without edge-infer's library the towers keep the decoder's int4 kernel
     plan = plan_text_session(omni, cpu=profile(cpu), **{**SETTINGS, "dtype": dtype, "quantization": quantization})
     assert plan.admitted, plan.reasons
     assert plan.settings["encoder_quantization"] == expected
@@ -105,6 +111,17 @@ def test_auto_towers_take_the_decoders_int8_kernel_where_dense_bf16_would_be_emu
     explicit = plan_text_session(omni, cpu=profile(cpu), encoder_quantization="none",
                                  **{**SETTINGS, "dtype": dtype, "quantization": quantization})
     assert explicit.settings["encoder_quantization"] == "none"  # a choice given wins
+
+
+def test_towers_on_cpu_int4_plan_its_prompt_blocks_beside_any_decoder(omni):
+    """cpu_int4's prompt path dequantizes weight blocks for an encode's products too (quant/sizes.int4_prompt_bytes)."""
+    def activations(towers: str) -> int:
+        plan = plan_text_session(omni, cpu=profile("avx2"), quantization="cpu_w4a8", encoder_quantization=towers,
+                                 **{**SETTINGS, "dtype": "bfloat16"})
+        return plan.item("activations")
+
+    _, widest = int4_prompt_widths(weight_specs(ModelConfig.from_dir(omni)), None, QuantConfig.named("cpu_int4"))
+    assert widest and activations("cpu_int4") - activations("cpu_w4a8") == int4_prompt_bytes(256, widest, 2, False)
 
 
 def test_auto_towers_beside_an_int4_decoder_keep_its_kernel_without_edge_infers_library():

@@ -13,7 +13,7 @@ from edge_infer.hardware.cpu import detect, profile
 
 from edge_infer.models.weights import WeightSpec
 from edge_infer.config import QuantConfig
-from edge_infer.quant.kernel import Int4Kernel
+from edge_infer.quant.kernel import Int4Kernel, _layout_readable
 from edge_infer.quant.quantize import dequantize_rows, pack_nibbles, quantize_rows, unpack_nibbles
 from edge_infer.quant.sizes import GROUP_SIZES, PROMPT_BLOCK_ROWS, PROMPT_MIN_ROWS, quantized_nbytes, linear_nbytes
 
@@ -44,8 +44,9 @@ def test_a_prompt_runs_on_blas_with_the_int4_kernels_results(group_size, dtype, 
     """A prompt's rows take dequantized blocks of the weight through BLAS (csrc/int4_rows.cpp): the int4 kernel's
     products within a rounding, across blocks of prompt rows and weight rows, a partial last tile and padded columns;
     in fp32, or in bf16 where the CPU has native bf16 (here stood in for: PyTorch emulates what it lacks)."""
-    if Int4Kernel(16, 32, 32, dtype).quantizer is None:
-        pytest.skip("edge-infer's kernel library does not run on this CPU (prompts stay on the int4 kernel)")
+    if Int4Kernel(16, 32, 32, dtype).quantizer is None or not _layout_readable():
+        pytest.skip("edge-infer's kernel library does not run on this CPU, or cannot read this PyTorch's int4 layout "
+                    "(prompts stay on the int4 kernel)")
     if native_bf16 != detect().native_bf16:
         monkeypatch.setattr("edge_infer.quant.kernel.detect", lambda: profile("avx512-bf16" if native_bf16 else "avx2"))
     torch.manual_seed(group_size)
@@ -57,6 +58,24 @@ def test_a_prompt_runs_on_blas_with_the_int4_kernels_results(group_size, dtype, 
     int4 = torch.cat([kernel(x[i : i + PROMPT_MIN_ROWS - 1]) for i in range(0, len(x), PROMPT_MIN_ROWS - 1)]).float()
     tolerance = (1e-5 if dtype == torch.float32 else 8e-3) * ref.abs().max()
     assert (prompt - ref).abs().max() <= tolerance and (int4 - ref).abs().max() <= tolerance
+
+
+def test_a_partial_last_tile_is_dequantized_where_the_whole_tiles_end():
+    """PyTorch's AVX-512 layout: tiles of 64 rows, so 4144 rows end in a tile of 48 at row 4096, which is not a multiple
+    of 48. The library reads it (a layout stood in for: this CPU may pack another), as kernel.py's rows() would."""
+    if Int4Kernel(16, 32, 32, torch.bfloat16).quantizer is None:
+        pytest.skip("edge-infer's kernel library does not run on this CPU")
+    rows, k, group, t = 4144, 96, 32, 48
+    gen = torch.Generator().manual_seed(48)
+    packed = torch.randint(0, 256, (rows, k // 2), dtype=torch.uint8, generator=gen)
+    pairs = torch.randn(k // group, rows, 2, generator=gen).to(torch.bfloat16)
+    position = torch.cat((2 * torch.arange(t // 2), 2 * torch.arange(t // 2) + 1))  # low nibbles, then high ones
+    out = torch.empty(k, t)
+    torch.ops.edge_infer.int4_rows_transposed(packed, pairs, position, group, rows - t, out)
+    tile = packed.view(-1)[(rows - t) * k // 2 :].view(k, t // 2).long()  # column c's t / 2 bytes
+    codes = (tile[:, position // 2] >> (4 * (position % 2))) & 15
+    side = pairs[:, rows - t :].float().repeat_interleave(group, dim=0)  # [k, t, 2]
+    assert torch.equal(out, (codes.float() - 8) * side[..., 0] + side[..., 1])
 
 
 @pytest.mark.parametrize("shape", [(40, 80), (200, 100), (17, 33)])

@@ -405,11 +405,13 @@ def _size_items(r: _Resolved, model_dir: str, frontend: str, int8_kv: bool) -> t
     acts = activation_bytes(cfg, r.dtype_bytes, r.max_num_batched_tokens, r.max_num_seqs, r.max_model_len,
                             r.quant.name if r.quant is not None else None)
     acts_note = f"one step of {r.max_num_batched_tokens} tokens, {r.max_num_seqs} logit rows"
-    if r.quant is not None and not r.quant.int8_activations:  # the towers' products are no wider than the decoder's
-        from edge_infer.quant.sizes import int4_prompt_bytes
+    if r.quant is not None or r.encoder_quant is not None:
+        from edge_infer.quant.sizes import PROMPT_BLOCK_ROWS, int4_prompt_bytes, int4_prompt_widths
 
-        prompt_blocks = int4_prompt_bytes(r.max_num_batched_tokens, max(cfg.hidden_size, cfg.intermediate_size),
-                                          r.quant.group_size, r.dtype_bytes, r.cpu.native_bf16)
+        decoder, towers = int4_prompt_widths(weight_specs(cfg), r.quant, r.encoder_quant)
+        # A prompt step's rows, and an encode's (an image's patches: a whole block); an encode may overlap a step.
+        prompt_blocks = (int4_prompt_bytes(r.max_num_batched_tokens, decoder, r.dtype_bytes, r.cpu.native_bf16)
+                         + int4_prompt_bytes(PROMPT_BLOCK_ROWS, towers, r.dtype_bytes, r.cpu.native_bf16))
         if prompt_blocks:
             acts += prompt_blocks
             acts_note += ", cpu_int4's dequantized prompt blocks"

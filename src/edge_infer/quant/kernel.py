@@ -210,9 +210,12 @@ class Int4Kernel(PackedWeights):
 
 @functools.lru_cache(maxsize=1)
 def _layout_readable() -> bool:
-    """Whether this PyTorch's packed layout is one the library can dequantize (else prompts stay on the int4 kernel)."""
+    """Whether this PyTorch's packed layout, its whole tiles' and every partial last tile's (a multiple of
+    ROW_MULTIPLE rows), is one the library can dequantize; else prompts stay on the int4 kernel."""
     try:
-        _tile_positions(tile_rows())
+        full = tile_rows()
+        for rows in range(ROW_MULTIPLE, full + 1, ROW_MULTIPLE):
+            _tile_positions(rows)
     except KernelUnavailableError:
         return False
     return True

@@ -86,13 +86,27 @@ PROMPT_BLOCK_ROWS = 256
 WEIGHT_BLOCK_ROWS = 128
 
 
-def int4_prompt_bytes(tokens: int, in_features: int, group_size: int, dtype_bytes: int, native_bf16: bool) -> int:
-    """What cpu_int4's prompt path holds beside a product's input and output, for a step of ``tokens`` tokens:
-    a block of the rows and a dequantized weight block, in fp32 (bf16 where the CPU has native bf16)."""
-    if tokens < PROMPT_MIN_ROWS:
+def int4_prompt_bytes(rows: int, width: int, dtype_bytes: int, native_bf16: bool) -> int:
+    """What cpu_int4's prompt path holds beside a product's input and output when the product has ``rows`` rows
+    (nothing under PROMPT_MIN_ROWS): a block of them and a dequantized weight block, ``width`` (padded) columns
+    each, in fp32 (bf16 where the CPU has native bf16)."""
+    if rows < PROMPT_MIN_ROWS or not width:
         return 0
     product_bytes = dtype_bytes if dtype_bytes == 2 and native_bf16 else 4
-    return product_bytes * padded(in_features, group_size) * (min(tokens, PROMPT_BLOCK_ROWS) + WEIGHT_BLOCK_ROWS)
+    return product_bytes * width * (min(rows, PROMPT_BLOCK_ROWS) + WEIGHT_BLOCK_ROWS)
+
+
+def int4_prompt_widths(specs: list[WeightSpec], decoder: QuantConfig | None,
+                       towers: QuantConfig | None) -> tuple[int, int]:
+    """The widest padded input among the decoder's linears and among a thinker's towers' that run on cpu_int4
+    (0 where none does)."""
+    def widest(quant: QuantConfig | None, in_towers: bool) -> int:
+        if quant is None or quant.int8_activations:
+            return 0
+        return max((padded(s.shape[1], quant.group_size) for s in specs
+                    if s.is_linear and len(s.shape) == 2 and is_tower_spec(s) == in_towers), default=0)
+
+    return widest(decoder, False), widest(towers, True)
 
 
 def packed_rows(rows: int, quant: QuantConfig) -> int:

@@ -15,6 +15,7 @@ namespace edge_infer {
 namespace {
 
 constexpr int64_t kMaxTileRows = 64;
+constexpr int64_t kTaskColumns = 512;  // columns per task, rounded up to whole groups
 
 // Whether row r < t / 2 sits in byte r's low nibble and row t / 2 + r in its high one (PyTorch's AVX2 and AVX-512
 // layouts): the codes of a column then come out in row order without a gather, and the loops vectorize.
@@ -28,13 +29,16 @@ template <typename P, typename O>
 void dequantize_tiles(const uint8_t* packed, const P* pairs, const int64_t* position, int64_t t, int64_t k,
                       int64_t group, int64_t n_padded, int64_t first_row, int64_t rows, O* out) {
   const bool split = split_layout(position, t);
-  // One task per tile: its t rows of out^T, i.e. t adjacent values in each of the k rows of out [k, rows].
-  at::parallel_for(0, rows / t, 1, [&](int64_t begin, int64_t end) {
+  // One task per tile and span of columns (whole groups): its t rows of out^T over those columns, i.e. t adjacent
+  // values in each of their rows of out [k, rows]. A block has a few tiles, so the columns share out the threads.
+  const int64_t span = (kTaskColumns + group - 1) / group * group, spans = (k + span - 1) / span;
+  at::parallel_for(0, rows / t * spans, 1, [&](int64_t begin, int64_t end) {
     float scale[kMaxTileRows], zero[kMaxTileRows], codes[kMaxTileRows];
-    for (int64_t tile = begin; tile < end; ++tile) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t tile = task / spans, c0 = task % spans * span, c1 = c0 + span < k ? c0 + span : k;
       const int64_t row0 = first_row + tile * t;
-      const uint8_t* bytes = packed + row0 * (k / 2);
-      for (int64_t c = 0; c < k; ++c, bytes += t / 2) {
+      const uint8_t* bytes = packed + row0 * (k / 2) + c0 * (t / 2);
+      for (int64_t c = c0; c < c1; ++c, bytes += t / 2) {
         if (c % group == 0) {
           const P* pair = pairs + ((c / group) * n_padded + row0) * 2;
           for (int64_t r = 0; r < t; ++r) scale[r] = static_cast<float>(pair[2 * r]), zero[r] = static_cast<float>(pair[2 * r + 1]);
@@ -52,7 +56,7 @@ void dequantize_tiles(const uint8_t* packed, const P* pairs, const int64_t* posi
   });
 }
 
-// out [k, rows] = W^T for weight rows first_row .. first_row + rows (whole tiles of position.numel() rows) of the
+// out [k, rows] = W^T for weight rows first_row .. first_row + rows (tiles of position.numel() rows) of the
 // packed [n_padded, k / 2] weight with its (scale, zero) pairs [k / group, n_padded, 2]: fp32, or the pairs' bf16.
 void int4_rows_transposed(const at::Tensor& packed, const at::Tensor& pairs, const at::Tensor& position,
                           int64_t group, int64_t first_row, at::Tensor& out) {
@@ -67,7 +71,8 @@ void int4_rows_transposed(const at::Tensor& packed, const at::Tensor& pairs, con
   TORCH_CHECK(out.dim() == 2 && out.size(0) == k && out.is_contiguous() &&
                   (out.scalar_type() == at::kFloat || out.scalar_type() == pairs.scalar_type()),
               "int4_rows_transposed: out must be contiguous [k, rows], fp32 or the pairs' dtype");
-  TORCH_CHECK(first_row >= 0 && first_row % t == 0 && rows % t == 0 && first_row + rows <= n_padded,
+  // A partial last tile (48 rows after tiles of 64) starts where the whole tiles end, not at a multiple of its size.
+  TORCH_CHECK(first_row >= 0 && rows % t == 0 && first_row + rows <= n_padded,
               "int4_rows_transposed: rows ", first_row, " .. ", first_row + rows, " are not whole tiles of ", t,
               " within ", n_padded);
   const int64_t* pos = position.data_ptr<int64_t>();
