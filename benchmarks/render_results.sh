@@ -3,7 +3,7 @@
 #
 # Each pp-tg result is reported with ratios against its llama.cpp arm
 # (bf16 grids: llamacpp-bf16; int4 and w4a8 grids: llamacpp-q4_k_m; avx2 and avx-vnni grids: their
-# build's llamacpp-q4_k_m-avx2 / -avx-vnni), each media result
+# build's llamacpp-q4_k_m-avx2 / -avx-vnni; the Zen 3 grid: llamacpp-q4_0-zen3, the faster of its two), each media result
 # against its transformers-bf16 arm (under the AVX2 mask transformers-fp32-avx2, on the AVX2-only Zen 3
 # transformers-fp32-zen3: its fast dtype there); plots (when
 # matplotlib is installed) go to benchmarks/results/plots/<result>/.
@@ -23,6 +23,8 @@ control_for() {
     pp-tg-*-int4 | pp-tg-*-w4a8) echo llamacpp-q4_k_m ;;
     pp-tg-*-avx-vnni) echo llamacpp-q4_k_m-avx-vnni ;;
     pp-tg-*-avx2 | pp-tg-*-avx2-zen4) echo llamacpp-q4_k_m-avx2 ;;
+    pp-tg-*-int4-prompt-zen3) echo edge-infer-w4a16-tinygemm ;;
+    pp-tg-*-zen3) echo llamacpp-q4_0-zen3 ;;
     tg-depth-*-avx-vnni) echo llamacpp-q4_0-avx-vnni-d1024 ;;
     tg-depth-*-zen4) echo llamacpp-q4_0-d1024 ;;
     agent-*) echo bf16 ;;
