@@ -39,12 +39,8 @@ def _echo(service: TextService, job: CompletionJob, s: Sample) -> str:
     return prompt.prompt if prompt.prompt is not None else service.frontend.require_tokenizer().decode(prompt.token_ids)
 
 
-def text_offsets(service: TextService, job: CompletionJob, s: Sample, echoed: bool) -> TextOffsets:
-    """Offsets of a choice's echoed prompt tokens, or of its generated ones (after the echo), each decoded as
-    its part of the choice's text is."""
-    prompt = job.prompts[s.prompt_index]
-    if echoed:  # a text prompt is echoed as sent, special-token strings included
-        return TextOffsets(service.frontend, skip_special_tokens=prompt.prompt is None)
+def generated_offsets(service: TextService, job: CompletionJob, s: Sample) -> TextOffsets:
+    """Offsets of a choice's generated tokens: after its echo, decoded as its text is."""
     return TextOffsets(service.frontend, job.params.skip_special_tokens, start=len(_echo(service, job, s)))
 
 
@@ -86,9 +82,11 @@ def _top_by_text(service: TextService, top: list[tuple[int, float]]) -> dict[str
 
 
 def echo_logprobs(service: TextService, job: CompletionJob, s: Sample) -> CompletionLogprobs:
-    """The echoed prompt's logprobs, each token placed in the echoed text."""
-    return completion_logprobs(service, echoed_logprobs(job, s), text_offsets(service, job, s, echoed=True),
-                               outside_text=added_around_text(service, job.prompts[s.prompt_index]))
+    """The echoed prompt's logprobs, each token placed in the echoed text: a text prompt is echoed as sent, its
+    special-token strings included, and a BOS the tokenizer added covers nothing."""
+    prompt = job.prompts[s.prompt_index]
+    offsets = TextOffsets(service.frontend, skip_special_tokens=prompt.prompt is None)
+    return completion_logprobs(service, echoed_logprobs(job, s), offsets, outside_text=added_around_text(service, prompt))
 
 
 def echoed_logprobs(job: CompletionJob, s: Sample) -> list[TokenLogprob]:
@@ -111,7 +109,7 @@ async def complete(service: TextService, job: CompletionJob, gen: Generation) ->
         if job.request.logprobs is not None:
             if echo:
                 logprobs = echo_logprobs(service, job, s)
-            logprobs = completion_logprobs(service, s.logprobs, text_offsets(service, job, s, echoed=False), logprobs)
+            logprobs = completion_logprobs(service, s.logprobs, generated_offsets(service, job, s), logprobs)
         choices.append(CompletionChoice(index=s.index, text=echo + s.text, logprobs=logprobs, finish_reason=s.finish_reason))
     return CompletionResponse(id=f"cmpl-{gen.id}", model=service.settings.served_model_name, choices=choices, usage=gen.usage())
 
@@ -125,7 +123,7 @@ async def stream(service: TextService, job: CompletionJob, gen: Generation) -> A
     def chunk(*choices: CompletionChoice, usage_: Usage | None = None) -> str:
         return sse(CompletionResponse(id=ident, created=created, model=model, choices=list(choices), usage=usage_))
 
-    offsets = {s.index: text_offsets(service, job, s, echoed=False) for s in gen.samples}
+    offsets = {s.index: generated_offsets(service, job, s) for s in gen.samples}
     scored_echo = req.echo and req.logprobs is not None  # the echo waits for its logprobs (the prefill's)
     for s in gen.samples:
         echo = _echo(service, job, s)
