@@ -12,15 +12,15 @@ from typing import Any
 from edge_infer.errors import InvalidRequestError
 
 DTYPES = ("bfloat16", "float32")
-# What --quantization takes: 4-bit weights through PyTorch's tinygemm (W4A16), or 4- or 8-bit weights times
-# int8 activations on edge-infer's own kernels (W4A8, W8A8).
-QUANT_METHODS = ("cpu_int4", "cpu_w4a8", "cpu_w8a8")
+# What --quantization takes: 4-bit weights through PyTorch's tinygemm (W4A16), 4-bit weights times the activations
+# as they are on edge-infer's own kernels (W4A16), or 4- or 8-bit weights times int8 activations on them (W4A8, W8A8).
+QUANT_METHODS = ("cpu_int4", "cpu_w4a16", "cpu_w4a8", "cpu_w8a8")
 # "auto": chosen by priority among what this CPU runs (memory/weight_path.py).
 QUANTIZATION_CHOICES = (*QUANT_METHODS, "auto", "none")
 PRIORITIES = ("speed", "fidelity", "memory")
 # What --encoder-quantization takes for a thinker's media towers: none (dense, in the engine's dtype), the
 # decoder's weight path (same), one by name, or auto (hardware.kernels.auto_encoder_quantization: none, or where
-# dense towers would run emulated bf16 the decoder's int8 kernel, cpu_w4a8 beside cpu_int4).
+# dense towers would run emulated bf16 the decoder's int8 kernel, cpu_w4a8 beside cpu_int4 or cpu_w4a16).
 ENCODER_QUANTIZATION_CHOICES = ("none", "same", *QUANT_METHODS, "auto")
 # auto: the compute dtype; int8: codes with an fp32 scale per token and head (models/layers/kv_cache.py).
 KV_CACHE_DTYPES = ("auto", "int8")
@@ -28,7 +28,7 @@ KV_CACHE_DTYPES = ("auto", "int8")
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """Quantized weight settings (``quantization="cpu_int4"``, ``"cpu_w4a8"`` or ``"cpu_w8a8"``)."""
+    """Quantized weight settings (``quantization="cpu_int4"``, ``"cpu_w4a16"``, ``"cpu_w4a8"`` or ``"cpu_w8a8"``)."""
 
     # The weight format: 4 bits (cpu_int4 checkpoints) or 8 bits (cpu_int8, symmetric, int8 activations only).
     bits: int = 4
@@ -38,12 +38,21 @@ class QuantConfig:
     # A kernel choice, not a weight format: int8 activations through edge-infer's kernels (quant/int8_kernels.py)
     # instead of PyTorch's tinygemm with activations in the model dtype.
     int8_activations: bool = False
+    # Also a kernel choice: the 4-bit weights in edge-infer's tiles, as cpu_w4a8 holds them, times the activations
+    # as they are (cpu_w4a16: quant/int8_kernels.py's W4A16Kernel) instead of on tinygemm.
+    w4a16_tiles: bool = False
 
     @classmethod
     def named(cls, name: str, **settings: Any) -> "QuantConfig":
         """The settings a --quantization name (one of QUANT_METHODS) stands for."""
         assert name in QUANT_METHODS, name
-        return cls(bits=8 if name == "cpu_w8a8" else 4, int8_activations=name != "cpu_int4", **settings)
+        return cls(bits=8 if name == "cpu_w8a8" else 4, int8_activations=name in ("cpu_w4a8", "cpu_w8a8"),
+                   w4a16_tiles=name == "cpu_w4a16", **settings)
+
+    @property
+    def tiles(self) -> bool:
+        """Whether the weights are held in edge-infer's 64-row tiles (bf16 scales) rather than tinygemm's layout."""
+        return self.int8_activations or self.w4a16_tiles
 
     @property
     def method(self) -> str:
@@ -55,6 +64,8 @@ class QuantConfig:
         """The --quantization name these settings run as."""
         if self.bits == 8:
             return "cpu_w8a8"
+        if self.w4a16_tiles:
+            return "cpu_w4a16"
         return "cpu_w4a8" if self.int8_activations else "cpu_int4"
 
 

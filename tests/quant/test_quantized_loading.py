@@ -75,10 +75,10 @@ def test_exported_checkpoint_loads_to_the_same_model_as_quantizing_on_load(
 
 
 def kernel_class(quant: QuantConfig) -> type:
-    if quant.int8_activations:
-        from edge_infer.quant.int8_kernels import W4A8Kernel, W8A8Kernel
+    if quant.tiles:
+        from edge_infer.quant.int8_kernels import W4A8Kernel, W4A16Kernel, W8A8Kernel
 
-        return W8A8Kernel if quant.bits == 8 else W4A8Kernel
+        return W8A8Kernel if quant.bits == 8 else W4A8Kernel if quant.int8_activations else W4A16Kernel
     return Int4Kernel
 
 
@@ -90,6 +90,8 @@ def kernel_class(quant: QuantConfig) -> type:
                  marks=needs_int8_kernels),
     pytest.param(QuantConfig.named("cpu_w8a8", group_size=32, quantize_head=True), id="w8a8-g32-head",
                  marks=needs_int8_kernels),
+    pytest.param(QuantConfig.named("cpu_w4a16", group_size=64, symmetric=False, quantize_head=True),
+                 id="w4a16-g64-asym-head", marks=needs_int8_kernels),
 ])
 @pytest.mark.parametrize("family", ["tied", "untied"])
 def test_resident_weight_bytes_equal_the_plan_and_no_dense_copy_survives(tied_model, untied_model, make_core, quant, family):
@@ -121,7 +123,8 @@ def test_resident_weight_bytes_equal_the_plan_and_no_dense_copy_survives(tied_mo
 
 
 @pytest.mark.parametrize("method", [pytest.param("cpu_int4"), pytest.param("cpu_w4a8", marks=needs_int8_kernels),
-                                    pytest.param("cpu_w8a8", marks=needs_int8_kernels)])
+                                    pytest.param("cpu_w8a8", marks=needs_int8_kernels),
+                                    pytest.param("cpu_w4a16", marks=needs_int8_kernels)])
 def test_quantized_tied_head_serves_embedding_rows(tied_model, make_core, method):
     quant = QuantConfig.named(method, group_size=32, symmetric=method == "cpu_w8a8",
                               quantize_head=True)
@@ -185,6 +188,26 @@ def test_a_quantized_checkpoint_loads_with_int8_activations_on_request(tmp_path,
 
 
 @needs_int8_kernels
+def test_a_quantized_checkpoint_loads_on_the_w4a16_tiles_on_request(tmp_path, tied_model, make_core, greedy):
+    """cpu_w4a16 is a kernel choice too: the stored codes load into edge-infer's tiles, and the model scores as on
+    PyTorch's int4 kernel to within float rounding (no activation quantization), where W4A8 moves further."""
+    from edge_infer.memory.plan import plan_text_session
+
+    out = quantize_checkpoint(tied_model, tmp_path / "q", QuantConfig(group_size=64, symmetric=False)).out_dir
+    plan = plan_text_session(out, quantization="cpu_w4a16", dtype="bfloat16", max_model_len=128)
+    assert plan.settings["quantization"] == "cpu_w4a16 g64 asym"
+    assert plan.engine_config.quant == QuantConfig(group_size=64, symmetric=False, w4a16_tiles=True)
+    cores = {method: make_core(out, method, dtype="float32") for method in ("cpu_w4a16", "cpu_int4", "cpu_w4a8")}
+    core = cores["cpu_w4a16"]
+    assert core.ready_info.weight_bytes == core.plan.item("weights")
+    assert {lin.kernel.name for name, lin in core.model.linears() if name.startswith("layers.")} == {"cpu-w4a16"}
+    scores = {method: c.score(PROMPT) for method, c in cores.items()}
+    assert torch.allclose(scores["cpu_w4a16"], scores["cpu_int4"], atol=1e-4)
+    assert not torch.allclose(scores["cpu_w4a8"], scores["cpu_int4"], atol=1e-4)
+    assert greedy(core, PROMPT) == greedy(cores["cpu_int4"], PROMPT)
+
+
+@needs_int8_kernels
 def test_an_8bit_checkpoint_names_its_format_and_loads_on_w8a8_only(tmp_path, tied_model, make_core):
     from edge_infer.errors import InvalidRequestError
     from edge_infer.memory.plan import plan_text_session
@@ -207,7 +230,7 @@ def test_an_8bit_checkpoint_names_its_format_and_loads_on_w8a8_only(tmp_path, ti
 
 
 @needs_int8_kernels
-@pytest.mark.parametrize("method", ["cpu_w4a8", "cpu_w8a8"])
+@pytest.mark.parametrize("method", ["cpu_w4a8", "cpu_w8a8", "cpu_w4a16"])
 def test_a_checkpoint_gives_the_same_tokens_on_every_isa_variant(tmp_path, tied_model, make_core, greedy, method):
     """The int8 kernels are bit-compatible across ISA variants (the harness checks NEON under qemu too), so a
     checkpoint written on one machine computes the same logits and greedy tokens on AVX2, AVX-VNNI, AVX-512 and

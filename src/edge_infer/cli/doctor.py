@@ -13,7 +13,7 @@ MiB = 1 << 20
 # The choices a user makes, as (label, quantization, quantize_head); shown for a tied bf16 checkpoint (the common
 # small one).
 CHOICES = (("unquantized", None, False), ("cpu_int4", "cpu_int4", False), ("cpu_int4 --quantize-head", "cpu_int4", True),
-           ("cpu_w4a8", "cpu_w4a8", False), ("cpu_w4a8 --quantize-head", "cpu_w4a8", True), ("cpu_w8a8", "cpu_w8a8", False))
+           ("cpu_w4a16", "cpu_w4a16", False), ("cpu_w4a8", "cpu_w4a8", False), ("cpu_w4a8 --quantize-head", "cpu_w4a8", True), ("cpu_w8a8", "cpu_w8a8", False))
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -97,6 +97,8 @@ KERNELS = {
                           {"x86_64": ("avx512bw", "avx512vl", "avx512dq"), "aarch64": ("bf16",)}),
     "cpu-int4": Kernel("cpu-int4", "4-bit weights, bf16 activations: PyTorch's tinygemm (W4A16)",
                        {"x86_64": (), "aarch64": ()}, {"x86_64": ("avx2",)}, _SCALAR_INT4),
+    "cpu-w4a16": Kernel("cpu-w4a16", "4-bit weights x fp32 activations: edge-infer's tile kernels (W4A16)",
+                        variants=NATIVE_VARIANTS),
     "cpu-w4a8": Kernel("cpu-w4a8", "4-bit weights x int8 activations: edge-infer's int8 kernels (W4A8)",
                        variants=NATIVE_VARIANTS),
     "cpu-w8a8": Kernel("cpu-w8a8", "8-bit weights x int8 activations: edge-infer's int8 kernels (W8A8)",
@@ -108,7 +110,7 @@ KERNELS = {
 # the media encoders where it runs (models/layers/native_ops.py), PyTorch's SDPA elsewhere.
 BF16_ATTENTION = Kernel("bf16-attention", "bf16 attention on vdpbf16ps (prompt chunks, media encoders)",
                         {"x86_64": ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")})
-QUANT_KERNELS = {"cpu_int4": "cpu-int4", "cpu_w4a8": "cpu-w4a8", "cpu_w8a8": "cpu-w8a8"}
+QUANT_KERNELS = {"cpu_int4": "cpu-int4", "cpu_w4a16": "cpu-w4a16", "cpu_w4a8": "cpu-w4a8", "cpu_w8a8": "cpu-w8a8"}
 
 
 def bf16_attention_route(cpu: CpuCapabilities) -> tuple[bool, str]:
@@ -160,6 +162,11 @@ def auto_dtype(cpu: CpuCapabilities, quantization: str | None) -> tuple[str, str
         return "bfloat16", "the fused int8 decode layer takes bf16 activations (it converts them itself)"
     if quantization == "cpu_int4":
         return "float32", "PyTorch's int4 kernel has no vectorized path on this CPU; float32 keeps the rest native"
+    if quantization == "cpu_w4a16":
+        native = cpu.arch == "x86_64" and cpu.native_bf16
+        return ("bfloat16" if native else "float32"), ("edge-infer's W4A16 kernel widens either dtype to fp32; the "
+                                                       + ("rest runs native bf16 here" if native else
+                                                          "rest of the model runs native in float32 on this CPU"))
     if cpu.arch == "x86_64" and cpu.native_bf16:
         return "bfloat16", "this CPU has native bf16 (avx512_bf16/amx_bf16)"
     if cpu.arch == "x86_64":

@@ -374,7 +374,7 @@ def _resolve_towers(cfg: ModelConfig, choice: str, quant: QuantConfig | None, cp
         return None
     towers = encoder_quant_config(choice, quant)
     selection = encoder_kernels(cpu, dtype, towers.name if towers else None, weight_backend, built)
-    if towers is not None and towers.int8_activations and not selection.refusals:
+    if towers is not None and towers.tiles and not selection.refusals:
         from edge_infer.quant import native_build
 
         if (why := native_build.missing_toolchain()) is not None:

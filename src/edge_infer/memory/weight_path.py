@@ -20,7 +20,7 @@ from edge_infer.hardware.kernels import KERNELS, QUANT_KERNELS
 
 DEFAULT_PRIORITY = "speed"
 # The formats' kernels, for quantized checkpoints (config.json's quant_method).
-FORMAT_KERNELS = {"cpu_int4": ("cpu_w4a8", "cpu_int4"), "cpu_int8": ("cpu_w8a8",)}
+FORMAT_KERNELS = {"cpu_int4": ("cpu_w4a8", "cpu_w4a16", "cpu_int4"), "cpu_int8": ("cpu_w8a8",)}
 
 
 @dataclass(frozen=True)

@@ -131,11 +131,11 @@ def _side_tensor(reader: CheckpointReader, piece: Piece, suffix: str, groups: in
 def quantized_installer(quant: QuantConfig, fallback: LinearInstaller) -> LinearInstaller:
     """Installer quantizing every decoder linear (and the head with quantize_head); ``fallback`` loads the rest."""
     check_quant_config(quant)
-    if quant.int8_activations:
+    if quant.tiles:
         from edge_infer.quant import native
-        from edge_infer.quant.int8_kernels import W4A8Kernel, W8A8Kernel
+        from edge_infer.quant.int8_kernels import W4A8Kernel, W4A16Kernel, W8A8Kernel
 
-        kernel_class = W8A8Kernel if quant.bits == 8 else W4A8Kernel
+        kernel_class = W8A8Kernel if quant.bits == 8 else W4A8Kernel if quant.int8_activations else W4A16Kernel
         native.require(kernel_class.name)
     else:
         require_int4_kernel()

@@ -13,9 +13,9 @@ last tile always pairs rows), so it is built at load time and never written
 to disk. Row tiles are independent, which makes blocked packing exact:
 blocks start at multiples of 64 rows, a multiple of every tile size.
 
-A prompt's rows go through BLAS instead (``sizes.PROMPT_MIN_ROWS``): blocks of the weight dequantized by
-edge-infer's library (csrc/int4_rows.cpp) and multiplied in bf16 where the CPU has native bf16 (oneDNN),
-else in fp32 (MKL). PyTorch's int4 kernel runs a prompt at about half of MKL's fp32 rate on AVX2 and never
+A prompt's rows go through BLAS instead (``sizes.PROMPT_MIN_ROWS``, ``prompt_matmul``, which cpu_w4a16 shares):
+blocks of the weight dequantized by edge-infer's library (csrc/int4_rows.cpp) and multiplied in bf16 where the
+CPU has native bf16 (oneDNN), else in fp32 (MKL). PyTorch's int4 kernel runs a prompt at about half of MKL's fp32 rate on AVX2 and never
 uses AMX; the blocks' bytes are the plan's (``sizes.int4_prompt_bytes``).
 
 ``rows(ids)`` reads whole weight rows back out of the packed form. A tied
@@ -29,6 +29,7 @@ reading wrong rows.
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -168,21 +169,17 @@ class Int4Kernel(PackedWeights):
 
     def _prompt_matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x [m, cols_padded] @ W.T`` -> ``[m, rows_padded]`` on BLAS, over dequantized weight blocks."""
-        dtype = x.dtype if x.dtype == torch.float32 or detect().native_bf16 else torch.float32
         full = tile_rows()
         whole = self.rows_padded // full * full
-        spans = [(n0, min(WEIGHT_BLOCK_ROWS, whole - n0), _tile_positions(full)) for n0 in range(0, whole, WEIGHT_BLOCK_ROWS)]
+        blocks = [(n0, min(WEIGHT_BLOCK_ROWS, whole - n0)) for n0 in range(0, whole, WEIGHT_BLOCK_ROWS)]
         if whole < self.rows_padded:  # a partial last tile has a layout of its own
-            spans.append((whole, self.rows_padded - whole, _tile_positions(self.rows_padded - whole)))
-        out = torch.empty(x.shape[0], self.rows_padded, dtype=x.dtype)
-        block = torch.empty(self.cols_padded * WEIGHT_BLOCK_ROWS, dtype=dtype)
-        for i0 in range(0, x.shape[0], PROMPT_BLOCK_ROWS):
-            rows = x[i0 : i0 + PROMPT_BLOCK_ROWS].to(dtype)
-            for n0, n, position in spans:
-                w_t = block[: self.cols_padded * n].view(self.cols_padded, n)
-                torch.ops.edge_infer.int4_rows_transposed(self.packed, self.scales_zeros, position, self.group_size, n0, w_t)
-                out[i0 : i0 + PROMPT_BLOCK_ROWS, n0 : n0 + n] = rows @ w_t
-        return out
+            blocks.append((whole, self.rows_padded - whole))
+
+        def dequantize(first: int, rows: int, w_t: torch.Tensor) -> None:
+            position = _tile_positions(full if first < whole else rows)
+            torch.ops.edge_infer.int4_rows_transposed(self.packed, self.scales_zeros, position, self.group_size, first, w_t)
+
+        return prompt_matmul(x, self.rows_padded, blocks, dequantize)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Dequantized weight rows ``[len(ids), in_features]`` in the activation dtype (an embedding lookup)."""
@@ -206,6 +203,24 @@ class Int4Kernel(PackedWeights):
         zero = sz[..., 1].T.repeat_interleave(self.group_size, dim=1)
         w = (codes.float() - 8) * scale + zero
         return w[:, : self.in_features].to(self.scales_zeros.dtype)
+
+
+def prompt_matmul(x: torch.Tensor, out_rows: int, blocks: list[tuple[int, int]],
+                  dequantize: Callable[[int, int, torch.Tensor], None]) -> torch.Tensor:
+    """``x [m, Kp] @ W.T`` -> ``[m, out_rows]`` in x's dtype on BLAS: the weight's output rows a block
+    ``(first, rows)`` at a time, dequantized by ``dequantize(first, rows, out [Kp, rows])``, x's rows
+    PROMPT_BLOCK_ROWS at a time; the products in bf16 where the CPU has native bf16, else in fp32."""
+    dtype = x.dtype if x.dtype == torch.float32 or detect().native_bf16 else torch.float32
+    k = x.shape[1]
+    out = torch.empty(x.shape[0], out_rows, dtype=x.dtype)
+    block = torch.empty(k * max(rows for _, rows in blocks), dtype=dtype)
+    for i0 in range(0, x.shape[0], PROMPT_BLOCK_ROWS):
+        rows_in = x[i0 : i0 + PROMPT_BLOCK_ROWS].to(dtype)
+        for first, rows in blocks:
+            w_t = block[: k * rows].view(k, rows)
+            dequantize(first, rows, w_t)
+            out[i0 : i0 + PROMPT_BLOCK_ROWS, first : first + rows] = rows_in @ w_t
+    return out
 
 
 @functools.lru_cache(maxsize=1)

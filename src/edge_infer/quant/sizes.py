@@ -11,7 +11,8 @@ one scale-and-zero pair per group of ``group_size`` input columns,
 ``[Kp / group_size, Np, 2]`` in the activation dtype, ``Np`` a multiple of
 16. On edge-infer's int8 kernels (cpu_w4a8, cpu_w8a8) it is ``Np * Kp / 2``
 (4-bit) or ``Np * Kp`` (8-bit) code bytes plus bf16 scales (and, 4-bit,
-zeros) per group, ``Np`` a multiple of 64, the same on every ISA variant.
+zeros) per group, ``Np`` a multiple of 64, the same on every ISA variant;
+cpu_w4a16 holds the 4-bit weights as cpu_w4a8 does.
 ``Kp`` pads the input dimension to a multiple of the group size; padding is
 zero and is sliced away, so any shape loads.
 """
@@ -31,6 +32,8 @@ INT8_METHOD = "cpu_int8"
 FORMATS = {4: METHOD, 8: INT8_METHOD}
 # The same 4-bit weights computed with int8 activations (quant/int8_kernels.py): a name users pass, not a format.
 W4A8_METHOD = "cpu_w4a8"
+# The same 4-bit weights in edge-infer's tiles times the activations as they are: a name too.
+W4A16_METHOD = "cpu_w4a16"
 # The only kernel of the 8-bit format.
 W8A8_METHOD = "cpu_w8a8"
 # Group sizes torch.ops.aten._weight_int4pack_mm_for_cpu accepts (and the int8 kernels, which take multiples of 16).
@@ -78,7 +81,7 @@ def padded(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-# cpu_int4's prompt path (quant/kernel.py, Int4Kernel._prompt_matmul): products with at least PROMPT_MIN_ROWS
+# The prompt path of cpu_int4 and cpu_w4a16 (quant/kernel.py, prompt_matmul): products with at least PROMPT_MIN_ROWS
 # activation rows run on BLAS, the rows PROMPT_BLOCK_ROWS at a time, the weight dequantized WEIGHT_BLOCK_ROWS
 # output rows at a time (each block once per block of rows: ~1/256 of the products' work).
 PROMPT_MIN_ROWS = 64
@@ -87,7 +90,7 @@ WEIGHT_BLOCK_ROWS = 128
 
 
 def int4_prompt_bytes(rows: int, width: int, dtype_bytes: int, native_bf16: bool) -> int:
-    """What cpu_int4's prompt path holds beside a product's input and output when the product has ``rows`` rows
+    """What the prompt path of cpu_int4 and cpu_w4a16 holds beside a product's input and output when the product has ``rows`` rows
     (nothing under PROMPT_MIN_ROWS): a block of them and a dequantized weight block, ``width`` (padded) columns
     each, in fp32 (bf16 where the CPU has native bf16)."""
     if rows < PROMPT_MIN_ROWS or not width:
@@ -98,8 +101,8 @@ def int4_prompt_bytes(rows: int, width: int, dtype_bytes: int, native_bf16: bool
 
 def int4_prompt_widths(specs: list[WeightSpec], decoder: QuantConfig | None,
                        towers: QuantConfig | None) -> tuple[int, int]:
-    """The widest padded input among the decoder's linears and among a thinker's towers' that run on cpu_int4
-    (0 where none does)."""
+    """The widest padded input among the decoder's linears and among a thinker's towers' that run on cpu_int4 or
+    cpu_w4a16 (0 where none does)."""
     def widest(quant: QuantConfig | None, in_towers: bool) -> int:
         if quant is None or quant.int8_activations:
             return 0
@@ -111,13 +114,13 @@ def int4_prompt_widths(specs: list[WeightSpec], decoder: QuantConfig | None,
 
 def packed_rows(rows: int, quant: QuantConfig) -> int:
     """Output rows as the kernel packs them (padded to its row tile)."""
-    return padded(rows, INT8_KERNEL_ROW_MULTIPLE if quant.int8_activations else ROW_MULTIPLE)
+    return padded(rows, INT8_KERNEL_ROW_MULTIPLE if quant.tiles else ROW_MULTIPLE)
 
 
 def quantized_nbytes(rows: int, cols: int, quant: QuantConfig, dtype_bytes: int) -> int:
     """Bytes of one packed linear ``[rows, cols]``: codes plus scales (and zeros), as its kernel holds them."""
     n, k = packed_rows(rows, quant), padded(cols, quant.group_size)
-    scale_bytes = INT8_KERNEL_SCALE_BYTES if quant.int8_activations else dtype_bytes
+    scale_bytes = INT8_KERNEL_SCALE_BYTES if quant.tiles else dtype_bytes
     per_group = 1 if quant.bits == 8 else 2  # 8-bit weights are symmetric: no zeros
     return n * k * quant.bits // 8 + (k // quant.group_size) * n * per_group * scale_bytes
 
@@ -233,11 +236,11 @@ def quant_config_from_checkpoint(raw: dict[str, Any]) -> QuantConfig:
 def resolve_checkpoint_quant(requested: QuantConfig | str | None, raw: dict[str, Any]) -> QuantConfig:
     """A quantized checkpoint loads with the settings it was written with; conflicting requests are refused.
 
-    The 4-bit format loads on tinygemm (cpu_int4) or with int8 activations (cpu_w4a8); the 8-bit format
-    on cpu_w8a8 only.
+    The 4-bit format loads on tinygemm (cpu_int4), on edge-infer's tiles (cpu_w4a16) or with int8 activations
+    (cpu_w4a8); the 8-bit format on cpu_w8a8 only.
     """
     stored = quant_config_from_checkpoint(raw)
-    kernels = (METHOD, W4A8_METHOD) if stored.bits == 4 else (W8A8_METHOD,)
+    kernels = (METHOD, W4A16_METHOD, W4A8_METHOD) if stored.bits == 4 else (W8A8_METHOD,)
     if requested is None:
         return stored
     if requested == "none":
@@ -246,10 +249,11 @@ def resolve_checkpoint_quant(requested: QuantConfig | str | None, raw: dict[str,
             f"drop --quantization none or load the original checkpoint"
         )
     if isinstance(requested, str) and requested in kernels:
-        return replace(stored, int8_activations=requested != METHOD)
+        return replace(stored, int8_activations=requested in (W4A8_METHOD, W8A8_METHOD),
+                       w4a16_tiles=requested == W4A16_METHOD)
     if isinstance(requested, QuantConfig) and requested.name in kernels:
         # The kernel may differ; the format may not.
-        if replace(requested, int8_activations=stored.int8_activations) != stored:
+        if replace(requested, int8_activations=stored.int8_activations, w4a16_tiles=stored.w4a16_tiles) != stored:
             raise InvalidRequestError(
                 f"this checkpoint was quantized with group size {stored.group_size}, "
                 f"{'symmetric' if stored.symmetric else 'asymmetric'}, quantize_head={stored.quantize_head}; "

@@ -2,7 +2,7 @@
 //
 // For every variant named, random cases (all group sizes, symmetric and asymmetric int4, int8, one and
 // several activation rows, zero padding rows and columns, all-zero groups, NaN and infinity, fp32 and
-// bf16 activations; bf16 and fp16 weights widened to fp32) must give exactly the scalar reference's
+// bf16 activations; the 4-bit tiles times fp32 activations (W4A16); bf16 and fp16 weights widened to fp32) must give exactly the scalar reference's
 // bits, and the scalar reference must lie within the int8 activation rounding bound (fp32 rounding for
 // widened weights) of the exact product. Prints one line per variant and a
 // checksum of the reference's outputs (the same on every machine: the tests compare x86 with ARM);
@@ -97,6 +97,49 @@ Quantized quantize(const IsaKernels& isa, const Case& c, const std::vector<float
   return out;
 }
 
+// The same 4-bit tile times the activations as they are (W4A16): every variant bit-identical to the reference, the
+// reference within fp32 rounding of the exact product (rows with a NaN or an infinity: no finite output).
+void check_w4a16(const std::vector<const IsaKernels*>& variants, const Case& c, const std::vector<uint8_t>& codes,
+                 const std::vector<uint16_t>& sz, const std::vector<float>& x, const std::vector<double>& w) {
+  const int64_t k = static_cast<int64_t>(c.group) * c.groups;
+  std::vector<float> xsum(c.m * c.groups);
+  for (int i = 0; i < c.m; ++i)
+    for (int g = 0; g < c.groups; ++g) {
+      float total = 0.f;
+      for (int col = g * c.group; col < (g + 1) * c.group; ++col) total += x[i * k + col];
+      xsum[i * c.groups + g] = total;
+    }
+  std::vector<float> want(c.m * kTileRows);
+  variants[0]->w4a16_tile(codes.data(), sz.data(), x.data(), xsum.data(), k, c.group, c.m, want.data());
+  for (float v : want) mix(v);
+  for (int i = 0; i < c.m; ++i) {
+    bool poisoned = false;
+    for (int64_t col = 0; col < k; ++col) poisoned |= !std::isfinite(x[i * k + col]);
+    for (int r = 0; r < kTileRows; ++r) {
+      const float got = want[i * kTileRows + r];
+      if (poisoned) {
+        if (std::isfinite(got)) fail(variants[0]->name, "w4a16: a NaN or infinite activation must not give a number", r, got, NAN);
+        continue;
+      }
+      // The codes go in as they are (0..15) and -8 sum x is added: a term as large as 15 scale |x| per column.
+      double exact = 0.0, magnitude = 0.0;
+      for (int64_t col = 0; col < k; ++col) {
+        exact += x[i * k + col] * w[r * k + col];
+        const uint16_t* group_sz = sz.data() + (col / c.group) * 2 * kTileRows;
+        magnitude += std::fabs(x[i * k + col]) * (15.0 * from_bf16(group_sz[r]) + std::fabs(from_bf16(group_sz[kTileRows + r])));
+      }
+      if (std::fabs(got - exact) > magnitude * (k + 8) * 0x1p-24 + 1e-30)
+        fail(variants[0]->name, "w4a16 outside fp32 rounding", r, got, static_cast<float>(exact));
+    }
+  }
+  for (size_t v = 1; v < variants.size(); ++v) {
+    std::vector<float> got(c.m * kTileRows, -1.f);
+    variants[v]->w4a16_tile(codes.data(), sz.data(), x.data(), xsum.data(), k, c.group, c.m, got.data());
+    for (size_t j = 0; j < got.size(); ++j)
+      if (!same(got[j], want[j])) fail(variants[v]->name, "w4a16 tile", static_cast<int>(j), got[j], want[j]);
+  }
+}
+
 // One case: a random tile (some rows zero, as padding rows are), random activations, every variant against
 // the scalar reference, and the reference against the exact product.
 void run_case(const std::vector<const IsaKernels*>& variants, const Case& c, Rng& rng) {
@@ -188,6 +231,7 @@ void run_case(const std::vector<const IsaKernels*>& variants, const Case& c, Rng
     }
   }
 
+  if (c.bits == 4) check_w4a16(variants, c, codes, sz, x, w);
   for (size_t v = 1; v < variants.size(); ++v) {
     const IsaKernels& isa = *variants[v];
     const Quantized qv = quantize(isa, c, x, xb);

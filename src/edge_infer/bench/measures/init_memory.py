@@ -52,7 +52,7 @@ def _generate(llm: Any, ids: list[int], n: int) -> None:
 
 
 # The weight kernel (``WeightKernel.name``) each quantization method loads.
-QUANTIZED_KERNELS = {"cpu_int4": "cpu-int4", "cpu_w4a8": "cpu-w4a8", "cpu_w8a8": "cpu-w8a8"}
+QUANTIZED_KERNELS = {"cpu_int4": "cpu-int4", "cpu_w4a16": "cpu-w4a16", "cpu_w4a8": "cpu-w4a8", "cpu_w8a8": "cpu-w8a8"}
 
 
 def verify_loaded(plan: Any, ready: Any) -> list[str]:

@@ -1,6 +1,7 @@
-// Rows of a weight packed for PyTorch's int4 kernel (cpu_int4, quant/kernel.py) dequantized into a float block,
-// so that a prompt's products run on the BLAS PyTorch calls (MKL's fp32 GEMM, oneDNN's bf16 one), at several
-// times the int4 kernel's rate at a prompt's rows; the block is a few output rows' worth, reused.
+// Rows of a 4-bit weight dequantized into a float block, so that a prompt's products run on the BLAS PyTorch calls
+// (MKL's fp32 GEMM, oneDNN's bf16 one), at several times a vector kernel's rate at a prompt's rows; the block is a
+// few output rows' worth, reused. Two layouts: PyTorch's int4 kernel's (cpu_int4, quant/kernel.py) and edge-infer's
+// W4A8 tiles (cpu_w4a16, quant/int8_kernels.py; csrc/isa.h).
 //
 // The layout is PyTorch's, learned by probing in kernel.py (tile_rows, _tile_positions): tiles of t rows, each
 // k-major: column c's t codes in t / 2 bytes, row r's at nibble position[r] (byte position / 2, the high nibble
@@ -9,7 +10,9 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 namespace edge_infer {
 namespace {
@@ -91,12 +94,73 @@ void int4_rows_transposed(const at::Tensor& packed, const at::Tensor& pairs, con
   }
 }
 
+// out [k, 64 * tiles] = W^T for the row tiles first_tile .. first_tile + tiles of a weight in W4A8's tiles (codes
+// uint8 [Np/64, Kp/8, 64, 4], bf16 scales and zeros [Np/64, Kp/G, 2, 64]): (code - 8) * scale + zero in fp32, then
+// rounded to out's dtype (fp32 or bf16).
+template <typename O>
+void dequantize_w4_tiles(const uint8_t* codes, const uint16_t* sz, int64_t k, int64_t group, int64_t first_tile,
+                         int64_t tiles, O* out) {
+  constexpr int64_t kRows = 64;
+  const int64_t groups = k / group, rows = tiles * kRows;
+  const int64_t span = (kTaskColumns + group - 1) / group * group, spans = (k + span - 1) / span;
+  const auto widen = [](uint16_t v) {
+    const uint32_t bits = static_cast<uint32_t>(v) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+  };
+  at::parallel_for(0, tiles * spans, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t tile = task / spans, c0 = task % spans * span, c1 = std::min(c0 + span, k);
+      const uint8_t* tile_codes = codes + (first_tile + tile) * kRows * (k / 2);
+      const uint16_t* tile_sz = sz + (first_tile + tile) * groups * 2 * kRows;
+      float scale[kRows], zero[kRows];
+      for (int64_t c = c0; c < c1; ++c) {
+        if (c % group == 0)
+          for (int64_t r = 0; r < kRows; ++r)
+            scale[r] = widen(tile_sz[c / group * 2 * kRows + r]), zero[r] = widen(tile_sz[(c / group * 2 + 1) * kRows + r]);
+        const uint8_t* bytes = tile_codes + c / 8 * 4 * kRows + c % 4;
+        const int shift = c % 8 < 4 ? 0 : 4;
+        O* o = out + c * rows + tile * kRows;
+        for (int64_t r = 0; r < kRows; ++r)
+          o[r] = static_cast<O>(static_cast<float>(((bytes[4 * r] >> shift) & 15) - 8) * scale[r] + zero[r]);
+      }
+    }
+  });
+}
+
+void w4_tiles_transposed(const at::Tensor& codes, const at::Tensor& scales, int64_t group, int64_t first_tile,
+                         at::Tensor& out) {
+  TORCH_CHECK(codes.dim() == 4 && codes.size(2) == 64 && codes.size(3) == 4 && codes.scalar_type() == at::kByte &&
+                  codes.is_contiguous(),
+              "w4_tiles_transposed: codes must be contiguous uint8 [Np/64, Kp/8, 64, 4]");
+  const int64_t k = codes.size(1) * 8, tiles = out.dim() == 2 ? out.size(1) / 64 : 0;
+  TORCH_CHECK(group > 0 && k % group == 0 && scales.scalar_type() == at::kBFloat16 && scales.is_contiguous() &&
+                  scales.numel() == codes.size(0) * (k / group) * 2 * 64,
+              "w4_tiles_transposed: scales must be contiguous bf16 [Np/64, Kp/G, 2, 64]");
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == k && out.size(1) % 64 == 0 && out.is_contiguous() &&
+                  (out.scalar_type() == at::kFloat || out.scalar_type() == at::kBFloat16),
+              "w4_tiles_transposed: out must be contiguous fp32 or bf16 [Kp, 64 * tiles]");
+  TORCH_CHECK(first_tile >= 0 && first_tile + tiles <= codes.size(0), "w4_tiles_transposed: tiles ", first_tile, " .. ",
+              first_tile + tiles, " are not within the weight's ", codes.size(0));
+  const uint8_t* c = codes.data_ptr<uint8_t>();
+  const uint16_t* s = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::BFloat16>());
+  if (out.scalar_type() == at::kFloat)
+    dequantize_w4_tiles(c, s, k, group, first_tile, tiles, out.data_ptr<float>());
+  else
+    dequantize_w4_tiles(c, s, k, group, first_tile, tiles, out.data_ptr<at::BFloat16>());
+}
+
 }  // namespace
 }  // namespace edge_infer
 
 TORCH_LIBRARY_FRAGMENT(edge_infer, lib) {
   lib.def("int4_rows_transposed(Tensor packed, Tensor pairs, Tensor position, int group, int first_row, "
           "Tensor(a!) out) -> ()");
+  lib.def("w4_tiles_transposed(Tensor codes, Tensor scales, int group, int first_tile, Tensor(a!) out) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(edge_infer, CPU, lib) { lib.impl("int4_rows_transposed", &edge_infer::int4_rows_transposed); }
+TORCH_LIBRARY_IMPL(edge_infer, CPU, lib) {
+  lib.impl("int4_rows_transposed", &edge_infer::int4_rows_transposed);
+  lib.impl("w4_tiles_transposed", &edge_infer::w4_tiles_transposed);
+}

@@ -15,6 +15,7 @@
 //   W8A8 codes  int8  [Np/64, Kp/4, 64, 4]: for 4 input columns k..k+3, row r's 4 weights, each -127..127;
 //               a code q stands for q * scale.
 //        scales bf16  [Np/64, Kp/G, 64].
+//   W4A16       the W4A8 codes and scales times fp32 activations: the codes' -8 is taken off as -8 sum x.
 //   W16A32      bf16 or fp16 [Np/64, K, 64]: column k's 64 weights, widened to fp32 in registers and
 //               multiplied with fp32 activations (no quantization: the checkpoint's 16-bit weights as they are).
 // One vector load thus feeds several rows at once with 4 or 8 columns each, and
@@ -52,6 +53,12 @@ struct IsaKernels {
   void (*w8a8_tile)(const int8_t* codes, const uint16_t* scales, const Int8Rows& x, int64_t m, float* out);
   // One 64-row tile of 16-bit weights (bf16, or fp16 when ``fp16``) times m fp32 rows x [m, k]: out as above.
   void (*w16_tile)(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m, float* out);
+  // One W4A8 tile (the same codes, scales and zeros) times m fp32 rows x [m, k], the activations not quantized
+  // (W4A16). Per row and group, two chains of fused multiply-adds with the codes as they are (0..15): lo over the
+  // columns c with c % 8 < 4, in order, from -8 xsum; hi over the others, in order, from 0; then w4a16_group's float
+  // steps (isa_common.h) on lo + hi. xsum [m, k / group] holds the rows' group sums (the caller's).
+  void (*w4a16_tile)(const uint8_t* codes, const uint16_t* sz, const float* x, const float* xsum, int64_t k,
+                     int64_t group, int64_t m, float* out);
   // n fp32 values -> bf16, rounding to nearest even; NaN stays NaN (0x7FC0, as PyTorch converts it).
   void (*round_bf16)(const float* x, int64_t n, uint16_t* out);
   // Attention inner loops over ``count`` fp32 rows of n values (n a multiple of 16) ``stride`` apart (the keys

@@ -241,6 +241,77 @@ void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m
   fp16 ? w16_rows<true>(w, x, k, m, out) : w16_rows<false>(w, x, k, m, out);
 }
 
+// The code of input column c + kColumn for 8 rows, converted: the nibble at bit 8 (kColumn % 4) + 4 (kColumn / 4)
+// of each row's 32 bits (isa.h's W4A8 layout).
+template <int kColumn>
+inline __m256 column8(__m256i bytes) {
+  constexpr int kShift = 8 * (kColumn % 4) + 4 * (kColumn / 4);
+  const __m256i shifted = kShift == 0 ? bytes : _mm256_srli_epi32(bytes, kShift);
+  return _mm256_cvtepi32_ps(_mm256_and_si256(shifted, _mm256_set1_epi32(0x0F)));
+}
+
+// One input column through every accumulator of its chain (isa.h: lo for columns 0-3 of 8, hi for 4-7); the
+// kRows * kRegs chains of a step interleave, so their multiply-adds overlap.
+template <int kColumn, int kRows, int kRegs>
+inline void w4a16_column(const __m256i (&bytes)[kRegs], const float* x, int64_t k, __m256 (&lo)[kRows][kRegs],
+                         __m256 (&hi)[kRows][kRegs]) {
+  for (int p = 0; p < kRows; ++p) {
+    const __m256 a = _mm256_broadcast_ss(x + p * k + kColumn);
+    for (int r = 0; r < kRegs; ++r) {
+      __m256& acc = kColumn < 4 ? lo[p][r] : hi[p][r];
+      acc = _mm256_fmadd_ps(a, column8<kColumn>(bytes[r]), acc);
+    }
+  }
+}
+
+// W4A16: activation rows i .. i + kRows - 1 through the tile's rows r0 .. r0 + 8 kRegs - 1 (isa.h); each converted
+// column serves every row of the call. 2 kRows kRegs accumulators and kRegs code registers fit the 16 ymm.
+template <int kRows, int kRegs>
+void w4a16_rows(const uint8_t* codes, const uint16_t* sz, const float* x, const float* xsum, int64_t k, int64_t group,
+                int64_t i, int r0, float* out) {
+  const int64_t groups = k / group;
+  for (int p = 0; p < kRows; ++p)
+    for (int r = 0; r < 8 * kRegs; ++r) out[p * kTileRows + r0 + r] = 0.f;
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256 lo[kRows][kRegs], hi[kRows][kRegs];
+    for (int p = 0; p < kRows; ++p)
+      for (int r = 0; r < kRegs; ++r)
+        lo[p][r] = _mm256_set1_ps(-8.f * xsum[(i + p) * groups + g]), hi[p][r] = _mm256_setzero_ps();
+    const uint8_t* w = codes + g * group * (kTileRows / 2) + 4 * r0;
+    for (int64_t c = g * group; c < (g + 1) * group; c += 8, w += 4 * kTileRows) {
+      prefetch_ahead(w, 32 * kRegs);
+      __m256i bytes[kRegs];
+      for (int r = 0; r < kRegs; ++r) bytes[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * r));
+      const float* xc = x + i * k + c;
+      w4a16_column<0>(bytes, xc, k, lo, hi);
+      w4a16_column<4>(bytes, xc, k, lo, hi);
+      w4a16_column<1>(bytes, xc, k, lo, hi);
+      w4a16_column<5>(bytes, xc, k, lo, hi);
+      w4a16_column<2>(bytes, xc, k, lo, hi);
+      w4a16_column<6>(bytes, xc, k, lo, hi);
+      w4a16_column<3>(bytes, xc, k, lo, hi);
+      w4a16_column<7>(bytes, xc, k, lo, hi);
+    }
+    const uint16_t* s = sz + g * 2 * kTileRows;
+    const bool zeros = takes_zero_term(s + kTileRows);
+    for (int p = 0; p < kRows; ++p) {
+      alignas(32) float sums[8 * kRegs];
+      for (int r = 0; r < kRegs; ++r) _mm256_store_ps(sums + 8 * r, _mm256_add_ps(lo[p][r], hi[p][r]));
+      w4a16_group(sums, s + r0, zeros ? s + kTileRows + r0 : nullptr, xsum[(i + p) * groups + g], 8 * kRegs,
+                  out + p * kTileRows + r0);
+    }
+  }
+}
+
+void w4a16_tile(const uint8_t* codes, const uint16_t* sz, const float* x, const float* xsum, int64_t k, int64_t group,
+                int64_t m, float* out) {
+  int64_t i = 0;
+  for (; i + 1 < m; i += 2)
+    for (int r0 = 0; r0 < kTileRows; r0 += 16) w4a16_rows<2, 2>(codes, sz, x, xsum, k, group, i, r0, out + i * kTileRows);
+  for (; i < m; ++i)
+    for (int r0 = 0; r0 < kTileRows; r0 += 32) w4a16_rows<1, 4>(codes, sz, x, xsum, k, group, i, r0, out + i * kTileRows);
+}
+
 // isa.h's 16 lanes in two registers (lanes 0-7 and 8-15), reduced pairwise as the contract says.
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 

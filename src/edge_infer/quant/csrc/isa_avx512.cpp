@@ -194,6 +194,70 @@ void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m
   fp16 ? w16_rows<true>(w, x, k, m, out) : w16_rows<false>(w, x, k, m, out);
 }
 
+// The code of input column c + kColumn for 16 rows, converted (isa_avx2.cpp's column8 on 16 lanes).
+template <int kColumn>
+inline __m512 column16(__m512i bytes) {
+  constexpr int kShift = 8 * (kColumn % 4) + 4 * (kColumn / 4);
+  const __m512i shifted = kShift == 0 ? bytes : _mm512_srli_epi32(bytes, kShift);
+  return _mm512_cvtepi32_ps(_mm512_and_si512(shifted, _mm512_set1_epi32(0x0F)));
+}
+
+template <int kColumn, int kRows>
+inline void w4a16_column(const __m512i (&bytes)[4], const float* x, int64_t k, __m512 (&lo)[kRows][4],
+                         __m512 (&hi)[kRows][4]) {
+  for (int p = 0; p < kRows; ++p) {
+    const __m512 a = _mm512_set1_ps(x[p * k + kColumn]);
+    for (int r = 0; r < 4; ++r) {
+      __m512& acc = kColumn < 4 ? lo[p][r] : hi[p][r];
+      acc = _mm512_fmadd_ps(a, column16<kColumn>(bytes[r]), acc);
+    }
+  }
+}
+
+// W4A16: activation rows i .. i + kRows - 1 through the whole tile (isa.h), as isa_avx2.cpp's w4a16_rows.
+template <int kRows>
+void w4a16_rows(const uint8_t* codes, const uint16_t* sz, const float* x, const float* xsum, int64_t k, int64_t group,
+                int64_t i, float* out) {
+  const int64_t groups = k / group;
+  for (int p = 0; p < kRows; ++p)
+    for (int r = 0; r < kTileRows; ++r) out[p * kTileRows + r] = 0.f;
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 lo[kRows][4], hi[kRows][4];
+    for (int p = 0; p < kRows; ++p)
+      for (int r = 0; r < 4; ++r)
+        lo[p][r] = _mm512_set1_ps(-8.f * xsum[(i + p) * groups + g]), hi[p][r] = _mm512_setzero_ps();
+    const uint8_t* w = codes + g * group * (kTileRows / 2);
+    for (int64_t c = g * group; c < (g + 1) * group; c += 8, w += 4 * kTileRows) {
+      prefetch_ahead(w, 4 * kTileRows);
+      __m512i bytes[4];
+      for (int r = 0; r < 4; ++r) bytes[r] = _mm512_loadu_si512(w + 64 * r);
+      const float* xc = x + i * k + c;
+      w4a16_column<0>(bytes, xc, k, lo, hi);
+      w4a16_column<4>(bytes, xc, k, lo, hi);
+      w4a16_column<1>(bytes, xc, k, lo, hi);
+      w4a16_column<5>(bytes, xc, k, lo, hi);
+      w4a16_column<2>(bytes, xc, k, lo, hi);
+      w4a16_column<6>(bytes, xc, k, lo, hi);
+      w4a16_column<3>(bytes, xc, k, lo, hi);
+      w4a16_column<7>(bytes, xc, k, lo, hi);
+    }
+    const uint16_t* s = sz + g * 2 * kTileRows;
+    const bool zeros = takes_zero_term(s + kTileRows);
+    for (int p = 0; p < kRows; ++p) {
+      alignas(64) float sums[kTileRows];
+      for (int r = 0; r < 4; ++r) _mm512_store_ps(sums + 16 * r, _mm512_add_ps(lo[p][r], hi[p][r]));
+      w4a16_group(sums, s, zeros ? s + kTileRows : nullptr, xsum[(i + p) * groups + g], kTileRows, out + p * kTileRows);
+    }
+  }
+}
+
+void w4a16_tile(const uint8_t* codes, const uint16_t* sz, const float* x, const float* xsum, int64_t k, int64_t group,
+                int64_t m, float* out) {
+  int64_t i = 0;
+  for (; i + 1 < m; i += 2) w4a16_rows<2>(codes, sz, x, xsum, k, group, i, out + i * kTileRows);
+  for (; i < m; ++i) w4a16_rows<1>(codes, sz, x, xsum, k, group, i, out + i * kTileRows);
+}
+
 // isa.h's 16 lanes in one register, reduced pairwise as the contract says.
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 

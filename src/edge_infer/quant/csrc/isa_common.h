@@ -334,6 +334,17 @@ inline bool takes_zero_term(const uint16_t* zeros) {
   return any != 0;
 }
 
+// W4A16's float steps of one group for n rows of a tile and one activation row: out = fma(acc, scale, out), then,
+// where zero is not 0 (and ``zero`` is given: a group with none skips it), out = fma(zero, xsum, out). acc is the
+// group's fp32 sum of x * (code - 8) (isa.h's two chains), xsum the group's sum of x.
+inline void w4a16_group(const float* acc, const uint16_t* scale, const uint16_t* zero, float xsum, int64_t n,
+                        float* out) {
+  for (int64_t r = 0; r < n; ++r) out[r] = __builtin_fmaf(acc[r], bf16_to_float(scale[r]), out[r]);
+  if (zero == nullptr) return;
+  for (int64_t r = 0; r < n; ++r)
+    if (bf16_to_float(zero[r]) != 0.f) out[r] = __builtin_fmaf(bf16_to_float(zero[r]), xsum, out[r]);
+}
+
 inline float w8a8_group(float acc, int32_t dot, float scale, float alpha) {
   return __builtin_fmaf(static_cast<float>(dot), scale * alpha, acc);
 }
@@ -345,10 +356,10 @@ inline float w8a8_group(float acc, int32_t dot, float scale, float alpha) {
 // has a tile matrix unit).
 #define EDGE_INFER_ISA_TABLE_WITH_PANELS(symbol, isa_name, ready, w4a8, w8a8)                            \
   namespace edge_infer {                                                                                   \
-  extern const IsaKernels symbol = {isa_name,      quantize_f32,  quantize_bf16,  w4a8_tile,     w8a8_tile,    \
-                                    w16_tile,      round_bf16,    dot_f32,        axpy_f32,      softmax_f32,  \
-                                    silu_mul_bf16, silu_mul_f32,  snake_f32,      round_add_bf16, rotate_bf16, \
-                                    rms_norm_bf16, rms_norm_f32,  widen_bf16,     ready,         w4a8,         \
-                                    w8a8};                                                                     \
+  extern const IsaKernels symbol = {isa_name,       quantize_f32,  quantize_bf16,  w4a8_tile,    w8a8_tile,      \
+                                    w16_tile,       w4a16_tile,    round_bf16,     dot_f32,      axpy_f32,       \
+                                    softmax_f32,    silu_mul_bf16, silu_mul_f32,   snake_f32,    round_add_bf16, \
+                                    rotate_bf16,    rms_norm_bf16, rms_norm_f32,   widen_bf16,   ready,          \
+                                    w4a8,           w8a8};                                                       \
   }
 #define EDGE_INFER_ISA_TABLE(symbol, isa_name) EDGE_INFER_ISA_TABLE_WITH_PANELS(symbol, isa_name, nullptr, nullptr, nullptr)

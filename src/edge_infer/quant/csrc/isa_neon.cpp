@@ -113,6 +113,53 @@ void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m
   fp16 ? w16_rows<true>(w, x, k, m, out) : w16_rows<false>(w, x, k, m, out);
 }
 
+// The code of input column c + kColumn for 4 rows, converted (isa_avx2.cpp's column8 on 4 lanes).
+template <int kColumn>
+inline float32x4_t column4(uint32x4_t bytes) {
+  constexpr int kShift = 8 * (kColumn % 4) + 4 * (kColumn / 4);
+  uint32x4_t shifted = bytes;
+  if constexpr (kShift != 0) shifted = vshrq_n_u32(bytes, kShift);  // the shift takes 1..32 only
+  return vcvtq_f32_u32(vandq_u32(shifted, vdupq_n_u32(0x0F)));
+}
+
+// W4A16 (isa.h): one activation row through the tile, 16 rows at a time (8 accumulators: lo and hi per 4 rows),
+// a lane of an activation register per column.
+void w4a16_tile(const uint8_t* codes, const uint16_t* sz, const float* x, const float* xsum, int64_t k, int64_t group,
+                int64_t m, float* out) {
+  const int64_t groups = k / group;
+  for (int64_t i = 0; i < m; ++i, out += kTileRows, x += k) {
+    for (int r = 0; r < kTileRows; ++r) out[r] = 0.f;
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint16_t* s = sz + g * 2 * kTileRows;
+      const uint16_t* zero = takes_zero_term(s + kTileRows) ? s + kTileRows : nullptr;
+      const float start = -8.f * xsum[i * groups + g];
+      for (int r0 = 0; r0 < kTileRows; r0 += 16) {
+        float32x4_t lo[4], hi[4];
+        for (int r = 0; r < 4; ++r) lo[r] = vdupq_n_f32(start), hi[r] = vdupq_n_f32(0.f);
+        const uint8_t* w = codes + g * group * (kTileRows / 2) + 4 * r0;
+        for (int64_t c = g * group; c < (g + 1) * group; c += 8, w += 4 * kTileRows) {
+          prefetch_ahead(w, 64);
+          const float32x4_t a_lo = vld1q_f32(x + c), a_hi = vld1q_f32(x + c + 4);
+          for (int r = 0; r < 4; ++r) {
+            const uint32x4_t bytes = vld1q_u32(reinterpret_cast<const uint32_t*>(w + 16 * r));
+            lo[r] = vfmaq_laneq_f32(lo[r], column4<0>(bytes), a_lo, 0);
+            hi[r] = vfmaq_laneq_f32(hi[r], column4<4>(bytes), a_hi, 0);
+            lo[r] = vfmaq_laneq_f32(lo[r], column4<1>(bytes), a_lo, 1);
+            hi[r] = vfmaq_laneq_f32(hi[r], column4<5>(bytes), a_hi, 1);
+            lo[r] = vfmaq_laneq_f32(lo[r], column4<2>(bytes), a_lo, 2);
+            hi[r] = vfmaq_laneq_f32(hi[r], column4<6>(bytes), a_hi, 2);
+            lo[r] = vfmaq_laneq_f32(lo[r], column4<3>(bytes), a_lo, 3);
+            hi[r] = vfmaq_laneq_f32(hi[r], column4<7>(bytes), a_hi, 3);
+          }
+        }
+        float sums[16];
+        for (int r = 0; r < 4; ++r) vst1q_f32(sums + 4 * r, vaddq_f32(lo[r], hi[r]));
+        w4a16_group(sums, s + r0, zero == nullptr ? nullptr : zero + r0, xsum[i * groups + g], 16, out + r0);
+      }
+    }
+  }
+}
+
 // isa.h's 16 lanes in four registers (lanes 0-3, 4-7, 8-11, 12-15), reduced pairwise as the contract says.
 inline float32x4_t load4(const float* p) { return vld1q_f32(p); }
 

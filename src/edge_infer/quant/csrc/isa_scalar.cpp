@@ -56,6 +56,31 @@ void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m
     }
 }
 
+void w4a16_tile(const uint8_t* codes, const uint16_t* sz, const float* x, const float* xsum, int64_t k, int64_t group,
+                int64_t m, float* out) {
+  const int64_t groups = k / group;
+  for (int64_t i = 0; i < m; ++i) {
+    float* o = out + i * kTileRows;
+    for (int64_t r = 0; r < kTileRows; ++r) o[r] = 0.f;
+    for (int64_t g = 0; g < groups; ++g) {
+      float acc[kTileRows];
+      for (int64_t r = 0; r < kTileRows; ++r) {
+        float lo = -8.f * xsum[i * groups + g], hi = 0.f;
+        for (int64_t c = g * group; c < (g + 1) * group; ++c) {
+          const uint8_t byte = codes[(c / 8) * 4 * kTileRows + r * 4 + c % 4];
+          if (c % 8 < 4)
+            lo = __builtin_fmaf(x[i * k + c], static_cast<float>(byte & 15), lo);
+          else
+            hi = __builtin_fmaf(x[i * k + c], static_cast<float>(byte >> 4), hi);
+        }
+        acc[r] = lo + hi;
+      }
+      const uint16_t* s = sz + g * 2 * kTileRows;
+      w4a16_group(acc, s, takes_zero_term(s + kTileRows) ? s + kTileRows : nullptr, xsum[i * groups + g], kTileRows, o);
+    }
+  }
+}
+
 // isa.h's 16 lanes, one float each, in the contract's order.
 void dot_rows(const float* q, const float* k, int64_t stride, int64_t count, int64_t n, float* out) {
   for (int64_t r = 0; r < count; ++r, k += stride) {

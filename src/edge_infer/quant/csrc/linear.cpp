@@ -1,5 +1,5 @@
-// int4 or int8 weights x int8 activations (W4A8, W8A8) and 16-bit weights x fp32 activations (W16A32) linears,
-// through the ISA variant the caller names.
+// int4 or int8 weights x int8 activations (W4A8, W8A8), int4 weights x fp32 activations (W4A16) and 16-bit weights x
+// fp32 activations (W16A32) linears, through the ISA variant the caller names.
 //
 // PyTorch's CPU int4 kernel dequantizes every weight to float before it
 // multiplies, which makes a single-token product compute-bound (about 19 G
@@ -234,6 +234,65 @@ at::Tensor w16_linear(const at::Tensor& x, const at::Tensor& w, int64_t out_feat
   return y;
 }
 
+// x [M, cols] (bf16 or fp32, cols up to the packed Kp as int8_linear takes it) -> [M, out_features] in x's dtype,
+// for 4-bit codes in W4A8's tiles times the activations as they are, widened to fp32 (W4A16), plus ``bias``.
+at::Tensor w4a16_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, int64_t group,
+                        int64_t out_features, const std::string& isa, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat),
+              "w4a16_linear: x must be a contiguous bf16 or fp32 [M, K] tensor");
+  const int64_t m = x.size(0), cols = x.size(1), k = codes.dim() == 4 ? codes.size(1) * 8 : cols;
+  TORCH_CHECK(cols <= k && cols > k - group, "w4a16_linear: the input has ", cols, " columns; the weight packs ", k,
+              " in groups of ", group);
+  const PackedWeight w = check_packed("w4a16_linear", 4, codes, scales, k, group, out_features);
+  TORCH_CHECK(!bias.has_value() || (bias->is_contiguous() && bias->numel() == out_features &&
+                                    bias->scalar_type() == x.scalar_type()),
+              "w4a16_linear: the bias must be ", out_features, " contiguous values of the activations' dtype");
+  const IsaKernels& kernels = isa_named(isa);
+  const int64_t groups = k / group, tiles = (out_features + kTileRows - 1) / kTileRows;
+  // The rows widened to fp32 and padded with zero columns to whole groups, and their group sums in column order
+  // (here, once, so that every variant adds the same zero terms).
+  const at::Tensor rows = at::zeros({m, k}, at::kFloat), sums = at::empty({m, groups}, at::kFloat);
+  float* xf = rows.data_ptr<float>();
+  float* xsum = sums.data_ptr<float>();
+  at::parallel_for(0, m, kRowBlock, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      if (x.scalar_type() == at::kBFloat16)
+        kernels.widen_bf16(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()) + i * cols, cols, 1, cols,
+                           xf + i * k);
+      else
+        std::copy(x.data_ptr<float>() + i * cols, x.data_ptr<float>() + (i + 1) * cols, xf + i * k);
+      for (int64_t g = 0; g < groups; ++g) {
+        float total = 0.f;
+        for (int64_t c = g * group; c < (g + 1) * group; ++c) total += xf[i * k + c];
+        xsum[i * groups + g] = total;
+      }
+    }
+  });
+  at::Tensor y = at::empty({m, out_features}, x.options());
+  const int64_t tile_codes = kTileRows * k / 2, tile_scales = groups * 2 * kTileRows;
+  const auto run = [&](auto* out, const auto* bias_values) {
+    for_each_tile(tiles, [&](int64_t begin, int64_t end) {
+      float scratch[kRowBlock * kTileRows];
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t n = std::min(kTileRows, out_features - t * kTileRows);
+        for (int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
+          const int64_t block = std::min(kRowBlock, m - i0);
+          kernels.w4a16_tile(static_cast<const uint8_t*>(w.codes) + t * tile_codes, w.scales + t * tile_scales,
+                             xf + i0 * k, xsum + i0 * groups, k, group, block, scratch);
+          for (int64_t i = 0; i < block; ++i)
+            store(kernels, scratch + i * kTileRows, bias_values == nullptr ? nullptr : bias_values + t * kTileRows, n,
+                  out + (i0 + i) * out_features + t * kTileRows);
+        }
+      }
+    });
+  };
+  if (x.scalar_type() == at::kBFloat16)
+    run(y.data_ptr<at::BFloat16>(), bias.has_value() ? bias->data_ptr<at::BFloat16>() : nullptr);
+  else
+    run(y.data_ptr<float>(), bias.has_value() ? bias->data_ptr<float>() : nullptr);
+  return y;
+}
+
 std::vector<std::string> isa_variants() {
   std::vector<std::string> names;
   for (const char* const* name = built_isas(); *name != nullptr; ++name) names.emplace_back(*name);
@@ -248,10 +307,13 @@ TORCH_LIBRARY_FRAGMENT(edge_infer, lib) {
   lib.def("int8_linear(Tensor x, Tensor codes, Tensor scales, int bits, int group, int out_features, str isa, "
           "Tensor? bias=None) -> Tensor");
   lib.def("w16_linear(Tensor x, Tensor w, int out_features, str isa) -> Tensor");
+  lib.def("w4a16_linear(Tensor x, Tensor codes, Tensor scales, int group, int out_features, str isa, "
+          "Tensor? bias=None) -> Tensor");
   lib.def("isa_variants() -> str[]", &edge_infer::isa_variants);  // no tensor to dispatch on: one kernel for all
 }
 
 TORCH_LIBRARY_IMPL(edge_infer, CPU, lib) {
   lib.impl("int8_linear", &edge_infer::int8_linear);
   lib.impl("w16_linear", &edge_infer::w16_linear);
+  lib.impl("w4a16_linear", &edge_infer::w4a16_linear);
 }
