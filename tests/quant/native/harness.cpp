@@ -109,8 +109,10 @@ void check_w4a16(const std::vector<const IsaKernels*>& variants, const Case& c, 
       for (int col = g * c.group; col < (g + 1) * c.group; ++col) total += x[i * k + col];
       xsum[i * c.groups + g] = total;
     }
+  std::vector<float> scaled(x);  // as the tile kernels take them (isa.h's w4a16_shift)
+  for (size_t j = 0; j < scaled.size(); ++j) scaled[j] *= 1.f / static_cast<float>(1u << edge_infer::w4a16_shift(j % k));
   std::vector<float> want(c.m * kTileRows);
-  variants[0]->w4a16_tile(codes.data(), sz.data(), x.data(), xsum.data(), k, c.group, c.m, want.data());
+  variants[0]->w4a16_tile(codes.data(), sz.data(), scaled.data(), xsum.data(), k, c.group, c.m, want.data());
   for (float v : want) mix(v);
   for (int i = 0; i < c.m; ++i) {
     bool poisoned = false;
@@ -134,7 +136,7 @@ void check_w4a16(const std::vector<const IsaKernels*>& variants, const Case& c, 
   }
   for (size_t v = 1; v < variants.size(); ++v) {
     std::vector<float> got(c.m * kTileRows, -1.f);
-    variants[v]->w4a16_tile(codes.data(), sz.data(), x.data(), xsum.data(), k, c.group, c.m, got.data());
+    variants[v]->w4a16_tile(codes.data(), sz.data(), scaled.data(), xsum.data(), k, c.group, c.m, got.data());
     for (size_t j = 0; j < got.size(); ++j)
       if (!same(got[j], want[j])) fail(variants[v]->name, "w4a16 tile", static_cast<int>(j), got[j], want[j]);
   }

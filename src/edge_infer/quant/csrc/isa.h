@@ -54,9 +54,10 @@ struct IsaKernels {
   // One 64-row tile of 16-bit weights (bf16, or fp16 when ``fp16``) times m fp32 rows x [m, k]: out as above.
   void (*w16_tile)(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m, float* out);
   // One W4A8 tile (the same codes, scales and zeros) times m fp32 rows x [m, k], the activations not quantized
-  // (W4A16). Per row and group, two chains of fused multiply-adds with the codes as they are (0..15): lo over the
-  // columns c with c % 8 < 4, in order, from -8 xsum; hi over the others, in order, from 0; then w4a16_group's float
-  // steps (isa_common.h) on lo + hi. xsum [m, k / group] holds the rows' group sums (the caller's).
+  // (W4A16), given scaled per column (w4a16_shift below). Per row and group, two chains of fused multiply-adds of
+  // x_c with the codes as they are (0..15): lo over the columns c with c % 8 < 4, in order, from -8 xsum; hi over
+  // the others, in order, from 0; then w4a16_group's float steps (isa_common.h) on lo + hi. xsum [m, k / group]
+  // holds the rows' group sums of the unscaled activations (the caller's).
   void (*w4a16_tile)(const uint8_t* codes, const uint16_t* sz, const float* x, const float* xsum, int64_t k,
                      int64_t group, int64_t m, float* out);
   // n fp32 values -> bf16, rounding to nearest even; NaN stays NaN (0x7FC0, as PyTorch converts it).
@@ -102,6 +103,15 @@ struct IsaKernels {
   void (*w4a8_panel)(const uint8_t* codes, const uint16_t* sz, const Int8Rows& x, int64_t m, float* out);
   void (*w8a8_panel)(const int8_t* codes, const uint16_t* scales, const Int8Rows& x, int64_t m, float* out);
 };
+
+// W4A16's activation of column c goes into the tile kernel multiplied by 2^-w4a16_shift(c) (exact: a power of
+// two), so that a variant may convert a code where it sits in its row's 32 bits (masked, not shifted down):
+// code * 2^shift times x_c * 2^-shift is the same exact product. The shift is the nibble's bit, 8 (c % 4) +
+// 4 (c % 8 / 4), but 27 for the top nibble (shifted right once, so that it stays positive in a signed int32).
+constexpr int w4a16_shift(int64_t c) {
+  const int bit = 8 * static_cast<int>(c % 4) + 4 * static_cast<int>(c % 8 / 4);
+  return bit == 28 ? 27 : bit;
+}
 
 // The variant of this name built into this library, or nullptr (not this architecture, or its compiler
 // lacked the instruction set). Names: scalar, avx2, avx-vnni, avx512-vnni, amx-int8, neon-dotprod.

@@ -241,13 +241,14 @@ void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m
   fp16 ? w16_rows<true>(w, x, k, m, out) : w16_rows<false>(w, x, k, m, out);
 }
 
-// The code of input column c + kColumn for 8 rows, converted: the nibble at bit 8 (kColumn % 4) + 4 (kColumn / 4)
-// of each row's 32 bits (isa.h's W4A8 layout).
+// The code of input column c + kColumn for 8 rows times 2^w4a16_shift, converted: the nibble masked where it sits in
+// each row's 32 bits (isa.h's W4A8 layout), the top one shifted right once first (one operation and the conversion
+// per column, where shifting every nibble down took two).
 template <int kColumn>
 inline __m256 column8(__m256i bytes) {
-  constexpr int kShift = 8 * (kColumn % 4) + 4 * (kColumn / 4);
-  const __m256i shifted = kShift == 0 ? bytes : _mm256_srli_epi32(bytes, kShift);
-  return _mm256_cvtepi32_ps(_mm256_and_si256(shifted, _mm256_set1_epi32(0x0F)));
+  constexpr int kShift = w4a16_shift(kColumn);
+  const __m256i placed = kShift == 27 ? _mm256_srli_epi32(bytes, 1) : bytes;
+  return _mm256_cvtepi32_ps(_mm256_and_si256(placed, _mm256_set1_epi32(0x0F << kShift)));
 }
 
 // One input column through every accumulator of its chain (isa.h: lo for columns 0-3 of 8, hi for 4-7); the

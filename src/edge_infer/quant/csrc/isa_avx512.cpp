@@ -194,12 +194,12 @@ void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m
   fp16 ? w16_rows<true>(w, x, k, m, out) : w16_rows<false>(w, x, k, m, out);
 }
 
-// The code of input column c + kColumn for 16 rows, converted (isa_avx2.cpp's column8 on 16 lanes).
+// The code of input column c + kColumn for 16 rows times 2^w4a16_shift, converted (isa_avx2.cpp's column8).
 template <int kColumn>
 inline __m512 column16(__m512i bytes) {
-  constexpr int kShift = 8 * (kColumn % 4) + 4 * (kColumn / 4);
-  const __m512i shifted = kShift == 0 ? bytes : _mm512_srli_epi32(bytes, kShift);
-  return _mm512_cvtepi32_ps(_mm512_and_si512(shifted, _mm512_set1_epi32(0x0F)));
+  constexpr int kShift = w4a16_shift(kColumn);
+  const __m512i placed = kShift == 27 ? _mm512_srli_epi32(bytes, 1) : bytes;
+  return _mm512_cvtepi32_ps(_mm512_and_si512(placed, _mm512_set1_epi32(0x0F << kShift)));
 }
 
 template <int kColumn, int kRows>

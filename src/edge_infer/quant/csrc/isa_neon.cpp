@@ -113,13 +113,13 @@ void w16_tile(const uint16_t* w, bool fp16, const float* x, int64_t k, int64_t m
   fp16 ? w16_rows<true>(w, x, k, m, out) : w16_rows<false>(w, x, k, m, out);
 }
 
-// The code of input column c + kColumn for 4 rows, converted (isa_avx2.cpp's column8 on 4 lanes).
+// The code of input column c + kColumn for 4 rows times 2^w4a16_shift, converted (isa_avx2.cpp's column8).
 template <int kColumn>
 inline float32x4_t column4(uint32x4_t bytes) {
-  constexpr int kShift = 8 * (kColumn % 4) + 4 * (kColumn / 4);
-  uint32x4_t shifted = bytes;
-  if constexpr (kShift != 0) shifted = vshrq_n_u32(bytes, kShift);  // the shift takes 1..32 only
-  return vcvtq_f32_u32(vandq_u32(shifted, vdupq_n_u32(0x0F)));
+  constexpr int kShift = w4a16_shift(kColumn);
+  uint32x4_t placed = bytes;
+  if constexpr (kShift == 27) placed = vshrq_n_u32(bytes, 1);
+  return vcvtq_f32_u32(vandq_u32(placed, vdupq_n_u32(0x0Fu << kShift)));
 }
 
 // W4A16 (isa.h): one activation row through the tile, 16 rows at a time (8 accumulators: lo and hi per 4 rows),

@@ -68,10 +68,11 @@ void w4a16_tile(const uint8_t* codes, const uint16_t* sz, const float* x, const 
         float lo = -8.f * xsum[i * groups + g], hi = 0.f;
         for (int64_t c = g * group; c < (g + 1) * group; ++c) {
           const uint8_t byte = codes[(c / 8) * 4 * kTileRows + r * 4 + c % 4];
+          const float activation = x[i * k + c] * static_cast<float>(1u << w4a16_shift(c));  // exact
           if (c % 8 < 4)
-            lo = __builtin_fmaf(x[i * k + c], static_cast<float>(byte & 15), lo);
+            lo = __builtin_fmaf(activation, static_cast<float>(byte & 15), lo);
           else
-            hi = __builtin_fmaf(x[i * k + c], static_cast<float>(byte >> 4), hi);
+            hi = __builtin_fmaf(activation, static_cast<float>(byte >> 4), hi);
         }
         acc[r] = lo + hi;
       }

@@ -249,8 +249,8 @@ at::Tensor w4a16_linear(const at::Tensor& x, const at::Tensor& codes, const at::
               "w4a16_linear: the bias must be ", out_features, " contiguous values of the activations' dtype");
   const IsaKernels& kernels = isa_named(isa);
   const int64_t groups = k / group, tiles = (out_features + kTileRows - 1) / kTileRows;
-  // The rows widened to fp32 and padded with zero columns to whole groups, and their group sums in column order
-  // (here, once, so that every variant adds the same zero terms).
+  // The rows widened to fp32 and padded with zero columns to whole groups, their group sums in column order (here,
+  // once, so that every variant adds the same zero terms), then scaled per column as the tile kernels take them.
   const at::Tensor rows = at::zeros({m, k}, at::kFloat), sums = at::empty({m, groups}, at::kFloat);
   float* xf = rows.data_ptr<float>();
   float* xsum = sums.data_ptr<float>();
@@ -266,6 +266,7 @@ at::Tensor w4a16_linear(const at::Tensor& x, const at::Tensor& codes, const at::
         for (int64_t c = g * group; c < (g + 1) * group; ++c) total += xf[i * k + c];
         xsum[i * groups + g] = total;
       }
+      for (int64_t c = 0; c < k; ++c) xf[i * k + c] *= 1.f / static_cast<float>(1u << w4a16_shift(c));  // isa.h
     }
   });
   at::Tensor y = at::empty({m, out_features}, x.options());
