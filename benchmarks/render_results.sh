@@ -24,6 +24,7 @@ control_for() {
     pp-tg-*-avx-vnni) echo llamacpp-q4_k_m-avx-vnni ;;
     pp-tg-*-avx2 | pp-tg-*-avx2-zen4) echo llamacpp-q4_k_m-avx2 ;;
     pp-tg-*-int4-prompt-zen3) echo edge-infer-w4a16-tinygemm ;;
+    pp-tg-*-w4a16-zen3) echo edge-infer-int4-tinygemm-zen3 ;;
     pp-tg-*-zen3) echo llamacpp-q4_0-zen3 ;;
     tg-depth-*-avx-vnni) echo llamacpp-q4_0-avx-vnni-d1024 ;;
     tg-depth-*-zen4) echo llamacpp-q4_0-d1024 ;;

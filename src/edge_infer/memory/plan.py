@@ -414,7 +414,7 @@ def _size_items(r: _Resolved, model_dir: str, frontend: str, int8_kv: bool) -> t
                          + int4_prompt_bytes(PROMPT_BLOCK_ROWS, towers, r.dtype_bytes, r.cpu.native_bf16))
         if prompt_blocks:
             acts += prompt_blocks
-            acts_note += ", cpu_int4's dequantized prompt blocks"
+            acts_note += ", the int4 prompt path's dequantized weight blocks"
     if int8_kv:  # attention reads one sequence's K and V back at the compute dtype, a layer at a time
         acts += 2 * r.max_model_len * cfg.num_key_value_heads * cfg.head_dim * r.dtype_bytes
         acts_note += f", one {r.max_model_len}-token sequence's int8 K/V read back"

@@ -15,8 +15,8 @@ blocks start at multiples of 64 rows, a multiple of every tile size.
 
 A prompt's rows go through BLAS instead (``sizes.PROMPT_MIN_ROWS``, ``prompt_matmul``, which cpu_w4a16 shares):
 blocks of the weight dequantized by edge-infer's library (csrc/int4_rows.cpp) and multiplied in bf16 where the
-CPU has native bf16 (oneDNN), else in fp32 (MKL). PyTorch's int4 kernel runs a prompt at about half of MKL's fp32 rate on AVX2 and never
-uses AMX; the blocks' bytes are the plan's (``sizes.int4_prompt_bytes``).
+CPU has native bf16 (oneDNN), else in fp32 (MKL). PyTorch's int4 kernel runs a prompt at about half of MKL's
+fp32 rate on AVX2 and never uses AMX; the blocks' bytes are the plan's (``sizes.int4_prompt_bytes``).
 
 ``rows(ids)`` reads whole weight rows back out of the packed form. A tied
 model whose head is quantized uses it as its embedding lookup, so the table

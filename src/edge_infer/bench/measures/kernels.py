@@ -38,7 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _cases(rows: int, cols: int, group: int) -> list[tuple[str, str, Callable[[], Any]]]:
-    """(kernel, dtype, builder) for every kernel and activation dtype this CPU can run; edge-infer's int8
+    """(kernel, dtype, builder) for every kernel and activation dtype this CPU can run; edge-infer's tile
     kernels once per ISA variant this CPU runs (e.g. avx2 beside avx512-vnni), named ``kernel[variant]``."""
     import torch
 
@@ -69,7 +69,7 @@ def _cases(rows: int, cols: int, group: int) -> list[tuple[str, str, Callable[[]
     from edge_infer.quant.native import built_variants, missing_requirement
 
     if missing_requirement() is None:
-        from edge_infer.quant.int8_kernels import W4A8Kernel, W8A8Kernel
+        from edge_infer.quant.int8_kernels import W4A8Kernel, W4A16Kernel, W8A8Kernel
 
         from edge_infer.quant.widened import W16A32Kernel
 
@@ -84,7 +84,7 @@ def _cases(rows: int, cols: int, group: int) -> list[tuple[str, str, Callable[[]
         for variant in KERNELS["cpu-w4a8"].variants:
             if not (variant.arch == cpu.arch and cpu.has(*variant.needs) and variant.name in built_variants()):
                 continue
-            for kernel_class, bits in ((W4A8Kernel, 4), (W8A8Kernel, 8)):
+            for kernel_class, bits in ((W4A8Kernel, 4), (W8A8Kernel, 8), (W4A16Kernel, 4)):
                 cases += [(f"{kernel_class.name}[{variant.name}]", dtype,
                            packed(kernel_class, getattr(torch, dtype), bits, variant=variant.name))
                           for dtype in ("bfloat16", "float32")]
