@@ -245,3 +245,24 @@ def test_a_checkpoint_gives_the_same_tokens_on_every_isa_variant(tmp_path, tied_
         results[variant] = (core.score(PROMPT), greedy(core, PROMPT))
     first = next(iter(results.values()))
     assert all(torch.equal(s, first[0]) and t == first[1] for s, t in results.values()), list(results)
+
+
+@pytest.mark.parametrize("method", ["cpu_w4a8", "cpu_w4a16", "cpu_w8a8"])
+def test_edge_infers_kernels_are_refused_by_the_plan_where_they_cannot_be_built(tied_model, monkeypatch, method):
+    """No library and no compiler: the plan refuses a kernel of edge-infer's library by name, with the reason,
+    before anything loads (not a KernelUnavailableError half-way through loading)."""
+    from edge_infer.memory.plan import plan_text_session
+    from edge_infer.quant import native_build
+
+    why = "no C++ compiler (c++ or $CXX) to build edge-infer's int8 kernels; install g++ or use cpu_int4"
+    monkeypatch.setattr(native_build, "missing_toolchain", lambda: why)
+    plan = plan_text_session(tied_model, quantization=method, max_model_len=128)
+    assert not plan.admitted and any(f"--quantization {method}: {why}" in r for r in plan.reasons), plan.reasons
+
+
+def test_a_config_with_two_kernels_for_the_same_weights_is_refused():
+    from edge_infer.errors import InvalidRequestError
+    from edge_infer.quant.sizes import check_quant_config
+
+    with pytest.raises(InvalidRequestError, match="choose one"):
+        check_quant_config(QuantConfig(int8_activations=True, w4a16_tiles=True))

@@ -10,6 +10,7 @@ import testutil
 from testutil import require_built, runnable_variants
 
 from edge_infer.config import QuantConfig
+from edge_infer.hardware.cpu import profile
 from edge_infer.quant.native import missing_requirement
 from edge_infer.quant.quantize import dequantize_rows
 from edge_infer.quant.sizes import GROUP_SIZES, PROMPT_MIN_ROWS, quantized_nbytes
@@ -47,10 +48,11 @@ def test_each_isa_variant_equals_the_scalar_reference_bit_for_bit(variant, symme
 
 @pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
 @pytest.mark.parametrize("group_size", GROUP_SIZES)
-def test_products_equal_the_dequantized_weights_to_float_rounding(symmetric, group_size):
+def test_products_equal_the_dequantized_weights_to_float_rounding(symmetric, group_size, monkeypatch):
     """No activation quantization: fp32 outputs within fp32 rounding of x @ W.T for the weights the codes stand for
     (W4A8 would be off by up to half an int8 step per group), bf16 outputs within their own rounding; the tile
-    kernel's rows and a prompt's (BLAS over dequantized blocks) alike."""
+    kernel's rows and a prompt's (BLAS over dequantized blocks, fp32 blocks here) alike."""
+    monkeypatch.setattr("edge_infer.quant.kernel.detect", lambda: profile("avx2"))
     torch.manual_seed(group_size + symmetric)
     weight = torch.randn(200, 2 * group_size + 24) * 0.05
     for dtype in (torch.float32, torch.bfloat16):
@@ -67,6 +69,18 @@ def test_products_equal_the_dequantized_weights_to_float_rounding(symmetric, gro
             tolerance = (x.double().abs() @ terms.T) * (cols + 8) * 2**-24
             tolerance += ref.abs() * 2**-8 if dtype == torch.bfloat16 else 0
             assert bool(((out.double() - ref).abs() <= tolerance).all()), (dtype, rows)
+
+
+def test_a_prompt_multiplies_bf16_blocks_where_bf16_is_native(monkeypatch):
+    """Where the CPU has native bf16 (stood in for here: PyTorch emulates what it lacks) a prompt's blocks are
+    dequantized to bf16 and multiplied on oneDNN: within bf16's rounding of the weights, as cpu_int4's prompts."""
+    monkeypatch.setattr("edge_infer.quant.kernel.detect", lambda: profile("avx512-bf16"))
+    torch.manual_seed(9)
+    weight = torch.randn(300, 360) * 0.05
+    kernel, q = packed(weight, 64, False, torch.bfloat16)
+    x = torch.randn(PROMPT_MIN_ROWS + 20, 360).to(torch.bfloat16)
+    ref = x.float() @ dequantize_rows(q, 64, 360).T
+    assert (kernel(x).float() - ref).abs().max() <= 8e-3 * ref.abs().max()
 
 
 def test_the_same_codes_give_cpu_int4s_products():

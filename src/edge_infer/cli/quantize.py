@@ -22,7 +22,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("src", help="bf16/fp32/fp16 Hugging Face checkpoint directory")
     parser.add_argument("dst", help="new directory for the quantized checkpoint (must not exist or be empty)")
     parser.add_argument("--bits", type=int, choices=(4, 8), default=4,
-                        help="4 (cpu_int4: loads on cpu_int4 or cpu_w4a8) or 8 (cpu_int8, symmetric: loads on cpu_w8a8)")
+                        help="4 (cpu_int4: loads on cpu_int4, cpu_w4a16 or cpu_w4a8) or 8 (cpu_int8, symmetric: loads on "
+                             "cpu_w8a8)")
     parser.add_argument("--group-size", type=_group_size, default=128, help="input columns per scale: 32, 64, 128 or 256 (default 128)")
     parser.add_argument("--asym", action="store_true", help="asymmetric: a zero point per group (default symmetric)")
     parser.add_argument("--quantize-head", action="store_true", help="quantize the output head too (a tied head is the embedding table)")

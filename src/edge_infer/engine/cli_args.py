@@ -22,15 +22,16 @@ def add_engine_args(parser: argparse.ArgumentParser, model_optional: bool = True
     g.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step (prefill chunk size)")
     g.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="exact KV cache budget in bytes")
     g.add_argument("--quantization", default=None, choices=QUANTIZATION_CHOICES,
-                   help="quantized weights: cpu_int4 (4-bit, bf16 activations, PyTorch's kernel), cpu_w4a8 (4-bit, int8 "
-                        "activations: faster) or cpu_w8a8 (8-bit, int8 activations: near-lossless); edge-infer's int8 "
-                        "kernels run on AVX2, AVX-VNNI, AVX-512 and ARM dotprod and are built on first use); auto: "
-                        "chosen by --priority among what this CPU runs (edge-infer plan shows the choice and why)")
+                   help="quantized weights: cpu_int4 (4-bit, bf16 activations, PyTorch's kernel), cpu_w4a16 (the same "
+                        "on edge-infer's kernels: faster), cpu_w4a8 (4-bit, int8 activations: fastest) or cpu_w8a8 "
+                        "(8-bit, int8 activations: near-lossless); edge-infer's kernels run on AVX2, AVX-VNNI, AVX-512 "
+                        "and ARM dotprod and are built on first use; auto: chosen by --priority among what this CPU "
+                        "runs (edge-infer plan shows the choice and why)")
     g.add_argument("--priority", default=None, choices=PRIORITIES,
                    help="what --quantization auto optimizes (implied when only --priority is given): speed (default), "
                         "fidelity or memory")
     g.add_argument("--group-size", type=int, default=None, help="quantization group size (32, 64, 128 or 256)")
-    g.add_argument("--asym", action="store_true", help="cpu_int4/cpu_w4a8 with zero points (asymmetric)")
+    g.add_argument("--asym", action="store_true", help="4-bit weights with zero points (asymmetric)")
     g.add_argument("--quantize-head", action="store_true", help="quantize the output head too")
     g.add_argument("--packed-head", action="store_true",
                    help="tied models: keep a second, packed copy of the output head (faster decode, vocab x hidden more bytes)")

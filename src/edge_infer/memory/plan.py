@@ -298,7 +298,7 @@ def _resolve(cfg: ModelConfig, model_dir: str, quantization: str | QuantConfig |
     if priority is not None:
         notes.append(f"--priority {priority} does not apply: the weight path was chosen explicitly "
                      f"({quant.name if quant else 'unquantized'}); use --quantization auto to choose by priority")
-    native_kernel = kernels.kernel_for("decoder linears") in ("cpu-w4a8", "cpu-w8a8", "cpu-w16a32")
+    native_kernel = kernels.kernel_for("decoder linears") in ("cpu-w4a8", "cpu-w8a8", "cpu-w4a16", "cpu-w16a32")
     if native_kernel and not kernels.refusals and (why := native_build.missing_toolchain()) is not None:
         if quant is not None:
             reasons.append(f"--quantization {quant.name}: {why}")

@@ -136,7 +136,7 @@ class W4A8Kernel(FourBitTiles, Int8ActivationKernel):
 
 
 class W4A16Kernel(FourBitTiles):
-    """The 4-bit tiles times the activations as they are, in fp32: up to PROMPT_MIN_ROWS rows on the W4A16 tile
+    """The 4-bit tiles times the activations as they are, in fp32: fewer than PROMPT_MIN_ROWS rows on the W4A16 tile
     kernel (csrc/linear.cpp's w4a16_linear), more on BLAS over blocks of the weight dequantized by
     csrc/int4_rows.cpp (as cpu_int4's prompts)."""
 

@@ -19,7 +19,7 @@ from edge_infer.quant import native_build
 
 
 def missing_requirement(kernel: str = "cpu-w4a8") -> str | None:
-    """Why ``kernel`` (cpu-w4a8 or cpu-w8a8) cannot run here, or None when it can."""
+    """Why ``kernel`` (cpu-w4a8, cpu-w8a8 or cpu-w4a16) cannot run here, or None when it can."""
     reason = KERNELS[kernel].missing(detect())
     if reason is not None:
         return f"{reason}; use cpu_int4"

@@ -68,6 +68,9 @@ def check_quant_config(quant: QuantConfig) -> None:
     """Refuse settings the kernel cannot run, before anything is read or loaded."""
     if quant.bits not in FORMATS:
         raise InvalidRequestError(f"{quant.bits}-bit weights are not supported; use 4 ({METHOD}) or 8 ({INT8_METHOD})")
+    if quant.int8_activations and quant.w4a16_tiles:
+        raise InvalidRequestError("int8_activations and w4a16_tiles are two kernels for the same weights; choose one "
+                                  "(cpu_w4a8 or cpu_w4a16)")
     if quant.bits == 8 and not (quant.int8_activations and quant.symmetric):
         raise InvalidRequestError(f"8-bit weights are symmetric and run on {W8A8_METHOD} (int8 activations) only")
     if quant.group_size not in GROUP_SIZES:

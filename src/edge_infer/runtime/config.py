@@ -109,7 +109,7 @@ class EngineSettings(_Strict):
     priority: Literal["speed", "fidelity", "memory"] | None = None
     # A multimodal thinker's (the text executor's): its towers' weight path (edge-infer's --encoder-quantization)
     # and what one request may carry, which its plan sizes (--max-images, ...; unset: the plan's defaults).
-    encoder_quantization: Literal["none", "same", "cpu_int4", "cpu_w4a8", "cpu_w8a8", "auto"] = "auto"
+    encoder_quantization: Literal["none", "same", "cpu_int4", "cpu_w4a16", "cpu_w4a8", "cpu_w8a8", "auto"] = "auto"
     media_limits: MediaLimitSettings | None = None
 
 

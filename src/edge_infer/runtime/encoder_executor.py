@@ -18,7 +18,7 @@ in one process. One request is worked on at a time, one step per
 preparation and per item, so aborts and new requests are read in between. A
 request whose media cannot be read or encoded fails with the reason; the
 stage keeps serving. ``engine.quantization`` is the towers' weight path
-(none, cpu_int4, cpu_w4a8, cpu_w8a8: ``--encoder-quantization``), and
+(none, cpu_int4, cpu_w4a16, cpu_w4a8, cpu_w8a8: ``--encoder-quantization``), and
 ``engine.max_model_len`` should be the thinker stage's: the request limits
 and the prompt check follow it.
 """

@@ -130,7 +130,7 @@ void check_w4a16(const std::vector<const IsaKernels*>& variants, const Case& c, 
         const uint16_t* group_sz = sz.data() + (col / c.group) * 2 * kTileRows;
         magnitude += std::fabs(x[i * k + col]) * (15.0 * from_bf16(group_sz[r]) + std::fabs(from_bf16(group_sz[kTileRows + r])));
       }
-      if (std::fabs(got - exact) > magnitude * (k + 8) * 0x1p-24 + 1e-30)
+      if (!(std::fabs(got - exact) <= magnitude * (k + 8) * 0x1p-24 + 1e-30))  // a NaN fails too
         fail(variants[0]->name, "w4a16 outside fp32 rounding", r, got, static_cast<float>(exact));
     }
   }

@@ -108,7 +108,8 @@ struct IsaKernels {
 // two), so that a variant may convert a code where it sits in its row's 32 bits (masked, not shifted down):
 // code * 2^shift times x_c * 2^-shift is the same exact product. The shift is the nibble's bit, 8 (c % 4) +
 // 4 (c % 8 / 4), but 27 for the top nibble (shifted right once, so that it stays positive in a signed int32).
-constexpr int w4a16_shift(int64_t c) {
+// (static: each translation unit its own copy, as isa_common.h's functions, whatever its instruction set)
+static constexpr int w4a16_shift(int64_t c) {
   const int bit = 8 * static_cast<int>(c % 4) + 4 * static_cast<int>(c % 8 / 4);
   return bit == 28 ? 27 : bit;
 }
