@@ -1,6 +1,6 @@
 """edge-infer's int8 kernels (cpu_w4a8, cpu_w8a8) on bare matrices, per ISA variant, and the fused decode layer
-against the PyTorch layer. The standalone harness (test_isa_variants.py) checks the same variants without PyTorch,
-and the ARM one under qemu."""
+(those and cpu_w4a16) against the PyTorch layer. The standalone harness (test_isa_variants.py) checks the same
+variants without PyTorch, and the ARM one under qemu."""
 from __future__ import annotations
 
 import pytest
@@ -142,7 +142,7 @@ def test_int8_linear_refuses_a_weight_that_does_not_fit():
 
 # head_dim 16 (llama, qwen2 with q/k/v bias) and 32 (qwen3 with q/k norms): the fused layer takes multiples of 16.
 FUSED_FAMILIES = {"llama": {}, "qwen2": {}, "qwen3": {"head_dim": 32}}
-METHODS = ("cpu_w4a8", "cpu_w8a8")
+METHODS = ("cpu_w4a8", "cpu_w8a8", "cpu_w4a16")
 
 
 @pytest.fixture(scope="module", params=sorted(FUSED_FAMILIES))
@@ -211,10 +211,10 @@ def paged_decode(model, fused: bool) -> torch.Tensor:
 @pytest.mark.parametrize("method", METHODS)
 def test_fused_decode_is_as_accurate_as_the_pytorch_path(fused_model, make_core, method):
     """Over a longer, paged context the two paths round attention differently (and 8-bit activations amplify
-    that); each must stay as close to the same weights with bf16 activations as the other (cpu_int4 for 4-bit
-    weights; for 8-bit, the PyTorch layer on dequantized bf16 weights, i.e. the unquantized model)."""
+    that); each must stay as close to the same weights with fp32 activations as the other (cpu_int4 for 4-bit
+    weights; for 8-bit, the PyTorch layer on dequantized weights, i.e. the unquantized model)."""
     _, path = fused_model
-    reference = make_core(path, "cpu_int4" if method == "cpu_w4a8" else None).model
+    reference = make_core(path, None if method == "cpu_w8a8" else "cpu_int4", dtype="float32").model
     model = make_core(path, method).model
     ref = paged_decode(reference, False)
     err = {name: (paged_decode(model, fused) - ref).norm() / ref.norm() for name, fused in (("pytorch", False), ("fused", True))}
@@ -289,7 +289,7 @@ def test_fused_decode_is_not_used_for_tinygemm_weights(fused_model, make_core):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_the_cli_flags_reach_the_engine_as_int8_kernels(tied_model, method):
+def test_the_cli_flags_reach_the_engine_as_tile_kernels(tied_model, method):
     import argparse
 
     from edge_infer.engine.cli_args import add_engine_args, engine_settings

@@ -7,7 +7,7 @@
 // results rounded to bf16 where models/llama.py's DecoderLayer rounds them
 // (an fp32 model rounds nowhere).
 //
-// Supported: bf16 or fp32 activations and KV cache, W4A8 or W8A8 weights (all four
+// Supported: bf16 or fp32 activations and KV cache, W4A8, W8A8 or W4A16 weights (all four
 // linears alike), fused q/k/v (optional bias) and gate/up, optional per-head
 // q/k RMSNorm, half-split RoPE from precomputed tables, full causal attention
 // over the paged cache (no sliding window). The products and the attention
@@ -143,7 +143,7 @@ void attend_group(const IsaKernels& isa, const T* q, int64_t n_heads, const Cach
 template <typename T>
 void matmul(const IsaKernels& isa, const std::vector<T>& in, int64_t m, const PackedWeight& w, std::vector<T>& out) {
   out.resize(m * w.n);
-  int8_matmul(isa, w, in.data(), m, out.data());
+  tile_matmul(isa, w, in.data(), m, out.data());
 }
 
 inline int64_t padded(int64_t n, int64_t group) { return (n + group - 1) / group * group; }
@@ -173,7 +173,7 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Te
                         const at::Tensor& o_packed, const at::Tensor& o_sz, const at::Tensor& gate_up_packed,
                         const at::Tensor& gate_up_sz, const at::Tensor& down_packed, const at::Tensor& down_sz,
                         int64_t bits, int64_t group, int64_t heads, int64_t kv_heads, int64_t intermediate, double eps_d,
-                        double scale_d, const std::string& isa_name) {
+                        double scale_d, const std::string& isa_name, bool w4a16) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
               "decode_layer: activations must be bf16 or fp32, got ", x.scalar_type());
   const at::ScalarType dtype = x.scalar_type();
@@ -193,12 +193,14 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& cos, const at::Te
   TORCH_CHECK(heads % kv_heads == 0 && v_cache.sizes() == k_cache.sizes(), "decode_layer: head counts or caches do not match");
   TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "decode_layer: q_norm and k_norm come together");
   const int64_t q_size = heads * d, kv_size = kv_heads * d, qkv_n = q_size + 2 * kv_size;
-  const PackedWeight qkv = check_packed("decode_layer qkv", bits, qkv_packed, qkv_sz, padded(hidden, group), group, qkv_n);
-  const PackedWeight o = check_packed("decode_layer o_proj", bits, o_packed, o_sz, padded(q_size, group), group, hidden);
-  const PackedWeight gate_up = check_packed("decode_layer gate_up", bits, gate_up_packed, gate_up_sz, padded(hidden, group),
-                                            group, 2 * intermediate);
-  const PackedWeight down = check_packed("decode_layer down", bits, down_packed, down_sz, padded(intermediate, group), group,
-                                         hidden);
+  TORCH_CHECK(!w4a16 || bits == 4, "decode_layer: W4A16 takes 4-bit weights, not ", bits);
+  PackedWeight qkv = check_packed("decode_layer qkv", bits, qkv_packed, qkv_sz, padded(hidden, group), group, qkv_n);
+  PackedWeight o = check_packed("decode_layer o_proj", bits, o_packed, o_sz, padded(q_size, group), group, hidden);
+  PackedWeight gate_up = check_packed("decode_layer gate_up", bits, gate_up_packed, gate_up_sz, padded(hidden, group),
+                                      group, 2 * intermediate);
+  PackedWeight down = check_packed("decode_layer down", bits, down_packed, down_sz, padded(intermediate, group), group,
+                                   hidden);
+  qkv.w4a16 = o.w4a16 = gate_up.w4a16 = down.w4a16 = w4a16;
   const IsaKernels& isa = isa_named(isa_name);
   check_vector("input_norm", input_norm, hidden, dtype);
   check_vector("post_norm", post_norm, hidden, dtype);
@@ -291,7 +293,7 @@ TORCH_LIBRARY_FRAGMENT(edge_infer, lib) {
       "Tensor block_table, Tensor ctx_lens, Tensor input_norm, Tensor post_norm, Tensor? q_norm, Tensor? k_norm, "
       "Tensor qkv_packed, Tensor qkv_sz, Tensor? qkv_bias, Tensor o_packed, Tensor o_sz, Tensor gate_up_packed, "
       "Tensor gate_up_sz, Tensor down_packed, Tensor down_sz, int bits, int group, int heads, int kv_heads, "
-      "int intermediate, float eps, float scale, str isa) -> Tensor");
+      "int intermediate, float eps, float scale, str isa, bool w4a16=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(edge_infer, CPU, lib) { lib.impl("decode_layer", &edge_infer::decode_layer); }

@@ -177,6 +177,59 @@ template void int8_matmul<at::BFloat16>(const IsaKernels&, const PackedWeight&, 
 
 namespace {
 
+void widen_row(const IsaKernels&, const float* x, int64_t n, float* out) { std::copy(x, x + n, out); }
+
+void widen_row(const IsaKernels& isa, const at::BFloat16* x, int64_t n, float* out) {
+  isa.widen_bf16(reinterpret_cast<const uint16_t*>(x), n, 1, n, out);
+}
+
+}  // namespace
+
+template <typename T>
+void w4a16_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64_t m, T* out, const T* bias,
+                  int64_t x_cols) {
+  const int64_t k = w.k, groups = k / w.group, tiles = (w.n + kTileRows - 1) / kTileRows;
+  const int64_t cols = x_cols > 0 ? x_cols : k;
+  // The rows widened to fp32 and padded with zero columns to whole groups, their group sums in column order (here,
+  // once, so that every variant adds the same zero terms), then scaled per column as the tile kernels take them.
+  const at::Tensor rows = at::zeros({m, k}, at::kFloat), sums = at::empty({m, groups}, at::kFloat);
+  float* xf = rows.data_ptr<float>();
+  float* xsum = sums.data_ptr<float>();
+  at::parallel_for(0, m, kRowBlock, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      widen_row(isa, x + i * cols, cols, xf + i * k);
+      for (int64_t g = 0; g < groups; ++g) {
+        float total = 0.f;
+        for (int64_t c = g * w.group; c < (g + 1) * w.group; ++c) total += xf[i * k + c];
+        xsum[i * groups + g] = total;
+      }
+      for (int64_t c = 0; c < k; ++c) xf[i * k + c] *= 1.f / static_cast<float>(1u << w4a16_shift(c));  // isa.h
+    }
+  });
+  const int64_t tile_codes = kTileRows * k / 2, tile_scales = groups * 2 * kTileRows;
+  for_each_tile(tiles, [&](int64_t begin, int64_t end) {
+    float scratch[kRowBlock * kTileRows];
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n = std::min(kTileRows, w.n - t * kTileRows);
+      for (int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
+        const int64_t block = std::min(kRowBlock, m - i0);
+        isa.w4a16_tile(static_cast<const uint8_t*>(w.codes) + t * tile_codes, w.scales + t * tile_scales, xf + i0 * k,
+                       xsum + i0 * groups, k, w.group, block, scratch);
+        for (int64_t i = 0; i < block; ++i)
+          store(isa, scratch + i * kTileRows, bias == nullptr ? nullptr : bias + t * kTileRows, n,
+                out + (i0 + i) * w.n + t * kTileRows);
+      }
+    }
+  });
+}
+
+template void w4a16_matmul<float>(const IsaKernels&, const PackedWeight&, const float*, int64_t, float*, const float*,
+                                  int64_t);
+template void w4a16_matmul<at::BFloat16>(const IsaKernels&, const PackedWeight&, const at::BFloat16*, int64_t,
+                                         at::BFloat16*, const at::BFloat16*, int64_t);
+
+namespace {
+
 // x [M, K] (bf16 or fp32; K up to the packed Kp, which pads it to whole groups) -> [M, out_features] in x's
 // dtype, plus ``bias`` [out_features] of that dtype if given.
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, int64_t bits,
@@ -240,57 +293,22 @@ at::Tensor w4a16_linear(const at::Tensor& x, const at::Tensor& codes, const at::
                         int64_t out_features, const std::string& isa, const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat),
               "w4a16_linear: x must be a contiguous bf16 or fp32 [M, K] tensor");
-  const int64_t m = x.size(0), cols = x.size(1), k = codes.dim() == 4 ? codes.size(1) * 8 : cols;
+  const int64_t cols = x.size(1), k = codes.dim() == 4 ? codes.size(1) * 8 : cols;
   TORCH_CHECK(cols <= k && cols > k - group, "w4a16_linear: the input has ", cols, " columns; the weight packs ", k,
               " in groups of ", group);
-  const PackedWeight w = check_packed("w4a16_linear", 4, codes, scales, k, group, out_features);
+  PackedWeight w = check_packed("w4a16_linear", 4, codes, scales, k, group, out_features);
+  w.w4a16 = true;
   TORCH_CHECK(!bias.has_value() || (bias->is_contiguous() && bias->numel() == out_features &&
                                     bias->scalar_type() == x.scalar_type()),
               "w4a16_linear: the bias must be ", out_features, " contiguous values of the activations' dtype");
   const IsaKernels& kernels = isa_named(isa);
-  const int64_t groups = k / group, tiles = (out_features + kTileRows - 1) / kTileRows;
-  // The rows widened to fp32 and padded with zero columns to whole groups, their group sums in column order (here,
-  // once, so that every variant adds the same zero terms), then scaled per column as the tile kernels take them.
-  const at::Tensor rows = at::zeros({m, k}, at::kFloat), sums = at::empty({m, groups}, at::kFloat);
-  float* xf = rows.data_ptr<float>();
-  float* xsum = sums.data_ptr<float>();
-  at::parallel_for(0, m, kRowBlock, [&](int64_t first, int64_t last) {
-    for (int64_t i = first; i < last; ++i) {
-      if (x.scalar_type() == at::kBFloat16)
-        kernels.widen_bf16(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()) + i * cols, cols, 1, cols,
-                           xf + i * k);
-      else
-        std::copy(x.data_ptr<float>() + i * cols, x.data_ptr<float>() + (i + 1) * cols, xf + i * k);
-      for (int64_t g = 0; g < groups; ++g) {
-        float total = 0.f;
-        for (int64_t c = g * group; c < (g + 1) * group; ++c) total += xf[i * k + c];
-        xsum[i * groups + g] = total;
-      }
-      for (int64_t c = 0; c < k; ++c) xf[i * k + c] *= 1.f / static_cast<float>(1u << w4a16_shift(c));  // isa.h
-    }
-  });
-  at::Tensor y = at::empty({m, out_features}, x.options());
-  const int64_t tile_codes = kTileRows * k / 2, tile_scales = groups * 2 * kTileRows;
-  const auto run = [&](auto* out, const auto* bias_values) {
-    for_each_tile(tiles, [&](int64_t begin, int64_t end) {
-      float scratch[kRowBlock * kTileRows];
-      for (int64_t t = begin; t < end; ++t) {
-        const int64_t n = std::min(kTileRows, out_features - t * kTileRows);
-        for (int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
-          const int64_t block = std::min(kRowBlock, m - i0);
-          kernels.w4a16_tile(static_cast<const uint8_t*>(w.codes) + t * tile_codes, w.scales + t * tile_scales,
-                             xf + i0 * k, xsum + i0 * groups, k, group, block, scratch);
-          for (int64_t i = 0; i < block; ++i)
-            store(kernels, scratch + i * kTileRows, bias_values == nullptr ? nullptr : bias_values + t * kTileRows, n,
-                  out + (i0 + i) * out_features + t * kTileRows);
-        }
-      }
-    });
-  };
+  at::Tensor y = at::empty({x.size(0), out_features}, x.options());
   if (x.scalar_type() == at::kBFloat16)
-    run(y.data_ptr<at::BFloat16>(), bias.has_value() ? bias->data_ptr<at::BFloat16>() : nullptr);
+    w4a16_matmul(kernels, w, x.data_ptr<at::BFloat16>(), x.size(0), y.data_ptr<at::BFloat16>(),
+                 bias.has_value() ? bias->data_ptr<at::BFloat16>() : nullptr, cols);
   else
-    run(y.data_ptr<float>(), bias.has_value() ? bias->data_ptr<float>() : nullptr);
+    w4a16_matmul(kernels, w, x.data_ptr<float>(), x.size(0), y.data_ptr<float>(),
+                 bias.has_value() ? bias->data_ptr<float>() : nullptr, cols);
   return y;
 }
 

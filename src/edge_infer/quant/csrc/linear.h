@@ -1,4 +1,4 @@
-// The PyTorch side of the int8-activation linears, shared by the linear op (linear.cpp) and the fused
+// The PyTorch side of the tile kernels' linears, shared by the linear op (linear.cpp) and the fused
 // decode layer (decode_layer.cpp): checking packed weights and running one through an ISA variant.
 #pragma once
 
@@ -16,10 +16,11 @@ const IsaKernels& isa_named(const std::string& name);
 
 // A packed weight (layouts in isa.h) as the kernels read it.
 struct PackedWeight {
-  int64_t bits;  // 4 (W4A8) or 8 (W8A8)
+  int64_t bits;  // 4 (W4A8, W4A16) or 8 (W8A8)
   const void* codes;
-  const uint16_t* scales;  // bf16: W4A8 scales and zeros, W8A8 scales
+  const uint16_t* scales;  // bf16: 4-bit scales and zeros, W8A8 scales
   int64_t k, group, n;     // padded input columns, group size, outputs
+  bool w4a16 = false;      // 4-bit codes times the activations as they are, not int8-quantized ones
 };
 
 // Refuses (TORCH_CHECK, naming ``what``) packed tensors that do not take k input columns in groups of
@@ -41,5 +42,16 @@ void for_each_tile(int64_t tiles, const std::function<void(int64_t begin, int64_
 template <typename T>
 void int8_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64_t m, T* out, const T* bias = nullptr,
                  int64_t x_cols = 0);
+
+// The same for a 4-bit weight times x as it is, widened to fp32 (W4A16: isa.h's w4a16_tile).
+template <typename T>
+void w4a16_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64_t m, T* out, const T* bias = nullptr,
+                  int64_t x_cols = 0);
+
+// int8_matmul or w4a16_matmul, as ``w`` is run.
+template <typename T>
+void tile_matmul(const IsaKernels& isa, const PackedWeight& w, const T* x, int64_t m, T* out, const T* bias = nullptr) {
+  w.w4a16 ? w4a16_matmul(isa, w, x, m, out, bias) : int8_matmul(isa, w, x, m, out, bias);
+}
 
 }  // namespace edge_infer
