@@ -164,7 +164,7 @@ def auto_dtype(cpu: CpuCapabilities, quantization: str | None) -> tuple[str, str
         return "float32", "PyTorch's int4 kernel has no vectorized path on this CPU; float32 keeps the rest native"
     if quantization == "cpu_w4a16":
         return "bfloat16", ("edge-infer's W4A16 kernel widens either dtype to fp32; in bf16 the unquantized head, the "
-                            "embedding and the KV cache hold half the bytes (decode 25 against 15 tokens/s at the "
+                            "embedding and the KV cache hold half the bytes (decode 30 against 19 tokens/s at the "
                             "Qwen2.5-0.5B shape on 2 Zen 3 cores, benchmarks/results/pp-tg-qwen2.5-0.5b-w4a16-zen3.json)")
     if cpu.arch == "x86_64" and cpu.native_bf16:
         return "bfloat16", "this CPU has native bf16 (avx512_bf16/amx_bf16)"
