@@ -70,6 +70,13 @@ void fail(const char* variant, const char* what, int item, float got, float want
   if (failures++ < 5) std::printf("FAIL %s: %s, item %d: %.9g, expected %.9g\n", variant, what, item, got, want);
 }
 
+// Whether activation row i of k values holds a NaN or an infinity.
+bool poisoned_row(const std::vector<float>& x, int i, int64_t k) {
+  for (int64_t col = 0; col < k; ++col)
+    if (!std::isfinite(x[i * k + col])) return true;
+  return false;
+}
+
 struct Case {
   int bits, m, group, groups;
   bool symmetric, bf16_input, special;  // special: an all-zero group, and NaN / infinity in some rows
@@ -115,8 +122,7 @@ void check_w4a16(const std::vector<const IsaKernels*>& variants, const Case& c, 
   variants[0]->w4a16_tile(codes.data(), sz.data(), scaled.data(), xsum.data(), k, c.group, c.m, want.data());
   for (float v : want) mix(v);
   for (int i = 0; i < c.m; ++i) {
-    bool poisoned = false;
-    for (int64_t col = 0; col < k; ++col) poisoned |= !std::isfinite(x[i * k + col]);
+    const bool poisoned = poisoned_row(x, i, k);
     for (int r = 0; r < kTileRows; ++r) {
       const float got = want[i * kTileRows + r];
       if (poisoned) {
@@ -210,8 +216,7 @@ void run_case(const std::vector<const IsaKernels*>& variants, const Case& c, Rng
   for (float v : want) mix(v);
   // The reference against the exact product: within half an int8 step per group times the group's sum |w|.
   for (int i = 0; i < c.m; ++i) {
-    bool poisoned = false;
-    for (int64_t col = 0; col < k; ++col) poisoned |= !std::isfinite(x[i * k + col]);
+    const bool poisoned = poisoned_row(x, i, k);
     for (int r = 0; r < kTileRows; ++r) {
       const float got = want[i * kTileRows + r];
       if (poisoned) {
