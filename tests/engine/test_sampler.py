@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from edge_infer.engine.sampler import _truncate, sample_row
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.engine.sequence import Sequence
+from edge_infer.errors import InvalidRequestError
 
 
 def seq(**params) -> Sequence:
@@ -74,3 +76,18 @@ def test_logprobs_come_from_the_raw_distribution():
 def test_a_vanishing_top_p_keeps_the_top_token():
     kept = _truncate(LOGITS, 0, 5e-324, 0.0)
     assert torch.isfinite(kept).sum() == 1 and int(torch.argmax(kept)) == 1
+
+
+def test_a_temperature_past_fp32s_range_samples_an_allowed_token():
+    """1.18e308 is a finite Python float but inf in fp32: a grammar's masked tokens stay impossible (no NaN from
+    -inf / inf), the allowed ones are drawn as from an infinite temperature (found by the fuzz test as a 500)."""
+    allowed = torch.tensor([False, True, False, True, False, False])
+    s = seq(temperature=1.178422569620432e308, seed=3)
+    tokens = {sample_row(LOGITS, s, GEN, allowed).token_id for _ in range(40)}
+    assert tokens == {1, 3}
+
+
+def test_a_temperature_that_is_not_a_finite_number_is_refused():
+    for bad in (float("inf"), float("nan"), -0.5):
+        with pytest.raises(InvalidRequestError, match="temperature must be a finite number >= 0"):
+            SamplingParams(temperature=bad)

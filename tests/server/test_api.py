@@ -251,3 +251,17 @@ def test_tools_are_accepted_and_the_response_is_well_formed(server):
     choice = out.choices[0]
     assert choice.finish_reason in ("stop", "length", "tool_calls")
     assert (choice.finish_reason == "tool_calls") == bool(choice.message.tool_calls)
+
+
+def test_a_temperature_past_fp32s_range_is_served_and_an_infinite_one_refused(server):
+    """The fuzz test's 500: a guided choice at temperature 1.18e308 (finite in JSON, inf in fp32) made the sampler
+    divide a masked token's -inf by inf. It is served now, one of the choices; 1e999 (inf once parsed) is a 400
+    naming the field."""
+    body = {"model": model_name(server), "prompt": "Hello", "max_tokens": 3, "guided_choice": ["Z", "yes"]}
+    ok = httpx.post(f"{server.base_url}/v1/completions", json={**body, "temperature": 1.178422569620432e308}, timeout=60)
+    assert ok.status_code == 200 and ok.json()["choices"][0]["text"] in ("Z", "yes")
+    raw = json.dumps(body)[:-1] + ', "temperature": 1e999}'
+    refused = httpx.post(f"{server.base_url}/v1/completions", content=raw, timeout=60,
+                         headers={"Content-Type": "application/json"})
+    assert refused.status_code == 400 and "temperature" in refused.text, refused.text
+    assert server.client().models.list().data  # still serving

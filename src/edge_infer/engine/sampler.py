@@ -17,6 +17,8 @@ import torch
 from edge_infer.engine.protocol import TokenLogprobs
 from edge_infer.engine.sequence import Sequence
 
+_FP32_MAX = torch.finfo(torch.float32).max
+
 
 @dataclass
 class SampledToken:
@@ -80,7 +82,9 @@ def sample_row(logits: torch.Tensor, seq: Sequence, default_generator: torch.Gen
         # the same answer (the first maximum; the first NaN if any)
         token = int(logits.numpy().argmax())
     else:
-        logits = _truncate(logits / p.temperature, p.top_k, p.top_p, p.min_p)
+        # A temperature past fp32's range would become inf in the division, and a masked token's -inf / inf is
+        # NaN: the largest fp32 keeps -inf where it is and flattens the rest, the limit such a temperature means.
+        logits = _truncate(logits / min(p.temperature, _FP32_MAX), p.top_k, p.top_p, p.min_p)
         probs = torch.softmax(logits, dim=-1)
         gen = seq.generator or default_generator
         token = int(torch.multinomial(probs, 1, generator=gen))

@@ -1,6 +1,7 @@
 """``SamplingParams``: how one request is decoded (vLLM-compatible names)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -89,8 +90,8 @@ class SamplingParams:
             bad(f"n must be at least 1, got {self.n}")
         if self.max_tokens is not None and self.max_tokens < 0:
             bad(f"max_tokens must be at least 0 (0: only process the prompt), got {self.max_tokens}")
-        if self.temperature < 0:
-            bad(f"temperature must be >= 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            bad(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             bad(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
