@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "pack_math.h"
+
 namespace edge_infer {
 namespace {
 
@@ -103,12 +105,7 @@ void dequantize_w4_tiles(const uint8_t* codes, const uint16_t* sz, int64_t k, in
   constexpr int64_t kRows = 64;
   const int64_t groups = k / group, rows = tiles * kRows;
   const int64_t span = (kTaskColumns + group - 1) / group * group, spans = (k + span - 1) / span;
-  const auto widen = [](uint16_t v) {
-    const uint32_t bits = static_cast<uint32_t>(v) << 16;
-    float f;
-    std::memcpy(&f, &bits, sizeof f);
-    return f;
-  };
+  using pack::bf16_value;
   at::parallel_for(0, tiles * spans, 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
       const int64_t tile = task / spans, c0 = task % spans * span, c1 = std::min(c0 + span, k);
@@ -119,7 +116,8 @@ void dequantize_w4_tiles(const uint8_t* codes, const uint16_t* sz, int64_t k, in
       for (int64_t c = c0; c < c1; c += 8) {  // groups are multiples of 16 columns
         if (c % group == 0)
           for (int64_t r = 0; r < kRows; ++r)
-            scale[r] = widen(tile_sz[c / group * 2 * kRows + r]), zero[r] = widen(tile_sz[(c / group * 2 + 1) * kRows + r]);
+            scale[r] = bf16_value(tile_sz[c / group * 2 * kRows + r]),
+            zero[r] = bf16_value(tile_sz[(c / group * 2 + 1) * kRows + r]);
         std::memcpy(words, tile_codes + c / 8 * 4 * kRows, sizeof words);
         // Column by column over the 64 rows: contiguous loads and stores, which the compiler vectorizes.
         for (int j = 0; j < 8; ++j) {
