@@ -248,9 +248,10 @@ def encoder_calibration(dtype: str) -> dict[str, float]:
                 for side, frames in ENCODER_SIZES[shape]:
                     if tower == "vision":
                         args, tensors = ["--image-grid", "1", str(side), str(side)], sizing.vision_tensor_bytes(
-                            cfg, side * side, d, sizing.native_elementwise(d))
+                            cfg, side * side, d, sizing.native_elementwise(d), sizing.products_bytes(d))
                     else:
-                        args, tensors = ["--audio-frames", str(frames)], sizing.audio_tensor_bytes(cfg, frames, d)
+                        args, tensors = ["--audio-frames", str(frames)], sizing.audio_tensor_bytes(
+                            cfg, frames, d, sizing.products_bytes(d))
                     measured.append((tensors, _encoder_peak(path, dtype, args)))
                 points[shape] = measured
             factor = max((m1 - m0) / (t1 - t0) for (t0, m0), (t1, m1) in points.values())

@@ -1,6 +1,6 @@
 """The vision and audio encoders against transformers 5.24's modules, loaded from checkpoints transformers saved.
 
-Tiny fp32 towers with odd shapes: heads not a power of two, windows that do
+Tiny fp32 towers (and bf16 ones against them) with odd shapes: heads not a power of two, windows that do
 not divide the grid, several full-attention blocks, a non-square image, a
 video with grid_t 2 and several items in one call; audio clips whose frames
 are not a multiple of the chunk, chunks of an odd token count (pooled pairs
@@ -144,6 +144,25 @@ def test_audio_matches_transformers(thinker, frames):
     lengths = module._get_feat_extract_output_lengths(torch.tensor(frames))[1].tolist()
     assert [audio_output_length(n) for n in frames] == lengths
     assert_close(ours, reference_audio(module, clips))
+
+
+@pytest.mark.parametrize("native_bf16", [False, True], ids=["bf16-emulated", "bf16-native"])
+def test_bf16_towers_track_the_fp32_ones(thinker, monkeypatch, native_bf16):
+    """bf16 towers give bf16 tokens within bf16's rounding of the fp32 towers'. Where the CPU has no bf16
+    arithmetic the front ends (the patch embedding, the audio convolutions) multiply in fp32 and round once, as
+    PyTorch's emulated bf16 products run 9-37x slower; where it has, in bf16 (each stood in for here)."""
+    products = (lambda d: d) if native_bf16 else (lambda d: torch.float32)
+    for module in ("vision", "audio_encoder"):
+        monkeypatch.setattr(f"edge_infer.models.{module}.products_dtype", products)
+    vision32, audio32 = load_encoders(thinker[0], torch.float32)
+    vision16, audio16 = load_encoders(thinker[0], torch.bfloat16)
+    px, mel = pixels(GRIDS, vision32.cfg.patch_dim), torch.randn(AUDIO["num_mel_bins"], 37)
+    with torch.no_grad():
+        pairs = [(vision16(px, GRIDS), vision32(px, GRIDS)), (audio16(mel), audio32(mel)),
+                 (audio16.embed(mel)[0], audio32.embed(mel)[0])]
+    for ours, ref in pairs:
+        assert ours.dtype == torch.bfloat16 and ours.shape == ref.shape
+        assert (ours.float() - ref).abs().max() <= 0.02 * ref.abs().max()
 
 
 def test_audio_too_short_gives_no_tokens(thinker):

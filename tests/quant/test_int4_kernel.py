@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import testutil
-from edge_infer.hardware.cpu import detect, profile
+from edge_infer.hardware.cpu import detect
 
 from edge_infer.models.weights import WeightSpec
 from edge_infer.config import QuantConfig
@@ -48,7 +48,7 @@ def test_a_prompt_runs_on_blas_with_the_int4_kernels_results(group_size, dtype, 
         pytest.skip("edge-infer's kernel library does not run on this CPU, or cannot read this PyTorch's int4 layout "
                     "(prompts stay on the int4 kernel)")
     if native_bf16 != detect().native_bf16:
-        monkeypatch.setattr("edge_infer.quant.kernel.detect", lambda: profile("avx512-bf16" if native_bf16 else "avx2"))
+        monkeypatch.setattr("edge_infer.quant.kernel.products_dtype", lambda d: d if native_bf16 else torch.float32)
     torch.manual_seed(group_size)
     weight = torch.randn(3436, 3 * group_size - 20) * 0.05  # 3440 padded rows: 107 whole tiles of 32 and one of 16
     kernel, q = packed_kernel(weight, group_size, False, dtype, block_rows=512)

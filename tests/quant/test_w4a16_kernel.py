@@ -10,7 +10,6 @@ import testutil
 from testutil import require_built, runnable_variants
 
 from edge_infer.config import QuantConfig
-from edge_infer.hardware.cpu import profile
 from edge_infer.quant.native import missing_requirement
 from edge_infer.quant.quantize import dequantize_rows
 from edge_infer.quant.sizes import GROUP_SIZES, PROMPT_MIN_ROWS, quantized_nbytes
@@ -52,7 +51,7 @@ def test_products_equal_the_dequantized_weights_to_float_rounding(symmetric, gro
     """No activation quantization: fp32 outputs within fp32 rounding of x @ W.T for the weights the codes stand for
     (W4A8 would be off by up to half an int8 step per group), bf16 outputs within their own rounding; the tile
     kernel's rows and a prompt's (BLAS over dequantized blocks, fp32 blocks here) alike."""
-    monkeypatch.setattr("edge_infer.quant.kernel.detect", lambda: profile("avx2"))
+    monkeypatch.setattr("edge_infer.quant.kernel.products_dtype", lambda d: torch.float32)
     torch.manual_seed(group_size + symmetric)
     weight = torch.randn(200, 2 * group_size + 24) * 0.05
     for dtype in (torch.float32, torch.bfloat16):
@@ -74,7 +73,7 @@ def test_products_equal_the_dequantized_weights_to_float_rounding(symmetric, gro
 def test_a_prompt_multiplies_bf16_blocks_where_bf16_is_native(monkeypatch):
     """Where the CPU has native bf16 (stood in for here: PyTorch emulates what it lacks) a prompt's blocks are
     dequantized to bf16 and multiplied on oneDNN: within bf16's rounding of the weights, as cpu_int4's prompts."""
-    monkeypatch.setattr("edge_infer.quant.kernel.detect", lambda: profile("avx512-bf16"))
+    monkeypatch.setattr("edge_infer.quant.kernel.products_dtype", lambda d: d)
     torch.manual_seed(9)
     weight = torch.randn(300, 360) * 0.05
     kernel, q = packed(weight, 64, False, torch.bfloat16)

@@ -62,50 +62,64 @@ def native_elementwise(dtype_bytes: int, cpu: CpuCapabilities | None = None) -> 
     return dtype_bytes == 2 and KERNELS["cpu-w4a8"].missing(cpu or detect()) is None and missing_toolchain() is None
 
 
-def vision_tensor_bytes(cfg: VisionConfig, patches: int, d: int, native: bool = False) -> int:
+def products_bytes(dtype_bytes: int, cpu: CpuCapabilities | None = None) -> int:
+    """The element size of the towers' front ends (the patch embedding, the audio convolutions) on ``cpu`` (this one):
+    fp32 for bf16 towers where the CPU has no bf16 arithmetic (``models.layers.linear.products_dtype``)."""
+    return FP32 if dtype_bytes == 2 and not (cpu or detect()).native_bf16 else dtype_bytes
+
+
+def vision_tensor_bytes(cfg: VisionConfig, patches: int, d: int, native: bool = False, products: int | None = None) -> int:
     """The bytes of the tensors one ViT call over ``patches`` patches holds at once, by shape.
 
     Per patch, in the largest of its phases (``x`` the residual a block starts from, held by the caller):
-    the patch embedding (a ``d``-byte copy of the fp32 pixels, then ``x`` in window order); a norm (its
-    output, plus two fp32 copies unless the ``native`` kernel normalises in one pass); a block's rotary
-    step (``x``, the fused qkv, and q/k rotated: by the ``native`` kernel into a new tensor of the
-    activations' dtype, or by PyTorch in fp32, the float copy rotated in place and the roll); its attention
-    (q/k/v gathered where windows differ in size, the output); its MLP (``x``, qkv, the rotated q/k and the
-    attention output are still referenced, the residual after attention, gate/up with the activation
-    applied in place, and the product); the merger. Throughout: the fp32 cos/sin and
+    the patch embedding (a copy of the fp32 pixels in the ``products`` element size, ``d`` by default, the
+    product, and where that is not ``d`` the product rounded and a widened copy of the weight; then ``x``
+    in window order); a norm (its output, plus two fp32 copies unless the ``native`` kernel normalises in
+    one pass); a block's rotary step (``x``, the fused qkv, and q/k rotated: by the ``native`` kernel into
+    a new tensor of the activations' dtype, or by PyTorch in fp32, the float copy rotated in place and the
+    roll); its attention (q/k/v gathered where windows differ in size, the output); its MLP (``x``, qkv,
+    the rotated q/k and the attention output are still referenced, the residual after attention, gate/up
+    with the activation applied in place, and the product); the merger. Throughout: the fp32 cos/sin and
     the int64 2-D positions of every patch.
     """
     h, i, o = cfg.hidden_size, cfg.intermediate_size, cfg.out_hidden_size
+    p = products or d
     m2 = cfg.merge_unit
-    pixels_copy = cfg.patch_dim * d if d != FP32 else 0
-    embed = max(pixels_copy + h * d, 2 * h * d)
+    pixels_copy = cfg.patch_dim * p if p != FP32 else 0
+    embed = max(pixels_copy + h * p + (h * d if p != d else 0), 2 * h * d)
+    widened_weight = h * cfg.patch_dim * p if p != d else 0
     norm = 2 * h * d + (0 if native else 2 * h * FP32)
     rotary = 6 * h * d if native else 4 * h * d + 2 * 2 * h * FP32
     attention = 11 * h * d
     mlp = 8 * h * d + 3 * i * d
     merger = max(norm, 3 * h * d, 2 * h * d + o * d // m2)
-    per_patch = 2 * cfg.head_dim * FP32 + 2 * INT64 + max(embed, norm, rotary, attention, mlp, merger)
-    return patches * per_patch
+    throughout = 2 * cfg.head_dim * FP32 + 2 * INT64
+    return max(patches * (throughout + embed) + widened_weight,
+               patches * (throughout + max(norm, rotary, attention, mlp, merger)))
 
 
-def audio_tensor_bytes(cfg: AudioConfig, frames: int, d: int) -> int:
+def audio_tensor_bytes(cfg: AudioConfig, frames: int, d: int, products: int | None = None) -> int:
     """The bytes of the tensors one audio-tower call over ``frames`` mel frames holds at once, by shape.
 
-    The front end works on whole chunks of ``2 n_window`` frames (the last zero-padded): the padded mel
-    in the tower's dtype, conv1's output and its GELU, then conv2's (half the frames) and its GELU; the
-    convolutions reorder their weights into oneDNN's layout for each call (one transient copy). A layer
-    holds, per token: its input, the fused qkv, q and v with their biases, the attention output, the
-    residual, the MLP's norm, and fc1's output and its GELU.
+    The front end works on whole chunks of ``2 n_window`` frames (the last zero-padded), in the ``products``
+    element size (``d`` by default): the padded mel, conv1's output and its GELU, then conv2's (half the
+    frames) and its GELU; the convolutions reorder their weights into oneDNN's layout for each call (one
+    transient copy, beside a widened copy where ``products`` is not ``d``); then, where it is not, the tokens
+    with their positions added, laid out token-major and rounded to ``d``. A layer holds, per token: its
+    input, the fused qkv, q and v with their biases, the attention output, the residual, the MLP's norm,
+    and fc1's output and its GELU.
     """
     dm, ffn, bins = cfg.d_model, cfg.encoder_ffn_dim, cfg.num_mel_bins
+    p = products or d
     chunks = -(-frames // cfg.chunk_frames)
     padded = chunks * cfg.chunk_frames
     tokens_padded = chunks * cfg.chunk_tokens
     tokens = conv_output_length(frames)
-    mel = bins * frames * d if d != FP32 else 0
-    conv_weights = (dm * bins + dm * dm) * CONV_KERNEL * d
-    front = max(mel + bins * padded * d + 2 * dm * padded * d,
-                bins * padded * d + dm * padded * d + 2 * dm * tokens_padded * d) + conv_weights
+    mel = bins * frames * p if p != FP32 else 0
+    conv_weights = (dm * bins + dm * dm) * CONV_KERNEL * p * (1 if p == d else 2)
+    rounded = bins * padded * p + 2 * dm * tokens_padded * p + tokens * dm * d if p != d else 0
+    front = max(mel + bins * padded * p + 2 * dm * padded * p,
+                bins * padded * p + dm * padded * p + 2 * dm * tokens_padded * p, rounded) + conv_weights
     layers = tokens * (9 * dm + 2 * ffn) * d
     return max(front, layers)
 
@@ -121,10 +135,11 @@ def encoder_activation_bytes(cfg: VisionConfig | AudioConfig, size: int, dtype_b
     if not size:
         return 0
     factor, fixed, per_weight_byte = encoder_calibration(cfg, dtype_bytes, cpu)
+    products = products_bytes(dtype_bytes, cpu)
     if isinstance(cfg, VisionConfig):
-        tensors = vision_tensor_bytes(cfg, size, dtype_bytes, native)
+        tensors = vision_tensor_bytes(cfg, size, dtype_bytes, native, products)
     else:
-        tensors = audio_tensor_bytes(cfg, size, dtype_bytes)
+        tensors = audio_tensor_bytes(cfg, size, dtype_bytes, products)
     return int(factor * tensors + fixed + per_weight_byte * largest_linear_bytes(cfg, dtype_bytes))
 
 

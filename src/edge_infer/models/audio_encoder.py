@@ -25,7 +25,7 @@ from torch import nn
 
 from edge_infer.models.encoder_config import AUDIO_NORM_EPS, AudioConfig, audio_output_length, conv_output_length
 from edge_infer.models.encoder_weights import audio_weight_specs
-from edge_infer.models.layers.linear import Linear
+from edge_infer.models.layers.linear import Linear, products_dtype
 from edge_infer.models.layers.segments import Segments
 from edge_infer.models.loader import resident_bytes, resolve_target
 from edge_infer.models.weights import WeightSpec
@@ -98,16 +98,18 @@ class AudioEncoder(nn.Module):
         cfg = self.cfg
         frames, size = mel.shape[1], cfg.chunk_frames
         count = -(-frames // size)
-        chunks = F.pad(mel.to(self.dtype), (0, count * size - frames)).view(cfg.num_mel_bins, count, size).transpose(0, 1)
-        x = F.gelu(F.conv1d(chunks, self.conv1, self.conv1_bias, padding=1))
+        # In fp32 where bf16 is emulated (linear.products_dtype): rounded to the tower's dtype once, at the end.
+        products = products_dtype(self.dtype)
+        chunks = F.pad(mel.to(products), (0, count * size - frames)).view(cfg.num_mel_bins, count, size).transpose(0, 1)
+        x = F.gelu(F.conv1d(chunks, self.conv1.to(products), self.conv1_bias.to(products), padding=1))
         # The last chunk ends with the clip: conv2 must read zeros past it, as a chunk of its own length would.
         tail = frames - (count - 1) * size
         x[-1, :, tail:] = 0
-        x = F.gelu(F.conv1d(x, self.conv2, self.conv2_bias, stride=2, padding=1)).transpose(1, 2)  # [C, n', d]
-        x = x + sinusoids(x.shape[1], cfg.d_model).to(x.dtype)
+        x = F.gelu(F.conv1d(x, self.conv2.to(products), self.conv2_bias.to(products), stride=2, padding=1))
+        x = x.transpose(1, 2) + sinusoids(x.shape[2], cfg.d_model).to(products)  # [C, n', d]
         tokens = conv_output_length(frames)
         full, last = cfg.chunk_tokens, conv_output_length(tail)
-        return x.reshape(-1, cfg.d_model)[:tokens], Segments([full] * (count - 1) + [last])
+        return x.reshape(-1, cfg.d_model)[:tokens].to(self.dtype), Segments([full] * (count - 1) + [last])
 
     def forward(self, mel: torch.Tensor) -> torch.Tensor:
         """One clip's log-mel ``[num_mel_bins, frames]`` -> ``[audio_output_length(frames), output_dim]``."""

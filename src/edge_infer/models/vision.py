@@ -6,7 +6,8 @@ patches (``m`` = spatial_merge_size, ``P`` = sum of t_i * h_i * w_i)::
     pixel_values  [P, in_channels * temporal_patch * patch * patch]  fp32, the processor's patch order
                   (per item, per frame: merge blocks of m x m patches in row-major order, each block's
                   patches row-major)
-    patch embed   [P, hidden]        the Conv3d (stride = kernel) as one matrix product over flat patches
+    patch embed   [P, hidden]        the Conv3d (stride = kernel) as one matrix product over flat patches (in fp32
+                                     where bf16 is emulated: linear.products_dtype)
     window order  [P, hidden]        whole m x m blocks regrouped window by window (window_units blocks a side;
                                      windows at the right and bottom edges are smaller)
     blocks        [P, hidden]        RMSNorm -> attention (2-D RoPE) -> RMSNorm -> SwiGLU MLP; blocks in
@@ -27,7 +28,7 @@ from torch import nn
 
 from edge_infer.models.encoder_config import VISION_NORM_EPS, VisionConfig
 from edge_infer.models.encoder_weights import vision_weight_specs
-from edge_infer.models.layers.linear import Linear
+from edge_infer.models.layers.linear import Linear, products_dtype
 from edge_infer.models.layers.native_ops import rms_norm, rotate, swiglu
 from edge_infer.models.layers.rope import inverse_frequencies
 from edge_infer.models.layers.segments import Segments
@@ -156,7 +157,8 @@ class VisionEncoder(nn.Module):
         if tuple(pixel_values.shape) != (layout.num_patches, cfg.patch_dim):
             raise ValueError(f"pixel_values has shape {tuple(pixel_values.shape)}; grids {list(grid_thw)} need "
                              f"({layout.num_patches}, {cfg.patch_dim})")
-        x = F.linear(pixel_values.to(self.dtype), self.patch_embed.view(cfg.hidden_size, -1))
+        products = products_dtype(self.dtype)
+        x = F.linear(pixel_values.to(products), self.patch_embed.view(cfg.hidden_size, -1).to(products)).to(self.dtype)
         x = layout.to_window_order(x)
         cos, sin = self.rotary(layout.positions)
         for n, block in enumerate(self.blocks):

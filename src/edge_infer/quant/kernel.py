@@ -35,8 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from edge_infer.errors import KernelUnavailableError
-from edge_infer.hardware.cpu import detect
-from edge_infer.models.layers.linear import WeightKernel
+from edge_infer.models.layers.linear import WeightKernel, products_dtype
 from edge_infer.models.weight_arena import packed_zeros
 from edge_infer.quant.native import vector_variant
 from edge_infer.quant.quantize import NonFiniteWeightError, quantize_rows, unpack_nibbles
@@ -210,7 +209,7 @@ def prompt_matmul(x: torch.Tensor, out_rows: int, blocks: list[tuple[int, int]],
     """``x [m, Kp] @ W.T`` -> ``[m, out_rows]`` in x's dtype on BLAS: the weight's output rows a block
     ``(first, rows)`` at a time, dequantized by ``dequantize(first, rows, out [Kp, rows])``, x's rows
     PROMPT_BLOCK_ROWS at a time; the products in bf16 where the CPU has native bf16, else in fp32."""
-    dtype = x.dtype if x.dtype == torch.float32 or detect().native_bf16 else torch.float32
+    dtype = products_dtype(x.dtype)
     k = x.shape[1]
     out = torch.empty(x.shape[0], out_rows, dtype=x.dtype)
     block = torch.empty(k * max(rows for _, rows in blocks), dtype=dtype)
