@@ -15,6 +15,9 @@ DTYPES = ("bfloat16", "float32")
 # What --quantization takes: 4-bit weights through PyTorch's tinygemm (W4A16), 4-bit weights times the activations
 # as they are on edge-infer's own kernels (W4A16), or 4- or 8-bit weights times int8 activations on them (W4A8, W8A8).
 QUANT_METHODS = ("cpu_int4", "cpu_w4a16", "cpu_w4a8", "cpu_w8a8")
+# The kernel each method runs its weights on (QuantConfig.kernel): PyTorch's tinygemm, edge-infer's 64-row tiles
+# times the activations as they are, or the same tiles times int8 activations (quant/int8_kernels.py).
+METHOD_KERNELS = {"cpu_int4": "tinygemm", "cpu_w4a16": "w4a16", "cpu_w4a8": "int8", "cpu_w8a8": "int8"}
 # "auto": chosen by priority among what this CPU runs (memory/weight_path.py).
 QUANTIZATION_CHOICES = (*QUANT_METHODS, "auto", "none")
 PRIORITIES = ("speed", "fidelity", "memory")
@@ -35,24 +38,24 @@ class QuantConfig:
     group_size: int = 128
     symmetric: bool = True
     quantize_head: bool = False
-    # A kernel choice, not a weight format: int8 activations through edge-infer's kernels (quant/int8_kernels.py)
-    # instead of PyTorch's tinygemm with activations in the model dtype.
-    int8_activations: bool = False
-    # Also a kernel choice: the 4-bit weights in edge-infer's tiles, as cpu_w4a8 holds them, times the activations
-    # as they are (cpu_w4a16: quant/int8_kernels.py's W4A16Kernel) instead of on tinygemm.
-    w4a16_tiles: bool = False
+    # A kernel choice, not a weight format (one of METHOD_KERNELS' values): the same 4-bit codes load on any.
+    kernel: str = "tinygemm"
 
     @classmethod
     def named(cls, name: str, **settings: Any) -> "QuantConfig":
         """The settings a --quantization name (one of QUANT_METHODS) stands for."""
         assert name in QUANT_METHODS, name
-        return cls(bits=8 if name == "cpu_w8a8" else 4, int8_activations=name in ("cpu_w4a8", "cpu_w8a8"),
-                   w4a16_tiles=name == "cpu_w4a16", **settings)
+        return cls(bits=8 if name == "cpu_w8a8" else 4, kernel=METHOD_KERNELS[name], **settings)
+
+    @property
+    def int8_activations(self) -> bool:
+        """Whether the activations are quantized to int8 for the products (cpu_w4a8, cpu_w8a8)."""
+        return self.kernel == "int8"
 
     @property
     def tiles(self) -> bool:
         """Whether the weights are held in edge-infer's 64-row tiles (bf16 scales) rather than tinygemm's layout."""
-        return self.int8_activations or self.w4a16_tiles
+        return self.kernel != "tinygemm"
 
     @property
     def method(self) -> str:
@@ -64,9 +67,7 @@ class QuantConfig:
         """The --quantization name these settings run as."""
         if self.bits == 8:
             return "cpu_w8a8"
-        if self.w4a16_tiles:
-            return "cpu_w4a16"
-        return "cpu_w4a8" if self.int8_activations else "cpu_int4"
+        return {"tinygemm": "cpu_int4", "w4a16": "cpu_w4a16", "int8": "cpu_w4a8"}[self.kernel]
 
 
 def encoder_quant_config(choice: str | None, decoder: QuantConfig | None) -> QuantConfig | None:

@@ -110,7 +110,7 @@ def test_int8_kernel_sizes_and_rows_match_the_plan(weights):
     torch.manual_seed(3)
     weight = torch.randn(130, 200)
     kernel, q = packed(weight, 64, bits, symmetric, torch.float32)
-    quant = QuantConfig(bits=bits, group_size=64, symmetric=symmetric, int8_activations=True)
+    quant = QuantConfig(bits=bits, group_size=64, symmetric=symmetric, kernel="int8")
     assert kernel.nbytes == quantized_nbytes(130, 200, quant, 4)
     assert kernel.nbytes == sum(t.untyped_storage().nbytes() for t in kernel.resident())
     ids = torch.tensor([0, 63, 64, 129])

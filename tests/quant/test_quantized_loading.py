@@ -181,7 +181,7 @@ def test_a_quantized_checkpoint_loads_with_int8_activations_on_request(tmp_path,
     out = quantize_checkpoint(tied_model, tmp_path / "q", QuantConfig(group_size=64, symmetric=False)).out_dir
     plan = plan_text_session(out, quantization="cpu_w4a8", dtype="bfloat16", max_model_len=128)
     assert plan.settings["quantization"] == "cpu_w4a8 g64 asym"
-    assert plan.engine_config.quant == QuantConfig(group_size=64, symmetric=False, int8_activations=True)
+    assert plan.engine_config.quant == QuantConfig(group_size=64, symmetric=False, kernel="int8")
     core = make_core(out, "cpu_w4a8")
     assert core.ready_info.weight_bytes == core.plan.item("weights")
     assert {lin.kernel.name for name, lin in core.model.linears() if name.startswith("layers.")} == {"cpu-w4a8"}
@@ -196,7 +196,7 @@ def test_a_quantized_checkpoint_loads_on_the_w4a16_tiles_on_request(tmp_path, ti
     out = quantize_checkpoint(tied_model, tmp_path / "q", QuantConfig(group_size=64, symmetric=False)).out_dir
     plan = plan_text_session(out, quantization="cpu_w4a16", dtype="bfloat16", max_model_len=128)
     assert plan.settings["quantization"] == "cpu_w4a16 g64 asym"
-    assert plan.engine_config.quant == QuantConfig(group_size=64, symmetric=False, w4a16_tiles=True)
+    assert plan.engine_config.quant == QuantConfig(group_size=64, symmetric=False, kernel="w4a16")
     cores = {method: make_core(out, method, dtype="float32") for method in ("cpu_w4a16", "cpu_int4", "cpu_w4a8")}
     core = cores["cpu_w4a16"]
     assert core.ready_info.weight_bytes == core.plan.item("weights")
@@ -260,9 +260,11 @@ def test_edge_infers_kernels_are_refused_by_the_plan_where_they_cannot_be_built(
     assert not plan.admitted and any(f"--quantization {method}: {why}" in r for r in plan.reasons), plan.reasons
 
 
-def test_a_config_with_two_kernels_for_the_same_weights_is_refused():
+def test_a_config_naming_no_kernel_of_ours_is_refused_by_name():
     from edge_infer.errors import InvalidRequestError
     from edge_infer.quant.sizes import check_quant_config
 
-    with pytest.raises(InvalidRequestError, match="choose one"):
-        check_quant_config(QuantConfig(int8_activations=True, w4a16_tiles=True))
+    with pytest.raises(InvalidRequestError, match="kernel 'vnni' is not one of .*cpu_int4, cpu_w4a16, cpu_w4a8"):
+        check_quant_config(QuantConfig(kernel="vnni"))
+    with pytest.raises(InvalidRequestError, match="8-bit weights .* run on cpu_w8a8"):
+        check_quant_config(QuantConfig(bits=8, kernel="w4a16"))

@@ -195,7 +195,7 @@ def test_a_w4a8_talker_runs_its_frame_steps_in_fused_layers(w4a8_checkpoint: Pat
 
     eng = load_talker_engine(EngineConfig(
         model=str(w4a8_checkpoint), dtype=dtype, max_model_len=128, max_num_seqs=2, max_num_batched_tokens=64,
-        kv_cache_memory_bytes=1 << 20, quant=QuantConfig(int8_activations=True),
+        kv_cache_memory_bytes=1 << 20, quant=QuantConfig(kernel="int8"),
     ))
     voice = VoiceRequest(CASES[GREEDY[0]]["input_ids"], CASES[GREEDY[0]]["speaker"])
     for request_id in ("a", "b"):  # two at once: the fused layer takes a batch of sequences
@@ -218,7 +218,7 @@ def test_every_code_predictor_pass_runs_in_the_fused_layer_with_the_pytorch_laye
     for fused in (True, False):
         eng = load_talker_engine(EngineConfig(
             model=str(w4a8_checkpoint), dtype="float32", max_model_len=128, max_num_seqs=2, max_num_batched_tokens=64,
-            kv_cache_memory_bytes=1 << 20, quant=QuantConfig(int8_activations=True),
+            kv_cache_memory_bytes=1 << 20, quant=QuantConfig(kernel="int8"),
         ))
         predictor = eng.talker.predictor
         predictor.fused_decode = None if fused else False

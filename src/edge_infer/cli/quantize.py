@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         print("error: 8-bit weights are symmetric; drop --asym", file=sys.stderr)
         return 2
     quant = QuantConfig(bits=args.bits, group_size=args.group_size, symmetric=not args.asym,
-                        quantize_head=args.quantize_head, int8_activations=args.bits == 8)
+                        quantize_head=args.quantize_head, kernel="int8" if args.bits == 8 else "tinygemm")
 
     def progress(done: int, total: int) -> None:
         print(f"\r{done}/{total} tensors", end="\n" if done == total else "", file=sys.stderr, flush=True)

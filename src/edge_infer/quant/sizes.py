@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from edge_infer.config import QuantConfig
+from edge_infer.config import METHOD_KERNELS, QuantConfig
 from edge_infer.errors import CheckpointError, InvalidRequestError
 from edge_infer.models.encoder_weights import is_tower_spec
 from edge_infer.models.weights import WeightSpec
@@ -68,9 +68,9 @@ def check_quant_config(quant: QuantConfig) -> None:
     """Refuse settings the kernel cannot run, before anything is read or loaded."""
     if quant.bits not in FORMATS:
         raise InvalidRequestError(f"{quant.bits}-bit weights are not supported; use 4 ({METHOD}) or 8 ({INT8_METHOD})")
-    if quant.int8_activations and quant.w4a16_tiles:
-        raise InvalidRequestError("int8_activations and w4a16_tiles are two kernels for the same weights; choose one "
-                                  "(cpu_w4a8 or cpu_w4a16)")
+    if quant.kernel not in set(METHOD_KERNELS.values()):
+        raise InvalidRequestError(f"kernel {quant.kernel!r} is not one of the quantized weights' kernels; "
+                                  f"choose a --quantization method ({', '.join(METHOD_KERNELS)})")
     if quant.bits == 8 and not (quant.int8_activations and quant.symmetric):
         raise InvalidRequestError(f"8-bit weights are symmetric and run on {W8A8_METHOD} (int8 activations) only")
     if quant.group_size not in GROUP_SIZES:
@@ -226,7 +226,7 @@ def quant_config_from_checkpoint(raw: dict[str, Any]) -> QuantConfig:
         )
     try:
         quant = QuantConfig(bits=bits, group_size=int(raw["group_size"]), symmetric=bool(raw["symmetric"]),
-                            quantize_head=bool(raw["quantize_head"]), int8_activations=bits == 8)
+                            quantize_head=bool(raw["quantize_head"]), kernel="int8" if bits == 8 else "tinygemm")
     except KeyError as exc:
         raise CheckpointError(f"config.json's quantization_config lacks {exc.args[0]!r}") from exc
     try:
@@ -252,11 +252,10 @@ def resolve_checkpoint_quant(requested: QuantConfig | str | None, raw: dict[str,
             f"drop --quantization none or load the original checkpoint"
         )
     if isinstance(requested, str) and requested in kernels:
-        return replace(stored, int8_activations=requested in (W4A8_METHOD, W8A8_METHOD),
-                       w4a16_tiles=requested == W4A16_METHOD)
+        return replace(stored, kernel=METHOD_KERNELS[requested])
     if isinstance(requested, QuantConfig) and requested.name in kernels:
         # The kernel may differ; the format may not.
-        if replace(requested, int8_activations=stored.int8_activations, w4a16_tiles=stored.w4a16_tiles) != stored:
+        if replace(requested, kernel=stored.kernel) != stored:
             raise InvalidRequestError(
                 f"this checkpoint was quantized with group size {stored.group_size}, "
                 f"{'symmetric' if stored.symmetric else 'asymmetric'}, quantize_head={stored.quantize_head}; "
