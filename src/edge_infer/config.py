@@ -18,6 +18,7 @@ QUANT_METHODS = ("cpu_int4", "cpu_w4a16", "cpu_w4a8", "cpu_w8a8")
 # The kernel each method runs its weights on (QuantConfig.kernel): PyTorch's tinygemm, edge-infer's 64-row tiles
 # times the activations as they are, or the same tiles times int8 activations (quant/int8_kernels.py).
 METHOD_KERNELS = {"cpu_int4": "tinygemm", "cpu_w4a16": "w4a16", "cpu_w4a8": "int8", "cpu_w8a8": "int8"}
+KERNEL_METHODS = {"tinygemm": "cpu_int4", "w4a16": "cpu_w4a16", "int8": "cpu_w4a8"}  # 4-bit weights' method per kernel
 # "auto": chosen by priority among what this CPU runs (memory/weight_path.py).
 QUANTIZATION_CHOICES = (*QUANT_METHODS, "auto", "none")
 PRIORITIES = ("speed", "fidelity", "memory")
@@ -40,6 +41,11 @@ class QuantConfig:
     quantize_head: bool = False
     # A kernel choice, not a weight format (one of METHOD_KERNELS' values): the same 4-bit codes load on any.
     kernel: str = "tinygemm"
+
+    def __post_init__(self) -> None:
+        if self.kernel not in KERNEL_METHODS:
+            raise InvalidRequestError(f"kernel {self.kernel!r} is not one of the quantized weights' kernels; "
+                                      f"choose a --quantization method ({', '.join(METHOD_KERNELS)})")
 
     @classmethod
     def named(cls, name: str, **settings: Any) -> "QuantConfig":
@@ -67,7 +73,7 @@ class QuantConfig:
         """The --quantization name these settings run as."""
         if self.bits == 8:
             return "cpu_w8a8"
-        return {"tinygemm": "cpu_int4", "w4a16": "cpu_w4a16", "int8": "cpu_w4a8"}[self.kernel]
+        return KERNEL_METHODS[self.kernel]
 
 
 def encoder_quant_config(choice: str | None, decoder: QuantConfig | None) -> QuantConfig | None:

@@ -28,8 +28,8 @@ LIMITS = {
     "image": {"max_images": 1, "max_image_pixels": 896 * 896, "max_video_frames": 0, "max_audio_seconds": 1},
     "audio": {"max_images": 0, "max_video_frames": 0, "max_audio_seconds": 60},
 }
-# bf16 on every CPU: where bf16 is emulated it is what quantized towers run in (dtype auto), their front ends
-# multiplying in fp32 (encoder_sizing.products_bytes).
+# bf16 on every CPU: where bf16 is emulated (dtype auto's choice beside quantized linears) these dense towers'
+# products run emulated and their front ends in fp32 (encoder_sizing.products_bytes); the plan holds either way.
 DTYPES = ["float32", "bfloat16"]
 THREADS = min(2, len(os.sched_getaffinity(0)))  # as memory/overhead.json was calibrated
 

@@ -68,9 +68,6 @@ def check_quant_config(quant: QuantConfig) -> None:
     """Refuse settings the kernel cannot run, before anything is read or loaded."""
     if quant.bits not in FORMATS:
         raise InvalidRequestError(f"{quant.bits}-bit weights are not supported; use 4 ({METHOD}) or 8 ({INT8_METHOD})")
-    if quant.kernel not in set(METHOD_KERNELS.values()):
-        raise InvalidRequestError(f"kernel {quant.kernel!r} is not one of the quantized weights' kernels; "
-                                  f"choose a --quantization method ({', '.join(METHOD_KERNELS)})")
     if quant.bits == 8 and not (quant.int8_activations and quant.symmetric):
         raise InvalidRequestError(f"8-bit weights are symmetric and run on {W8A8_METHOD} (int8 activations) only")
     if quant.group_size not in GROUP_SIZES:
