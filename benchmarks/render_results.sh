@@ -28,6 +28,7 @@ control_for() {
     pp-tg-*-zen3) echo llamacpp-q4_0-zen3 ;;
     tg-depth-*-avx-vnni) echo llamacpp-q4_0-avx-vnni-d1024 ;;
     tg-depth-*-zen4) echo llamacpp-q4_0-d1024 ;;
+    tts-*-zen3) echo talker-int4-tinygemm-zen3 ;;
     agent-*) echo bf16 ;;
     media-*-1t) echo transformers-bf16-1t ;;
     media-*-avx2) echo transformers-fp32-avx2 ;;
