@@ -225,6 +225,26 @@ def test_an_omni_prompt_with_image_audio_and_video_is_ready_for_the_engine(omni)
         omni.tokenizer.decode(silent.token_ids, skip_special_tokens=False)
 
 
+def test_media_above_the_token_limit_are_encoded_at_it_as_the_plan_sized_them(synth_thinkers):
+    """--max-image-tokens scales a picture down, and a video's frames to it a pair; the plan's largest items hold
+    what the frontend makes."""
+    from edge_infer.media.image import smart_resize
+    from edge_infer.memory.media_shapes import media_shapes
+
+    front = Frontend.create(synth_thinkers["qwen2_5_vl"], dtype="float32", max_model_len=2048,
+                            media_limits={**LIMITS, "max_image_pixels": 1200 * 900, "max_image_tokens": 40})
+    cfg = front.media_processing.vision
+    big = {"type": "image_url", "image_url": {"url": data_url(png(3, width=1200, height=900), "image/png")}}
+    video = {"type": "video_url", "video_url": {"url": data_url(video_file(frames_of(8, 448, 336), 4), "video/mp4")}}
+    picture, frames = (m.features for m in front.prepare_chat(user(big, video)).media)
+    h, w = smart_resize(900, 1200, cfg.factor, cfg.min_pixels, 40 * cfg.factor ** 2)
+    assert picture.grid_thw == (1, h // cfg.patch_size, w // cfg.patch_size) and picture.num_tokens <= 40
+    per_pair = frames.grid_thw[1] * frames.grid_thw[2] // 4
+    assert per_pair <= max(40, cfg.video_min_pixels // cfg.factor ** 2) < 448 * 336 // cfg.factor ** 2
+    shapes = media_shapes(front.media_limits, front.media_processing)
+    assert picture.num_tokens <= shapes.image_tokens and frames.num_tokens <= shapes.video_tokens
+
+
 def test_a_vl_video_has_no_sound_and_vl_takes_no_audio(vl):
     prepared = vl.prepare_chat(user(VIDEO, IMAGE))
     assert [m.kind for m in prepared.media] == ["video", "image"]

@@ -82,6 +82,24 @@ def test_checkpoint_settings_reach_the_pixels(tmp_path):
         np.testing.assert_array_equal(got.pixel_values, expected)
 
 
+@pytest.mark.parametrize("tokens", [5, 64, 300])
+def test_a_token_limit_scales_pictures_down_as_the_processors_max_pixels_does(tokens):
+    """--max-image-tokens: the processor run with max_pixels of that many tokens (and never below its min_pixels),
+    bit for bit; a picture within it is not touched."""
+    cfg = VisionProcessing(max_pixels=12845056)
+    capped = MediaLimits(max_image_tokens=tokens).vision_processing(cfg)
+    reference = Qwen2VLImageProcessorPil(min_pixels=cfg.min_pixels, max_pixels=max(cfg.min_pixels, tokens * 28 * 28))
+    for size in ((1500, 1100), (97, 203), (20, 20)):
+        image = _noise(*size, "RGB", seed=size[0])
+        expected, grid = _reference(image, reference)
+        got = image_features(image, capped)
+        assert got.grid_thw == grid and got.num_tokens <= max(tokens, 4)
+        np.testing.assert_array_equal(got.pixel_values, expected)
+    small = _noise(56, 84, "RGB")
+    if tokens >= 6:  # within the limit: as the checkpoint's own processor resizes it
+        assert image_features(small, capped).grid_thw == image_features(small, cfg).grid_thw == (1, 6, 4)
+
+
 def test_smart_resize_equals_the_reference_everywhere():
     rng = np.random.default_rng(1)
     sizes = [(1, 1), (1, 200), (27, 29), (28, 28), (56, 56), (4000, 3000), (10000, 51)]

@@ -82,7 +82,7 @@ def test_nothing_is_planned_for_a_kind_the_chat_template_refuses(synth_thinkers,
     # planned as a server told --max-videos 0: the images get the context videos would have shared
     no_video = plan(full, media_limits={"max_videos": 0})
     assert one.media_limits == no_video.media_limits and one.steady_bytes == no_video.steady_bytes
-    assert one.media_limits.max_image_pixels > both.media_limits.max_image_pixels
+    assert one.media_limits.max_image_tokens > both.media_limits.max_image_tokens
 
 
 def test_the_plans_encoder_weights_are_the_loaded_bytes(thinker_checkpoints):
@@ -105,23 +105,25 @@ def test_default_limits_fit_the_context_and_say_so(omni):
     p = plan(omni)
     limits, shapes = p.media_limits, media_shapes(p.media_limits, MediaProcessing.from_dir(omni))
     assert p.admitted, p.table()
-    assert limits.max_image_pixels < QWEN25_OMNI["max_pixels"] and limits.max_images == 4  # counts are kept
+    assert limits.max_image_tokens < QWEN25_OMNI["max_pixels"] // 28 ** 2 and limits.max_images == 4  # counts are kept
+    # the context bounds the tokens an image is scaled down to, not the pictures a request may send
+    assert limits.max_image_pixels == max(QWEN25_OMNI["max_pixels"], 4096 * 4096)
     assert 2000 <= shapes.request_tokens <= 2047  # every kind at its limit, one token left to generate
-    assert any(n.startswith("max_image_pixels defaulted to") and "--max-image-pixels" in n for n in p.notes)
+    assert any(n.startswith("max_image_tokens defaulted to") and "--max-image-tokens" in n for n in p.notes)
     shorter = plan_text_session(omni, dtype="float32", max_model_len=1024, available_bytes=64 << 30)
-    assert shorter.admitted and shorter.media_limits.max_image_pixels < limits.max_image_pixels
+    assert shorter.admitted and shorter.media_limits.max_image_tokens < limits.max_image_tokens
 
 
 def test_limits_given_are_kept_or_refused_with_levers(omni):
     given = plan(omni, media_limits={"max_image_pixels": 448 * 448, "max_images": 1})
     assert given.admitted and given.media_limits.max_image_pixels == 448 * 448 and given.media_limits.max_images == 1
-    refused = plan(omni, media_limits={"max_image_pixels": QWEN25_OMNI["max_pixels"]})
+    refused = plan(omni, media_limits={"max_image_tokens": 16384})
     assert not refused.admitted and refused.engine_config is None
     reason = next(r for r in refused.reasons if "media tokens" in r)
-    assert "4 image(s) of up to 16384 tokens (--max-image-pixels 12845056)" in reason and "max_model_len=2048" in reason
-    assert any(lever.startswith("--max-image-pixels ") for lever in refused.levers)
-    lever = next(lever for lever in refused.levers if lever.startswith("--max-image-pixels "))
-    fixed = plan(omni, media_limits={"max_image_pixels": int(lever.split()[1])})
+    assert "4 image(s) of up to 16380 tokens (--max-image-tokens 16384)" in reason and "max_model_len=2048" in reason
+    assert any(lever.startswith("--max-image-tokens ") for lever in refused.levers)
+    lever = next(lever for lever in refused.levers if lever.startswith("--max-image-tokens "))
+    fixed = plan(omni, media_limits={"max_image_tokens": int(lever.split()[1])})
     assert fixed.admitted, fixed.table()
     every = plan(omni, media_limits=MediaLimits(max_image_pixels=448 * 448, max_images=1, max_audio_seconds=120))
     assert not every.admitted and any(lever.startswith("--max-audio-seconds") for lever in every.levers)
@@ -185,13 +187,13 @@ def test_sequence_media_are_each_items_input_or_its_embeddings(omni):
 
 
 def test_video_frames_given_keep_videos_on_at_a_smaller_frame_size(omni):
-    """The frames of a video are bounded by --max-image-pixels as images are: with the frame count given, the frame
-    size is what the plan lowers to fit the context, not the videos that are turned off."""
+    """The frames of a video are scaled down to --max-image-tokens a pair as images are: with the frame count given,
+    the frame size is what the plan lowers to fit the context, not the videos that are turned off."""
     p = plan(omni, media_limits={"max_video_frames": 8, "max_audio_seconds": 5})
     shapes = media_shapes(p.media_limits, MediaProcessing.from_dir(omni))
     assert p.admitted and shapes.video_frames == 8 and shapes.request_tokens <= 2047
-    assert 0 < p.media_limits.max_image_pixels < QWEN25_OMNI["max_pixels"]
-    assert any(n.startswith("max_image_pixels defaulted to") for n in p.notes)
+    assert 0 < p.media_limits.max_image_tokens < QWEN25_OMNI["max_pixels"] // 28 ** 2
+    assert any(n.startswith("max_image_tokens defaulted to") for n in p.notes)
 
 
 @pytest.mark.parametrize("limit", [3136, 5000, 20000, 50000, 100352])
@@ -238,10 +240,10 @@ def test_plan_cli_prints_and_carries_the_media_items(omni, capsys):
     out = capsys.readouterr().out
     assert all(name in out for name in MEDIA_ITEMS) and "media_sized_for" in out and "ADMITTED" in out
     assert cli_main(["plan", str(omni), "--dtype", "float32", "--max-model-len", "2048", "--json",
-                     "--max-image-pixels", "12845056"]) == 1
+                     "--max-image-tokens", "16384"]) == 1
     d = json.loads(capsys.readouterr().out)
-    assert MEDIA_ITEMS <= {i["name"] for i in d["items"]} and d["settings"]["media_limits"]["max_image_pixels"] == 12845056
-    assert any("--max-image-pixels" in lever for lever in d["levers"])
+    assert MEDIA_ITEMS <= {i["name"] for i in d["items"]} and d["settings"]["media_limits"]["max_image_tokens"] == 16384
+    assert any("--max-image-tokens" in lever for lever in d["levers"])
 
 
 def test_planning_media_does_not_import_torch(omni):

@@ -387,18 +387,31 @@ async def _finish_reason(stream) -> str | None:
     return reason
 
 
-def test_a_limit_the_plan_fitted_is_the_limit_enforced(local_server):
-    """Started without limit flags: the plan fitted the image size to the 2048-token context, and that is what a
-    request is held to."""
+def test_a_picture_above_the_size_the_plan_fitted_is_scaled_down_to_it(local_server):
+    """Started without limit flags: the plan fitted the tokens a picture is encoded at to the 2048-token context. A
+    larger picture (a photo) is scaled down to that, as the processor's own max_pixels scales it, not refused."""
+    from edge_infer.media.config import MediaProcessing
+    from edge_infer.media.image import smart_resize
+
     service, base_url = local_server
-    limit = service.frontend.plan.media_limits.max_image_pixels
-    assert 0 < limit < 12845056  # not the checkpoint's max_pixels
-    side = math.isqrt(limit) + 1
-    body = {"model": MODEL, "messages": user(image(9, width=side, height=side)), "max_tokens": 2}
-    response = httpx.post(base_url + "/v1/chat/completions", json=body, timeout=60)
-    assert response.status_code == 400
-    assert (f"{side}x{side} pixels is above the limit of {limit} pixels per image (--max-image-pixels)"
-            in response.json()["error"]["message"])
+    limits = service.frontend.plan.media_limits
+    assert 4 < limits.max_image_tokens < 12845056 // 28 ** 2  # not the checkpoint's max_pixels
+    vision = MediaProcessing.from_dir(service.frontend.plan.model).vision
+
+    def prompt_tokens(width: int, height: int) -> int:
+        body = {"model": MODEL, "messages": user(image(9, width=width, height=height), QUESTION), "max_tokens": 1}
+        response = httpx.post(base_url + "/v1/chat/completions", json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        return response.json()["usage"]["prompt_tokens"]
+
+    def tokens(width: int, height: int) -> int:  # at the checkpoint's own max_pixels
+        h, w = smart_resize(height, width, vision.factor, vision.min_pixels, vision.max_pixels)
+        return h * w // vision.factor ** 2
+
+    assert tokens(1000, 750) > limits.max_image_tokens and tokens(56, 56) == 4
+    scaled = prompt_tokens(1000, 750) - prompt_tokens(56, 56) + 4
+    h, w = smart_resize(750, 1000, vision.factor, vision.min_pixels, limits.max_image_tokens * vision.factor ** 2)
+    assert scaled == h * w // vision.factor ** 2 <= limits.max_image_tokens
 
 
 def test_a_client_that_leaves_during_preparation_is_not_served(local_server, monkeypatch):

@@ -58,14 +58,15 @@ def _add_media_limit_args(parser: argparse.ArgumentParser) -> None:
     """One flag per media limit (media/limits.py names them in its refusals); unset ones keep the plan's default."""
     from dataclasses import fields
 
-    from edge_infer.media.limits import LIMITS, MediaLimits
+    from edge_infer.media.limits import LIMITS, MIN_IMAGE_PIXELS_LIMIT, MediaLimits
 
     g = parser.add_argument_group(
         "media limits per request (multimodal models; the plan sizes the encoders for them; by default the "
         "checkpoint's, lowered where a request at every limit would not fit --max-model-len)")
     defaults = MediaLimits()
     for f in fields(MediaLimits):
-        default = "the checkpoint's max_pixels" if f.name == "max_image_pixels" else f"{getattr(defaults, f.name):g}"
+        default = {"max_image_pixels": f"the checkpoint's max_pixels, at least {MIN_IMAGE_PIXELS_LIMIT:,}",
+                   "max_image_tokens": "the checkpoint's max_pixels in tokens"}.get(f.name, f"{getattr(defaults, f.name):g}")
         g.add_argument(LIMITS[f.name].flag, dest=f.name, type=float if f.type == "float" else int, default=None,
                        metavar="N", help=f"{LIMITS[f.name].unit} (default {default})")
 

@@ -196,12 +196,13 @@ def load_part(part: MediaPart, processing: MediaProcessing, policy: MediaPolicy,
         audio = _settings(processing.audio, part)
         samples = decode_audio(data, limits, rate=audio.sampling_rate, part=part.where)
         return LoadedPart(part, audio_features(samples, audio, part=part.where))
-    vision = _settings(processing.vision, part)
+    # Pictures and frames above max_image_tokens are scaled down to it.
+    vision = limits.vision_processing(_settings(processing.vision, part))
     if part.kind == "image":
         return LoadedPart(part, image_features(decode_image(data, limits, part=part.where), vision, part=part.where))
     # A video's sound is decoded only when it goes into the prompt (a model with an audio tower, not turned off).
-    frames, track = video_features(data, processing if audio_in_video else replace(processing, audio=None), limits,
-                                   part=part.where)
+    frames, track = video_features(data, replace(processing, vision=vision, audio=processing.audio if audio_in_video
+                                                 else None), limits, part=part.where)
     return LoadedPart(part, frames, track)
 
 

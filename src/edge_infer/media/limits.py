@@ -2,7 +2,9 @@
 
 The memory plan sizes the encoders for these limits, so a request over a limit
 is refused (a 400), never served with memory nobody planned. Each refusal names
-the part, the amount, the limit and the flag that raises it.
+the part, the amount, the limit and the flag that raises it. One limit refuses
+nothing: an image above ``max_image_tokens`` is scaled down to it, as a
+processor's ``max_pixels`` scales it.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from edge_infer.errors import MediaError
 
 if TYPE_CHECKING:
-    from edge_infer.media.config import MediaProcessing
+    from edge_infer.media.config import MediaProcessing, VisionProcessing
 
 
 # Requests a frontend with an event loop (the server, LocalTextEngine) prepares at once, each on a thread of its
@@ -31,6 +33,8 @@ class _Limit:
 LIMITS = {
     "max_images": _Limit("images per request", "--max-images", "send fewer images"),
     "max_image_pixels": _Limit("pixels per image", "--max-image-pixels", "resize it"),
+    "max_image_tokens": _Limit("vision tokens per image or pair of video frames (larger ones are scaled down)",
+                               "--max-image-tokens", "scaled down"),
     "max_audio_seconds": _Limit("seconds of audio per clip", "--max-audio-seconds", "cut it"),
     "max_audios": _Limit("audio clips per request", "--max-audios", "send fewer clips"),
     "max_videos": _Limit("videos per request", "--max-videos", "send fewer videos"),
@@ -42,15 +46,18 @@ LIMITS = {
 # Each media kind's count limit.
 COUNT_LIMITS = {"image": "max_images", "audio": "max_audios", "video": "max_videos"}
 
-# The smallest default limit on a decoded image's pixels, whatever the checkpoint's max_pixels.
-MIN_IMAGE_PIXELS_LIMIT = 1024 * 1024
+# The smallest default limit on a decoded image's pixels, whatever the checkpoint's max_pixels: a 16-megapixel
+# phone photo or a 4K screenshot is decoded and scaled down, not refused.
+MIN_IMAGE_PIXELS_LIMIT = 4096 * 4096
 
 
 @dataclass(frozen=True)
 class MediaLimits:
     """What one request may carry; the plan sizes memory for it.
 
-    max_image_pixels bounds the decoded image (width x height, read from the header before decoding).
+    max_image_pixels bounds the decoded image (width x height, read from the header before decoding): the
+    decoding work and its buffers. max_image_tokens bounds what the vision encoder sees: a larger image (or pair
+    of video frames) is scaled down to it (``vision_processing``), not refused.
     A video is sampled at up to max_video_frames frames (fewer frames per second for longer videos,
     as Qwen's max_frames does); max_video_seconds bounds the decoding work (and the frames decoded, to what
     60 frames a second of 1920x1080 would be: video.DECODE_PIXELS_PER_SECOND), and its audio track is an
@@ -59,6 +66,7 @@ class MediaLimits:
 
     max_images: int = 4
     max_image_pixels: int = 16384 * 28 * 28  # Qwen2.5-VL/Omni checkpoints' max_pixels
+    max_image_tokens: int = 16384  # the same, in tokens (28 x 28 pixels each)
     max_audio_seconds: float = 30.0
     max_audios: int = 1
     max_videos: int = 1
@@ -77,12 +85,20 @@ class MediaLimits:
 
     @classmethod
     def for_processing(cls, media: "MediaProcessing", **overrides: Any) -> "MediaLimits":
-        """The defaults for a checkpoint: images up to its processor's max_pixels, and at least a megapixel (a
-        processor that shrinks pictures to a few thousand pixels, as a small demo's may, still takes the
-        pictures people send; they are resized down)."""
-        limits = (cls(max_image_pixels=max(media.vision.max_pixels, MIN_IMAGE_PIXELS_LIMIT))
-                  if media.vision is not None else cls())
+        """The defaults for a checkpoint: images decoded up to its processor's max_pixels, and at least
+        MIN_IMAGE_PIXELS_LIMIT (a processor that shrinks pictures to a few thousand pixels, as a small demo's may,
+        still takes the pictures people send), and encoded at up to its max_pixels."""
+        vision = media.vision
+        limits = (cls(max_image_pixels=max(vision.max_pixels, MIN_IMAGE_PIXELS_LIMIT),
+                      max_image_tokens=vision.max_pixels // vision.factor ** 2) if vision is not None else cls())
         return replace(limits, **overrides)
+
+    def vision_processing(self, vision: "VisionProcessing") -> "VisionProcessing":
+        """``vision`` resizing to at most max_image_tokens: its max_pixels (and the video frames') lowered to that
+        many tokens' pixels, never below its min_pixels (the processor scales small pictures up to those)."""
+        cap = self.max_image_tokens * vision.factor ** 2
+        return replace(vision, max_pixels=min(vision.max_pixels, max(vision.min_pixels, cap)),
+                       video_max_pixels=min(vision.video_max_pixels, max(vision.video_min_pixels, cap)))
 
     def check(self, name: str, amount: float, *, part: str, shown: str | None = None) -> None:
         """Refuse `part` when `amount` is above the limit `name`; `shown` is how the message states the amount."""

@@ -33,7 +33,7 @@ from edge_infer.models.tokenizer import template_media_kinds
 from edge_infer.quant.native_build import missing_toolchain
 
 # The per-request limits whose defaults fit_limits may lower (the others are counts and durations).
-SIZE_LIMITS = frozenset({"max_image_pixels", "max_video_frames", "max_audio_seconds"})
+SIZE_LIMITS = frozenset({"max_image_tokens", "max_video_frames", "max_audio_seconds"})
 
 
 @dataclass
@@ -206,7 +206,7 @@ def _too_many_tokens(shapes: MediaShapes, limits: MediaLimits, max_model_len: in
     parts = []
     if kinds["images"]:
         parts.append(f"{limits.max_images} image(s) of up to {shapes.image_tokens} tokens "
-                     f"(--max-image-pixels {limits.max_image_pixels})")
+                     f"(--max-image-tokens {limits.max_image_tokens})")
     if kinds["videos"]:
         track = f" and a sound track of up to {shapes.audio_tokens}" if shapes.audio_frames else ""
         parts.append(f"{limits.max_videos} video(s) of up to {shapes.video_tokens} tokens{track} "
@@ -246,6 +246,6 @@ def _token_levers(limits: MediaLimits, media: MediaProcessing, budget: int, mode
 
 
 def _setting(name: str, value: float) -> str:
-    off = {"max_image_pixels": " (no images or videos)", "max_video_frames": " (no videos)",
+    off = {"max_image_tokens": " (no images or videos)", "max_video_frames": " (no videos)",
            "max_audio_seconds": " (no audio)"}[name] if not value else ""
     return f"{LIMITS[name].flag} {value:g}{off}"

@@ -5,13 +5,15 @@ encoders and the context see is what preprocessing makes of it (``media/``):
 
 - an image of at most ``max_image_pixels`` decoded pixels is resized by
   ``smart_resize`` to sides that are multiples of ``patch_size x merge_size``,
-  within the processor's ``[min_pixels, max_pixels]``. Rounding lets a thin
-  image come out larger than it went in (a 42 x 4778 image becomes 56 x 4788),
-  so the largest grid is searched, not assumed square;
+  within the processor's ``[min_pixels, max_pixels]``, max_pixels lowered to
+  ``max_image_tokens`` tokens (``MediaLimits.vision_processing``). Rounding lets
+  a thin image come out larger than it went in (a 42 x 4778 image becomes
+  56 x 4788), so the largest grid is searched, not assumed square;
 - a video samples at most ``min(max_video_frames, the processor's max_frames)``
   frames, floored to whole temporal patches, each frame (at most
-  ``max_image_pixels``, like an image) resized into the video pixel range; its
-  sound track is an audio clip under ``max_audio_seconds``;
+  ``max_image_pixels``, like an image) resized into the video pixel range (its
+  top lowered to ``max_image_tokens`` too); its sound track is an audio clip
+  under ``max_audio_seconds``;
 - an audio clip of ``max_audio_seconds`` gives ``seconds x rate / hop`` mel
   frames (the extractor cuts clips at ``chunk_length`` seconds).
 
@@ -106,17 +108,20 @@ def media_shapes(limits: MediaLimits, media: MediaProcessing) -> MediaShapes:
 
 def image_grid(limits: MediaLimits, vision: VisionProcessing | None) -> tuple[int, int, int] | None:
     """(1, h, w) in patches of the largest image, or None when images are off."""
-    if vision is None or limits.max_images < 1:
+    if vision is None or limits.max_images < 1 or limits.max_image_tokens < 1:
         return None
+    vision = limits.vision_processing(vision)
     h, w = largest_resize(limits.max_image_pixels, vision.factor, vision.min_pixels, vision.max_pixels)
     return (1, h // vision.patch_size, w // vision.patch_size) if h else None
 
 
 def video_grid(limits: MediaLimits, vision: VisionProcessing | None) -> tuple[int, int, int] | None:
     """(t, h, w) of the largest video: its sampled frames in temporal patches, each frame (at most
-    max_image_pixels, as an image) resized into the video pixel range; None when videos are off."""
-    if vision is None or limits.max_videos < 1:
+    max_image_pixels, as an image) resized into the video pixel range (at most max_image_tokens a pair); None
+    when videos are off."""
+    if vision is None or limits.max_videos < 1 or limits.max_image_tokens < 1:
         return None
+    vision = limits.vision_processing(vision)
     pairs = min(limits.max_video_frames, vision.video_max_frames) // vision.temporal_patch_size
     if pairs < 1:
         return None
@@ -168,9 +173,9 @@ def fit_limits(limits: MediaLimits, media: MediaProcessing, budget: int, fixed: 
 
     Each kind the model takes (images, videos, audio) gets an equal share of the budget, a kind needing
     less leaving the rest to the others; a kind over its share has its size limit lowered (the largest
-    image's pixels, the video's frames, the clip's seconds) to the largest value within it; videos whose
-    frames the caller set have their frame size lowered instead (``max_image_pixels``, which bounds a frame as
-    it bounds an image). A kind that does not fit at all is turned off and the others share again. Counts are
+    image's tokens, the video's frames, the clip's seconds) to the largest value within it; videos whose
+    frames the caller set have their frame size lowered instead (``max_image_tokens``, which caps a pair of frames
+    as it caps an image). A kind that does not fit at all is turned off and the others share again. Counts are
     never changed. Lowering audio shortens a video's track too, so the shares are settled until nothing changes.
     """
     off: set[str] = set()
@@ -193,7 +198,7 @@ def _fit(limits: MediaLimits, media: MediaProcessing, budget: int, fixed: frozen
         if sum(demand.values()) <= budget:
             break
         adjustable = {k for k, flag in _SIZE_LIMIT.items() if demand[k] and (flag not in fixed or (
-            k == "videos" and "max_image_pixels" not in fixed))}
+            k == "videos" and "max_image_tokens" not in fixed))}
         shares = _shares({k: v for k, v in demand.items() if v}, adjustable, budget)
         for kind in sorted(adjustable, key=lambda k: demand[k]):
             if demand[kind] > shares[kind]:
@@ -203,7 +208,7 @@ def _fit(limits: MediaLimits, media: MediaProcessing, budget: int, fixed: frozen
 
 
 # Each kind's size limit: what fit_limits lowers.
-_SIZE_LIMIT = {"images": "max_image_pixels", "videos": "max_video_frames", "audio": "max_audio_seconds"}
+_SIZE_LIMIT = {"images": "max_image_tokens", "videos": "max_video_frames", "audio": "max_audio_seconds"}
 
 
 def _shares(demand: dict[str, int], adjustable: set[str], budget: int) -> dict[str, int]:
@@ -232,11 +237,11 @@ def _largest(fits, high: float, step: float) -> float:
 
 
 def _lower_images(limits: MediaLimits, media: MediaProcessing, share: int) -> MediaLimits:
-    def fits(pixels: float) -> bool:
-        grid = image_grid(replace(limits, max_image_pixels=int(pixels)), media.vision)
+    def fits(tokens: float) -> bool:
+        grid = image_grid(replace(limits, max_image_tokens=int(tokens)), media.vision)
         return grid is None or limits.max_images * (grid[1] * grid[2] // media.vision.merge_size ** 2 + MARKERS) <= share
 
-    return replace(limits, max_image_pixels=int(_largest(fits, limits.max_image_pixels, 1)))
+    return replace(limits, max_image_tokens=int(_largest(fits, limits.max_image_tokens, 1)))
 
 
 def _lower_videos(limits: MediaLimits, media: MediaProcessing, share: int) -> MediaLimits:
@@ -249,11 +254,11 @@ def _lower_videos(limits: MediaLimits, media: MediaProcessing, share: int) -> Me
 
 
 def _lower_frame_size(limits: MediaLimits, media: MediaProcessing, share: int) -> MediaLimits:
-    """Videos of a fixed frame count: the largest frame (``max_image_pixels``) lowered to fit ``share``."""
-    def fits(pixels: float) -> bool:
-        return media_shapes(replace(limits, max_image_pixels=int(pixels)), media).kind_tokens()["videos"] <= share
+    """Videos of a fixed frame count: their frames' size (``max_image_tokens``) lowered to fit ``share``."""
+    def fits(tokens: float) -> bool:
+        return media_shapes(replace(limits, max_image_tokens=int(tokens)), media).kind_tokens()["videos"] <= share
 
-    return replace(limits, max_image_pixels=int(_largest(fits, limits.max_image_pixels, 1)))
+    return replace(limits, max_image_tokens=int(_largest(fits, limits.max_image_tokens, 1)))
 
 
 def _lower_audio(limits: MediaLimits, media: MediaProcessing, share: int) -> MediaLimits:
@@ -268,7 +273,7 @@ _LOWER = {"images": _lower_images, "videos": _lower_videos, "audio": _lower_audi
 
 
 def _fitted_note(name: str, value: float, default: float, budget: int) -> str:
-    off = {"max_video_frames": " (videos are off)", "max_image_pixels": " (images are off)",
+    off = {"max_video_frames": " (videos are off)", "max_image_tokens": " (images are off)",
            "max_audio_seconds": " (audio is off)"}[name] if value == 0 else ""
     return (f"{name} defaulted to {_number(value)}{off}, not {_number(default)}: a request with every kind of media "
             f"at its limit must fit max_model_len ({budget + 1} tokens, one left to generate); set "
