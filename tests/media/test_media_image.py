@@ -193,6 +193,25 @@ def test_oversized_image_is_refused_from_its_header():
         decode_image(_encoded(_noise(20, 20, "RGB"), "PNG"), MediaLimits(max_image_pixels=100))
 
 
+def test_a_jpeg_above_the_limit_is_decoded_at_the_largest_reduced_scale_within_it():
+    """A photo above --max-image-pixels in JPEG: libjpeg decodes it at 1/2, 1/4 or 1/8 of each side, the largest
+    that fits, close to the whole picture scaled; other formats, and a JPEG no scale brings within it, are refused."""
+    y, x = np.mgrid[0:1200, 0:1600]
+    picture = Image.fromarray(np.stack([x * 255 // 1600, y * 255 // 1200, (x + y) % 256], -1).astype(np.uint8))
+    jpeg = _encoded(picture, "JPEG", quality=95)
+    for limit, size in ((1600 * 1200, (1600, 1200)), (800 * 600, (800, 600)), (799 * 600, (400, 300)),
+                        (200 * 150, (200, 150))):
+        decoded = decode_image(jpeg, MediaLimits(max_image_pixels=limit))
+        assert decoded.size == size and decoded.mode == "RGB"
+    whole = np.asarray(decode_image(jpeg, MediaLimits()).resize((400, 300), Image.Resampling.BICUBIC), np.float32)
+    reduced = np.asarray(decode_image(jpeg, MediaLimits(max_image_pixels=400 * 300)), np.float32)
+    assert np.abs(whole - reduced).mean() < 3  # the same picture, within JPEG's own error
+    with pytest.raises(MediaError, match=r"^image: 1600x1200 pixels is above the limit of 29999 pixels per image"):
+        decode_image(jpeg, MediaLimits(max_image_pixels=29999))
+    with pytest.raises(MediaError, match=r"^image: 1600x1200 pixels is above the limit of 480000 pixels per image"):
+        decode_image(_encoded(picture, "PNG"), MediaLimits(max_image_pixels=800 * 600))
+
+
 @pytest.mark.parametrize("data,message", [
     (b"", r"image 1: is empty \(0 bytes\); send a PNG, JPEG, WebP, GIF or BMP image"),
     (b"this is not an image at all", r"image 1: is not an image edge-infer decodes \(.*\); send a PNG, JPEG"),

@@ -32,6 +32,8 @@ MAX_ASPECT_RATIO = 200
 # in 2.4 MB held a media thread for 16 s. Encoders write about 10 (libjpeg's progressive script) to a few
 # dozen; start-of-scan markers are counted in the raw bytes (they cannot occur in entropy-coded data).
 MAX_JPEG_SCANS = 256
+# The reduced scales libjpeg decodes at directly (1/2, 1/4, 1/8 of each side).
+JPEG_SCALES = (2, 4, 8)
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int,
@@ -54,7 +56,8 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
 
 
 def decode_image(data: bytes, limits: MediaLimits, *, part: str = "image") -> "Image.Image":
-    """An RGB image from encoded bytes; sizes over the limit are refused from the header, before decoding."""
+    """An RGB image from encoded bytes; sizes over the limit are refused from the header, before decoding (a JPEG is
+    decoded at a reduced scale within it instead, where one fits)."""
     from PIL import Image, UnidentifiedImageError
 
     if not data:
@@ -74,7 +77,9 @@ def decode_image(data: bytes, limits: MediaLimits, *, part: str = "image") -> "I
         raise MediaError(f"{part}: is not an image edge-infer decodes ({reason}); "
                          "send a PNG, JPEG, WebP, GIF or BMP image") from None
     width, height, kind = *image.size, image.format
-    limits.check("max_image_pixels", width * height, part=part, shown=f"{width}x{height} pixels")
+    if width * height > limits.max_image_pixels and kind in ("JPEG", "MPO"):
+        _decode_reduced(image, limits.max_image_pixels)
+    limits.check("max_image_pixels", image.size[0] * image.size[1], part=part, shown=f"{width}x{height} pixels")
     if kind in ("JPEG", "MPO") and (scans := data.count(b"\xff\xda")) > MAX_JPEG_SCANS:
         raise MediaError(f"{part}: the JPEG has {scans} scans, above the {MAX_JPEG_SCANS} edge-infer decodes (each is "
                          "a pass over the whole image; encoders write about 10); save it again as a baseline JPEG or PNG")
@@ -88,6 +93,17 @@ def decode_image(data: bytes, limits: MediaLimits, *, part: str = "image") -> "I
     except (OSError, ValueError, SyntaxError, EOFError, struct.error, Image.DecompressionBombError,
             Image.DecompressionBombWarning) as exc:
         raise MediaError(f"{part}: the {kind} data is damaged or truncated ({_reason(exc)})") from None
+
+
+def _decode_reduced(image: "Image.Image", max_pixels: int) -> None:
+    """A JPEG above the decode limit (a 24-megapixel photo): have libjpeg decode it at 1/2, 1/4 or 1/8 scale, the
+    largest that fits, which costs a fraction of a whole decode. Its pixels then differ a little from a whole
+    decode's (transformers' processor would decode it whole); pictures within the limit are decoded whole."""
+    width, height = image.size
+    for scale in JPEG_SCALES:
+        if -(-width // scale) * -(-height // scale) <= max_pixels:
+            image.draft("RGB", (-(-width // scale), -(-height // scale)))
+            return
 
 
 def upright(image: "Image.Image") -> "Image.Image":
