@@ -245,6 +245,22 @@ def test_media_above_the_token_limit_are_encoded_at_it_as_the_plan_sized_them(sy
     assert picture.num_tokens <= shapes.image_tokens and frames.num_tokens <= shapes.video_tokens
 
 
+def test_a_low_detail_picture_is_read_at_512_x_512_pixels_worth_of_tokens(synth_thinkers):
+    """OpenAI's image_url detail: low caps a picture at 512 x 512 pixels' tokens (334 at 28 x 28 a token); auto and
+    high at max_image_tokens; a picture within the cap is read as it is; another value is refused naming it."""
+    front = Frontend.create(synth_thinkers["qwen2_5_vl"], dtype="float32", max_model_len=2048, media_limits={
+        **LIMITS, "max_image_pixels": 1200 * 900, "max_image_tokens": 1000, "max_videos": 0})
+
+    def tokens(detail: str | None, width: int = 1200, height: int = 900) -> int:
+        url = {"url": data_url(png(3, width=width, height=height), "image/png"), **({"detail": detail} if detail else {})}
+        return front.prepare_chat(user({"type": "image_url", "image_url": url})).media[0].features.num_tokens
+
+    assert tokens("low") <= 512 * 512 // 28 ** 2 < tokens("auto") == tokens("high") == tokens(None) <= 1000
+    assert tokens("low", 300, 200) == tokens(None, 300, 200)
+    with pytest.raises(InvalidRequestError, match=r"content\[0\] \(image_url\): detail 'max' is not one of auto, low, high"):
+        tokens("max")
+
+
 def test_a_vl_video_has_no_sound_and_vl_takes_no_audio(vl):
     prepared = vl.prepare_chat(user(VIDEO, IMAGE))
     assert [m.kind for m in prepared.media] == ["video", "image"]

@@ -206,8 +206,10 @@ Content = Union[str, Annotated[list[TextPart], Field(fail_fast=True)]]
 class MediaURL(_Request):
     url: str = Field(description="data:<type>;base64,...; file:// under --allowed-media-dir; http(s):// with "
                                  "--allow-remote-media")
-    detail: Literal["auto", "low", "high"] | None = Field(None, description="accepted; images are always read at the "
-                                                                             "model's own resolution")
+    detail: Literal["auto", "low", "high"] | None = Field(None, description="low: the picture read at up to 512 x 512 "
+                                                                             "pixels' worth of tokens (a faster encode, "
+                                                                             "a shorter prompt); auto and high: at up to "
+                                                                             "--max-image-tokens")
 
     @model_validator(mode="before")
     @classmethod
