@@ -261,6 +261,16 @@ def test_a_low_detail_picture_is_read_at_512_x_512_pixels_worth_of_tokens(synth_
         tokens("max")
 
 
+def test_input_audio_data_may_be_a_whole_data_url(omni):
+    """Some clients put a data: URL in input_audio's data: the same clip; anything but base64 there still is not."""
+    as_url = {"type": "input_audio", "input_audio": {"data": "data:audio/wav;base64," + WAV, "format": "wav"}}
+    clip, same = (omni.prepare_chat(user(p)).media[0] for p in (AUDIO, as_url))
+    assert clip.digest == same.digest
+    other = {"type": "input_audio", "input_audio": {"data": "file:///etc/hostname", "format": "wav"}}
+    with pytest.raises(MediaError, match=r"content\[0\] \(input_audio\): the data is not valid base64"):
+        omni.prepare_chat(user(other))
+
+
 def test_a_vl_video_has_no_sound_and_vl_takes_no_audio(vl):
     prepared = vl.prepare_chat(user(VIDEO, IMAGE))
     assert [m.kind for m in prepared.media] == ["video", "image"]

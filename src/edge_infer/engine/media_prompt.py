@@ -196,10 +196,12 @@ def check_placeholders(ids: Sequence[int], parts: Sequence[MediaPart], mm: Multi
 def load_part(part: MediaPart, processing: MediaProcessing, policy: MediaPolicy, limits: MediaLimits,
               audio_in_video: bool = True) -> LoadedPart:
     """A part's bytes read under ``policy``, decoded and featurized within ``limits``."""
-    if part.data is not None:
-        data = decode_base64(part.data, policy, part=part.where)
-    else:
+    if part.data is None:
         data = read_source(part.url, policy, part=part.where)
+    elif part.data.startswith("data:"):  # input_audio's data as a whole data: URL, as some clients send it
+        data = read_source(part.data, policy, part=part.where)
+    else:
+        data = decode_base64(part.data, policy, part=part.where)
     if part.kind == "audio":
         audio = _settings(processing.audio, part)
         samples = decode_audio(data, limits, rate=audio.sampling_rate, part=part.where)
