@@ -306,12 +306,12 @@ def test_a_text_model_refuses_media_naming_itself(tiny_model):
 @pytest.mark.parametrize("limits, parts, error", [
     ({"max_images": 2}, [IMAGE] * 3, "the request: 3 images is above the limit of 2 images per request "
                                      r"\(--max-images\); send fewer images or raise --max-images"),
-    ({"max_image_pixels": 1000}, [IMAGE], r"content\[0\] \(image_url\): 64x48 pixels is above the limit of 1000 "
+    ({"max_image_pixels": 1000}, [IMAGE], r"content\[0\] \(image_url\): 64x48 pixels is above the limit of 1,000 "
                                           r"pixels per image \(--max-image-pixels\)"),
     ({"max_audio_seconds": 0.5}, [AUDIO], r"content\[0\] \(input_audio\): 1.0 s is above the limit of 0.5 seconds"),
-    ({"max_audios": 1}, [AUDIO, AUDIO], r"the request: 2 audios is above the limit of 1 audio clips per request "
+    ({"max_audios": 1}, [AUDIO, AUDIO], r"the request: 2 audio clips is above the limit of 1 audio clip per request "
                                         r"\(--max-audios\)"),
-    ({"max_videos": 0}, [VIDEO], r"the request: 1 videos is above the limit of 0 videos"),
+    ({"max_videos": 0}, [VIDEO], r"the request: 1 video is above the limit of 0 videos"),
 ])
 def test_limits_are_the_plans_and_are_checked_naming_the_part_and_the_flag(synth_thinkers, limits, parts, error):
     frontend = Frontend.create(synth_thinkers["qwen2_5_omni"], dtype="float32", max_model_len=2048,

@@ -179,12 +179,12 @@ def _png_header_only(width: int, height: int) -> bytes:
 def test_oversized_image_is_refused_from_its_header():
     with pytest.raises(MediaError) as err:
         decode_image(_png_header_only(5000, 4000), MediaLimits(), part="image 2")
-    assert str(err.value) == ("image 2: 5000x4000 pixels is above the limit of 12845056 pixels per image "
+    assert str(err.value) == ("image 2: 5000x4000 pixels is above the limit of 12,845,056 pixels per image "
                               "(--max-image-pixels); resize it or raise --max-image-pixels")
     # Past Pillow's own decompression-bomb guard, which checks before we can: still our limit and lever.
     with pytest.raises(MediaError) as err:
         decode_image(_png_header_only(40000, 30000), MediaLimits(), part="image 2")
-    assert str(err.value) == ("image 2: 1,200,000,000 pixels is above the limit of 12845056 pixels per image "
+    assert str(err.value) == ("image 2: 1,200,000,000 pixels is above the limit of 12,845,056 pixels per image "
                               "(--max-image-pixels); resize it or raise --max-image-pixels")
     # With the limit raised past Pillow's guard, the guard's refusal still names the size.
     with pytest.raises(MediaError, match=r"^image 2: 1,200,000,000 pixels is more than Pillow decodes safely; resize it$"):
@@ -206,9 +206,9 @@ def test_a_jpeg_above_the_limit_is_decoded_at_the_largest_reduced_scale_within_i
     whole = np.asarray(decode_image(jpeg, MediaLimits()).resize((400, 300), Image.Resampling.BICUBIC), np.float32)
     reduced = np.asarray(decode_image(jpeg, MediaLimits(max_image_pixels=400 * 300)), np.float32)
     assert np.abs(whole - reduced).mean() < 3  # the same picture, within JPEG's own error
-    with pytest.raises(MediaError, match=r"^image: 1600x1200 pixels is above the limit of 29999 pixels per image"):
+    with pytest.raises(MediaError, match=r"^image: 1600x1200 pixels is above the limit of 29,999 pixels per image"):
         decode_image(jpeg, MediaLimits(max_image_pixels=29999))
-    with pytest.raises(MediaError, match=r"^image: 1600x1200 pixels is above the limit of 480000 pixels per image"):
+    with pytest.raises(MediaError, match=r"^image: 1600x1200 pixels is above the limit of 480,000 pixels per image"):
         decode_image(_encoded(picture, "PNG"), MediaLimits(max_image_pixels=800 * 600))
 
 

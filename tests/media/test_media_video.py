@@ -168,7 +168,7 @@ def test_video_refusals_name_the_video_and_the_fix():
     with pytest.raises(MediaError, match=r"^video 2: has 1 frame\(s\); a video needs at least 2 \(send a single frame "
                                          r"as an image\)$"):
         video_features(one, OMNI, limits, part="video 2")
-    with pytest.raises(MediaError, match=r"^video 2: frames of 64x48 pixels is above the limit of 1000 pixels per "
+    with pytest.raises(MediaError, match=r"^video 2: each frame, 64x48 pixels, is above the limit of 1,000 pixels per "
                                          r"image \(--max-image-pixels\)"):
         video_features(mp4, OMNI, MediaLimits(max_image_pixels=1000), part="video 2")
     with pytest.raises(MediaError, match=r"^video 2: videos are off .*; raise --max-video-frames, with a "
@@ -216,7 +216,7 @@ def test_a_frame_larger_than_its_header_says_is_refused_before_it_is_decoded(fmt
     data = buf.getvalue()
     assert video_features(data, VL, MediaLimits(max_image_pixels=640 * 640), part="video 1")[0].grid_thw[0] == 2
     with pytest.raises(MediaError, match=r"^video 1: a frame cannot be decoded \(.+\): it is corrupt, or larger than "
-                                         r"the limit of 100000 pixels \(--max-image-pixels\); re-encode the video"):
+                                         r"the limit of 100,000 pixels \(--max-image-pixels\); re-encode the video"):
         video_features(data, VL, MediaLimits(max_image_pixels=100_000), part="video 1")
 
 

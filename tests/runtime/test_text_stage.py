@@ -108,7 +108,7 @@ def test_a_thinker_stage_reserves_and_holds_requests_to_what_its_plan_sized(synt
                                         for i in range(2)]}]
     with Omni(config) as omni:
         (bad,) = omni.generate(two, sampling_params_list=[params])
-        assert bad.status == "error" and "2 images is above the limit of 1 images per request (--max-images)" in bad.error
+        assert bad.status == "error" and "2 images is above the limit of 1 image per request (--max-images)" in bad.error
         (one,) = omni.generate([{"role": "user", "content": two[0]["content"][:1]}], sampling_params_list=[params])
         assert one.status == "finished", one.error
 

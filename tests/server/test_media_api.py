@@ -170,13 +170,13 @@ BAD = {
     "0-byte audio": (user({"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}),
                      "content[0] (input_audio): is empty (0 bytes)"),
     "oversized image": (user({"type": "image_url", "image_url": {"url": data_url(huge_png(), "image/png")}}),
-                        "content[0] (image_url): 3600x3600 pixels is above the limit of 200704 pixels per image "
+                        "content[0] (image_url): 3600x3600 pixels is above the limit of 200,704 pixels per image "
                         "(--max-image-pixels)"),
     "too many images": (user(image(0), image(1)),
-                        "the request: 2 images is above the limit of 1 images per request (--max-images); send fewer "
+                        "the request: 2 images is above the limit of 1 image per request (--max-images); send fewer "
                         "images or raise --max-images"),
     "too many clips": (user(wav(0.5), wav(0.5, 300.0)),
-                       "the request: 2 audios is above the limit of 1 audio clips per request (--max-audios)"),
+                       "the request: 2 audio clips is above the limit of 1 audio clip per request (--max-audios)"),
     "too long a clip": (user(wav(4.0)), "content[0] (input_audio): 4.0 s is above the limit of 3 seconds of audio per "
                                         "clip (--max-audio-seconds)"),
     "remote URL": (user({"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/picture.png"}}),

@@ -178,7 +178,8 @@ def check_parts(parts: Sequence[MediaPart], mm: MultimodalConfig | None, model: 
                                       f"input, not {part.kind}{why}")
     for kind, limit in COUNT_LIMITS.items():
         count = sum(p.kind == kind for p in parts)
-        limits.check(limit, count, part="the request", shown=f"{count} {kind}s")
+        noun = "audio clip" if kind == "audio" else kind
+        limits.check(limit, count, part="the request", shown=f"{count} {noun}{'' if count == 1 else 's'}")
 
 
 def check_placeholders(ids: Sequence[int], parts: Sequence[MediaPart], mm: MultimodalConfig) -> None:

@@ -28,16 +28,20 @@ class _Limit:
     unit: str  # what the amount counts, per what
     flag: str  # the operator's lever
     fix: str  # what the client can do instead
+    one: str | None = None  # the unit after a limit of 1, where it differs ("image per request")
+
+    def unit_for(self, limit: float) -> str:
+        return self.one if limit == 1 and self.one else self.unit
 
 
 LIMITS = {
-    "max_images": _Limit("images per request", "--max-images", "send fewer images"),
+    "max_images": _Limit("images per request", "--max-images", "send fewer images", "image per request"),
     "max_image_pixels": _Limit("pixels per image", "--max-image-pixels", "resize it"),
     "max_image_tokens": _Limit("vision tokens per image or pair of video frames (larger ones are scaled down)",
                                "--max-image-tokens", "scaled down"),
     "max_audio_seconds": _Limit("seconds of audio per clip", "--max-audio-seconds", "cut it"),
-    "max_audios": _Limit("audio clips per request", "--max-audios", "send fewer clips"),
-    "max_videos": _Limit("videos per request", "--max-videos", "send fewer videos"),
+    "max_audios": _Limit("audio clips per request", "--max-audios", "send fewer clips", "audio clip per request"),
+    "max_videos": _Limit("videos per request", "--max-videos", "send fewer videos", "video per request"),
     "max_video_frames": _Limit("sampled frames per video", "--max-video-frames", "send a shorter video"),
     "max_video_seconds": _Limit("seconds per video", "--max-video-seconds", "cut it"),
 }
@@ -105,9 +109,9 @@ class MediaLimits:
         limit = getattr(self, name)
         if amount > limit:
             spec = LIMITS[name]
-            raise MediaError(f"{part}: {shown or _number(amount)} is above the limit of {_number(limit)} {spec.unit} "
+            raise MediaError(f"{part}: {shown or _number(amount)} is above the limit of {_number(limit)} {spec.unit_for(limit)} "
                              f"({spec.flag}); {spec.fix} or raise {spec.flag}")
 
 
 def _number(value: float) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
+    return f"{value:g}" if isinstance(value, float) else f"{value:,}"

@@ -91,7 +91,7 @@ def _decode(container: "av.container.InputContainer", cfg: MediaProcessing, visi
     width, height = stream.codec_context.width, stream.codec_context.height
     if not width or not height:
         raise MediaError(f"{part}: its frame size is unknown; re-encode it")
-    limits.check("max_image_pixels", width * height, part=part, shown=f"frames of {width}x{height} pixels")
+    limits.check("max_image_pixels", width * height, part=part, shown=f"each frame, {width}x{height} pixels,")
     # The header's size binds no frame (a stream can switch to 12000x12000 frames after the first): FFmpeg's
     # decoders refuse a frame above the limit before they allocate it.
     stream.codec_context.options = {"max_pixels": str(limits.max_image_pixels)}
@@ -173,7 +173,7 @@ def _decoded(packet: "av.Packet", limits: MediaLimits, part: str) -> list:
         if packet.stream.type != "video":
             raise
         raise MediaError(f"{part}: a frame cannot be decoded ({exc}): it is corrupt, or larger than the limit of "
-                         f"{limits.max_image_pixels} pixels (--max-image-pixels); re-encode the video at a smaller "
+                         f"{limits.max_image_pixels:,} pixels (--max-image-pixels); re-encode the video at a smaller "
                          "size or raise --max-image-pixels") from None
 
 
