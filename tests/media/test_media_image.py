@@ -212,6 +212,53 @@ def test_a_jpeg_above_the_limit_is_decoded_at_the_largest_reduced_scale_within_i
         decode_image(_encoded(picture, "PNG"), MediaLimits(max_image_pixels=800 * 600))
 
 
+# The child's peak RSS from VmHWM (its own address space's; ru_maxrss would start at the forking parent's).
+CHILD_DECODE = """
+import sys
+from edge_infer.media.config import VisionProcessing
+from edge_infer.media.image import decode_image, image_features
+from edge_infer.media.limits import MediaLimits
+peak = lambda: int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024
+data = open(sys.argv[1], "rb").read()
+limits = MediaLimits(max_image_pixels=int(sys.argv[2]), max_image_tokens=256)
+vision = limits.vision_processing(VisionProcessing(max_pixels=12845056))
+before = peak()
+features = image_features(decode_image(data, limits), vision)
+print(peak() - before, features.pixel_values.nbytes)
+"""
+
+
+@pytest.mark.parametrize("kind", ["rgba", "rotated jpeg", "palette"])
+def test_a_picture_at_the_decode_limit_becomes_features_within_the_planned_buffers(kind, tmp_path):
+    """The plan's media preprocessing item holds an image's decode at IMAGE_DECODE_BYTES a pixel beside its patch
+    copies: a transparent picture composited whole took 20 bytes a pixel (four RGBA copies), a rotated photo two
+    copies of its pixels. Measured in a child process (its peak RSS), at 2048 x 2048 pixels."""
+    import subprocess
+    import sys
+
+    from edge_infer.memory.encoder_sizing import IMAGE_DECODE_BYTES
+
+    side = 2048
+    y, x = np.mgrid[0:side, 0:side]
+    pixels = np.stack([x % 256, y % 256, (x * y) % 256, (x + y) % 256], -1).astype(np.uint8)
+    if kind == "rgba":
+        data = _encoded(Image.fromarray(pixels, "RGBA"), "PNG")
+    elif kind == "rotated jpeg":
+        picture = Image.fromarray(pixels[..., :3].copy(), "RGB")
+        exif = picture.getexif()
+        exif[0x0112] = 6
+        data = _encoded(picture, "JPEG", exif=exif)
+    else:
+        data = _encoded(Image.fromarray(pixels[..., :3].copy(), "RGB").quantize(64), "PNG", transparency=5)
+    path = tmp_path / "picture"
+    path.write_bytes(data)
+    run = subprocess.run([sys.executable, "-c", CHILD_DECODE, str(path), str(side * side)], capture_output=True,
+                         text=True, timeout=120, check=True)
+    grown, patches = map(int, run.stdout.split())
+    planned = IMAGE_DECODE_BYTES * side * side + 2 * patches // 8 + 2 * patches // 4 + patches
+    assert grown <= planned, (grown / side ** 2, planned / side ** 2)
+
+
 @pytest.mark.parametrize("data,message", [
     (b"", r"image 1: is empty \(0 bytes\); send a PNG, JPEG, WebP, GIF or BMP image"),
     (b"this is not an image at all", r"image 1: is not an image edge-infer decodes \(.*\); send a PNG, JPEG"),

@@ -32,6 +32,8 @@ MAX_ASPECT_RATIO = 200
 # in 2.4 MB held a media thread for 16 s. Encoders write about 10 (libjpeg's progressive script) to a few
 # dozen; start-of-scan markers are counted in the raw bytes (they cannot occur in entropy-coded data).
 MAX_JPEG_SCANS = 256
+# Rows of a transparent picture composited over white at a time (to_rgb).
+COMPOSITE_ROWS = 64
 # The reduced scales libjpeg decodes at directly (1/2, 1/4, 1/8 of each side).
 JPEG_SCALES = (2, 4, 8)
 
@@ -118,16 +120,26 @@ def upright(image: "Image.Image") -> "Image.Image":
 
 
 def to_rgb(image: "Image.Image") -> "Image.Image":
-    """RGB as the reference converts: transparent pixels over white (RGBA, LA, P with transparency); others convert."""
+    """RGB as the reference converts: transparent pixels over white (RGBA, LA, P with transparency); others convert.
+
+    The reference composites the whole picture at once, four RGBA copies of it beside the decoded one (20 bytes
+    a pixel for a decoded RGBA); compositing is per pixel, so a strip of rows at a time gives its bits with the
+    decoded picture and the RGB result alone in memory (what the plan sizes: encoder_sizing.IMAGE_DECODE_BYTES).
+    """
     from PIL import Image
 
     if image.mode == "RGB":
         return image
-    if "A" in image.getbands() or image.info.get("transparency") is not None:
-        rgba = image.convert("RGBA")
+    if "A" not in image.getbands() and image.info.get("transparency") is None:
+        return image.convert("RGB")
+    width, height = image.size
+    out = Image.new("RGB", image.size)
+    for top in range(0, height, COMPOSITE_ROWS):
+        box = (0, top, width, min(top + COMPOSITE_ROWS, height))
+        rgba = image.crop(box).convert("RGBA")  # the crop keeps a palette's transparency index
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, rgba).convert("RGB")
-    return image.convert("RGB")
+        out.paste(Image.alpha_composite(white, rgba).convert("RGB"), box[:2])
+    return out
 
 
 def image_features(image: "Image.Image", cfg: VisionProcessing, *, part: str = "image") -> VisionFeatures:

@@ -199,6 +199,11 @@ def request_input_bytes(shapes: MediaShapes, vision: VisionConfig | None, audio:
 
 # The log-mel's working set beyond its float64 rows: one block of 1024 windowed frames and their spectra.
 MEL_BLOCK_BYTES = 1024 * (400 * 8 * 2 + 201 * 16)
+# Bytes per decoded pixel while an image becomes RGB (media/image.py): the decoded picture and its RGB copy (or
+# its upright copy), 4 bytes a pixel each (Pillow keeps RGB in 4), and about one more for the strips being
+# composited over white and the resize's intermediate rows. Measured with the patches (tests/media/
+# test_media_image.py, 2048 x 2048): a transparent PNG 9.5, a rotated JPEG 9.3, a palette PNG 8.3 bytes a pixel.
+IMAGE_DECODE_BYTES = 9
 
 
 def held_media_bytes(shapes: MediaShapes, vision: VisionConfig | None, audio: AudioConfig | None, hidden: int,
@@ -227,8 +232,8 @@ def preprocessing_bytes(shapes: MediaShapes, vision: VisionConfig | None, audio:
 
     Every item's features exist before the request is sent, and pickling them for the worker (protocol 4)
     holds two more copies of their bytes (numpy's ``tobytes`` and the pickle stream). Before that, the
-    largest item's working buffers sit beside the features made so far: an image's decoded RGB (at most
-    ``max_image_pixels``) and its converted copy, the resized frame and its array, the uint8 patches
+    largest item's working buffers sit beside the features made so far: an image's decoded picture (at most
+    ``max_image_pixels``) and its RGB copy (IMAGE_DECODE_BYTES), the resized frame and its array, the uint8 patches
     copied twice (frame pair, patch order) and the float32 patches; a video's decoded source frame, its
     resized frames, stacked, and the same patch copies; a clip's mono float32 samples at the model's rate
     (resampled a decoded block at a time, whatever the source rate, and concatenated), then the float64 clip
@@ -240,7 +245,7 @@ def preprocessing_bytes(shapes: MediaShapes, vision: VisionConfig | None, audio:
     buffers = 0
     if vision is not None and shapes.image_grid:
         patches = vision_input_bytes(shapes.image_grid, vision)
-        buffers = max(buffers, 6 * max_image_pixels + 2 * patches // 8 + 2 * patches // FP32 + patches)
+        buffers = max(buffers, IMAGE_DECODE_BYTES * max_image_pixels + 2 * patches // 8 + 2 * patches // FP32 + patches)
     if vision is not None and shapes.video_grid:
         patches = vision_input_bytes(shapes.video_grid, vision)
         buffers = max(buffers, 9 * max_image_pixels + 3 * patches // FP32 + patches)
