@@ -25,12 +25,17 @@ def test_data_urls_give_their_bytes():
     wrapped = base64.encodebytes(PAYLOAD).decode()  # 76-character lines, as some clients send
     assert read_source(f"data:audio/wav;base64,{wrapped}", MediaPolicy()) == PAYLOAD
     assert decode_base64(base64.b64encode(PAYLOAD).decode(), MediaPolicy()) == PAYLOAD
+    # what browsers' atob and JavaScript encoders also send: no padding, the URL-safe alphabet
+    for odd in (PAYLOAD[:1000], PAYLOAD[:1001], PAYLOAD[:1002]):
+        assert decode_base64(base64.b64encode(odd).decode().rstrip("="), MediaPolicy()) == odd
+        assert decode_base64(base64.urlsafe_b64encode(odd).decode().rstrip("="), MediaPolicy()) == odd
 
 
 @pytest.mark.parametrize("url,message", [
     ("data:image/png;base64,iVBORw0K!!!", r"^image 1: the data is not valid base64 \(.+\); encode the file with "
                                           r"standard base64$"),
-    ("data:image/png;base64,abc", r"^image 1: the data is not valid base64"),  # bad padding
+    ("data:image/png;base64,abcde", r"^image 1: the data is not valid base64"),  # no padding makes 5 characters whole
+    ("data:image/png;base64,ab+c-d", r"^image 1: the data is not valid base64"),  # two alphabets at once
     ("data:text/plain,hello", r"^image 1: the data: URL is not base64 \(data:text/plain\); use "
                               r"data:<type>;base64,<data>$"),
     ("data:image/png;base64", r"^image 1: the data: URL has no ',' before its data"),

@@ -54,9 +54,17 @@ def read_source(url: str, policy: MediaPolicy, *, part: str = "media") -> bytes:
                      "send a data: URL (base64), a file:// path or an http(s):// URL")
 
 
+URL_SAFE = str.maketrans("-_", "+/")
+
+
 def decode_base64(text: str, policy: MediaPolicy, *, part: str = "media") -> bytes:
-    """Standard base64 (line breaks allowed), refused before decoding when it would exceed max_bytes."""
+    """Base64, refused before decoding when it would exceed max_bytes. Line breaks, missing padding and the URL-safe
+    alphabet (- and _ for + and /) are taken, as browsers' atob and JavaScript encoders send them."""
     compact = "".join(text.split())
+    if "+" not in compact and "/" not in compact:  # one alphabet or the other, not both
+        compact = compact.translate(URL_SAFE)
+    if len(compact) % 4 in (2, 3):  # padding left off
+        compact += "=" * (4 - len(compact) % 4)
     size = len(compact) * 3 // 4 - compact[-2:].count("=")  # the decoded length, before decoding
     if size > policy.max_bytes:
         _too_big(part, f"{size} bytes", policy)
