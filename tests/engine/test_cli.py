@@ -46,3 +46,23 @@ def test_chat_streams_a_reply_and_keeps_history(tiny_model):
     res = edge_infer("chat", str(tiny_model), "--max-tokens", "6", "--temperature", "0", stdin="Hello\nAnd again\n\n")
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("model> ") == 2
+
+
+@pytest.mark.slow
+def test_chat_attaches_a_picture_for_the_demo_model_to_see(tmp_path):
+    """`/image PATH question` sends the file with the question (the embedded demo model can see); a file that cannot
+    be read, or a kind the model does not take, is an error line and the conversation goes on."""
+    from PIL import Image, ImageDraw
+
+    picture = Image.new("RGB", (96, 96), "white")
+    ImageDraw.Draw(picture).ellipse((16, 16, 80, 80), fill="red")
+    picture.save(tmp_path / "my picture.png")
+    lines = ['/image "my picture.png" What is in this picture?', "/image missing.png hi", '/audio "my picture.png"',
+             "What colour was it?", ""]
+    res = subprocess.run([sys.executable, "-m", "edge_infer.cli", "chat", "--max-tokens", "12", "--temperature", "0"],
+                         input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    replies = [r.split("you>")[0] for r in res.stdout.split("model> ")[1:]]
+    assert len(replies) == 2 and "red" in replies[0].lower() and "red" in replies[1].lower()
+    assert "error: cannot read missing.png: No such file or directory" in res.stderr
+    assert "(audio_url): this model (demo-vl-model) takes image input, not audio" in res.stderr

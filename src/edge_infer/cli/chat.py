@@ -1,11 +1,24 @@
-"""``edge-infer chat``: an interactive conversation in the terminal, streamed token by token."""
+"""``edge-infer chat``: an interactive conversation in the terminal, streamed token by token.
+
+A line may start with attachments for a multimodal model: ``/image PATH``, ``/audio PATH`` or ``/video PATH``
+(quote a path with spaces), then the question: ``/image cat.jpg What is in this picture?``. The files are
+sent as data: URLs, the same parts the server takes.
+"""
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import mimetypes
+import shlex
 import sys
+from pathlib import Path
+from typing import Any
 
 from edge_infer.engine.cli_args import add_engine_args, engine_settings
+
+# Each attachment command and the content part it becomes (vLLM's audio_url takes any audio file as a URL).
+ATTACHMENTS = {"/image": "image_url", "/audio": "audio_url", "/video": "video_url"}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -18,7 +31,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 async def _chat(args: argparse.Namespace) -> int:
     from edge_infer.engine.local import LocalTextEngine
     from edge_infer.engine.frontend import resolve_model
-    from edge_infer.errors import PlanRefusedError
+    from edge_infer.errors import EdgeInferError, PlanRefusedError
     from edge_infer.memory.plan import plan_text_session
 
     plan = plan_text_session(resolve_model(args.model), **engine_settings(args))
@@ -28,15 +41,26 @@ async def _chat(args: argparse.Namespace) -> int:
     await engine.start()
     session = engine.open_session()
     history = [{"role": "system", "content": args.system}] if args.system else []
-    print("edge-infer chat — empty line or Ctrl-D to quit", file=sys.stderr)
+    print("edge-infer chat — empty line or Ctrl-D to quit; /image, /audio or /video PATH attach a file", file=sys.stderr)
     loop = asyncio.get_running_loop()
     try:
         while True:
             line = await loop.run_in_executor(None, lambda: input("you> "))
             if not line.strip():
                 break
-            history.append({"role": "user", "content": line})
-            _, stream = await engine.submit(session, history, max_tokens=args.max_tokens, temperature=args.temperature)
+            try:
+                content = user_content(line)
+            except ValueError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                continue
+            history.append({"role": "user", "content": content})
+            try:
+                _, stream = await engine.submit(session, history, max_tokens=args.max_tokens,
+                                                temperature=args.temperature)
+            except EdgeInferError as exc:  # a picture it cannot read, a kind the model does not take: say so, go on
+                history.pop()
+                print(f"error: {exc}", file=sys.stderr)
+                continue
             reply = []
             print("model> ", end="", flush=True)
             async for event in stream:
@@ -55,6 +79,30 @@ async def _chat(args: argparse.Namespace) -> int:
     finally:
         await engine.close()
     return 0
+
+
+def user_content(line: str) -> str | list[dict[str, Any]]:
+    """A typed line as a user message's content: the text, or its attachments' parts and then the text."""
+    if not line.startswith(tuple(ATTACHMENTS)):
+        return line
+    try:
+        words = shlex.split(line)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (quote a path with spaces: /image \"my picture.png\")") from None
+    parts = []
+    while words and words[0] in ATTACHMENTS:
+        if len(words) < 2:
+            raise ValueError(f"{words[0]} needs a file: {words[0]} PATH [question]")
+        kind, path = ATTACHMENTS[words[0]], Path(words[1]).expanduser()
+        try:
+            data = base64.b64encode(path.read_bytes()).decode()
+        except OSError as exc:
+            raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+        mime = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+        parts.append({"type": kind, kind: {"url": f"data:{mime};base64,{data}"}})
+        words = words[2:]
+    text = " ".join(words)
+    return parts + ([{"type": "text", "text": text}] if text else [])
 
 
 def run(args: argparse.Namespace) -> int:
