@@ -66,3 +66,9 @@ def test_chat_attaches_a_picture_for_the_demo_model_to_see(tmp_path):
     assert len(replies) == 2 and "red" in replies[0].lower() and "red" in replies[1].lower()
     assert "error: cannot read missing.png: No such file or directory" in res.stderr
     assert "(audio_url): this model (demo-vl-model) takes image input, not audio" in res.stderr
+    # one-shot, the same way
+    seen = edge_infer("generate", "--image", str(tmp_path / "my picture.png"), "-p", "What is in this picture?",
+                      "--max-tokens", "8")
+    assert seen.returncode == 0 and "red" in seen.stdout.lower(), seen.stderr
+    missing = edge_infer("generate", "--image", str(tmp_path / "missing.png"), "-p", "hi")
+    assert missing.returncode == 2 and "error: cannot read" in missing.stderr and "Traceback" not in missing.stderr

@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import mimetypes
 import shlex
 import sys
-from pathlib import Path
 from typing import Any
 
+from edge_infer.cli.attachments import PART_TYPES, file_part
 from edge_infer.engine.cli_args import add_engine_args, engine_settings
 
-# Each attachment command and the content part it becomes (vLLM's audio_url takes any audio file as a URL).
-ATTACHMENTS = {"/image": "image_url", "/audio": "audio_url", "/video": "video_url"}
+ATTACHMENTS = {f"/{kind}": kind for kind in PART_TYPES}  # /image, /audio, /video
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -93,13 +90,7 @@ def user_content(line: str) -> str | list[dict[str, Any]]:
     while words and words[0] in ATTACHMENTS:
         if len(words) < 2:
             raise ValueError(f"{words[0]} needs a file: {words[0]} PATH [question]")
-        kind, path = ATTACHMENTS[words[0]], Path(words[1]).expanduser()
-        try:
-            data = base64.b64encode(path.read_bytes()).decode()
-        except OSError as exc:
-            raise ValueError(f"cannot read {path}: {exc.strerror}") from None
-        mime = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-        parts.append({"type": kind, kind: {"url": f"data:{mime};base64,{data}"}})
+        parts.append(file_part(ATTACHMENTS[words[0]], words[1]))
         words = words[2:]
     text = " ".join(words)
     return parts + ([{"type": "text", "text": text}] if text else [])
