@@ -489,8 +489,9 @@ Without a picture it answers as the text demo model, mostly token for token
   {vision['window_size']}-px windows elsewhere, a 2x2 patch merger into width {vision['out_hidden_size']}.
 - `preprocessor_config.json`: pictures are resized to between {PIXELS['min_pixels']:,} and
   {PIXELS['max_pixels']:,} pixels of area (sides multiples of 28): a square 224-px picture is
-  16x16 patches, 64 image tokens. Larger pictures are shrunk (the default
-  `--max-image-pixels` is a megapixel).
+  16x16 patches, 64 image tokens. Larger pictures are shrunk (the server
+  decodes up to a 4K screenshot's 8.3 megapixels, `--max-image-pixels`, and a
+  larger JPEG photo at a reduced scale).
 - Tokenizer: the text demo's, with `<|vision_start|>` `<|image_pad|>` `<|video_pad|>`
   `<|vision_end|>` added as special tokens (ids {config['vision_start_token_id']}-{config['vision_end_token_id']}, rows of the
   padded embedding). Chat template: the text demo's (tools included), with

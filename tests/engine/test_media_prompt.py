@@ -271,6 +271,18 @@ def test_input_audio_data_may_be_a_whole_data_url(omni):
         omni.prepare_chat(user(other))
 
 
+def test_pictures_off_at_a_token_limit_of_0_are_refused_before_decoding(synth_thinkers):
+    """The plan sizes no image or video for --max-image-tokens 0 (or fits it to 0): one sent is refused saying so,
+    as a video is when its frames are off, not encoded at the processor's smallest size."""
+    front = Frontend.create(synth_thinkers["qwen2_5_omni"], dtype="float32", max_model_len=2048,
+                            media_limits={**LIMITS, "max_image_tokens": 0})
+    for part, where in ((IMAGE, "image_url"), (VIDEO, "video_url")):
+        with pytest.raises(MediaError, match=rf"content\[0\] \({where}\): pictures are off \(the limit is 0 vision "
+                                             r"tokens per image or pair of video frames\); raise --max-image-tokens"):
+            front.prepare_chat(user(part))
+    assert [m.kind for m in front.prepare_chat(user(AUDIO)).media] == ["audio"]
+
+
 def test_a_vl_video_has_no_sound_and_vl_takes_no_audio(vl):
     prepared = vl.prepare_chat(user(VIDEO, IMAGE))
     assert [m.kind for m in prepared.media] == ["video", "image"]

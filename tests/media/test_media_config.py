@@ -150,13 +150,14 @@ def test_broken_files_are_refused(tmp_path):
 
 def test_limits_default_to_the_checkpoints_image_size(tmp_path):
     media = MediaProcessing.from_dir(_write(tmp_path, "preprocessor_config.json", {**QWEN25_VL, "max_pixels": 2000000}))
-    assert MediaLimits.for_processing(media).max_image_tokens == 2000000 // (28 * 28)
-    # pictures people send (a 16-megapixel photo) are decoded and scaled down, not refused
-    assert MediaLimits.for_processing(media).max_image_pixels == 4096 * 4096
+    # rounded up: the checkpoint's own processing is unchanged (a cap 400 pixels below max_pixels would move grids)
+    assert MediaLimits.for_processing(media).max_image_tokens == -(-2000000 // (28 * 28))
+    # pictures people send (a 4K screenshot) are decoded and scaled down, not refused
+    assert MediaLimits.for_processing(media).max_image_pixels == 3840 * 2160
     big = MediaProcessing.from_dir(_write(tmp_path, "preprocessor_config.json", {**QWEN25_VL, "max_pixels": 20000000}))
     assert MediaLimits.for_processing(big).max_image_pixels == 20000000  # what the processor itself would encode
     small = MediaProcessing.from_dir(_write(tmp_path, "preprocessor_config.json", {**QWEN25_VL, "max_pixels": 112 * 112}))
-    assert MediaLimits.for_processing(small).max_image_tokens == 16
+    assert MediaLimits.for_processing(small).max_image_tokens == 768  # its video frames' range is the larger
     assert MediaLimits.for_processing(media, max_images=2).max_images == 2
     assert MediaLimits.for_processing(MediaProcessing()) == MediaLimits()
     with pytest.raises(ValueError, match=r"max_audio_seconds \(--max-audio-seconds\) must be a number >= 0, got -1"):

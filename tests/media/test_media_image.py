@@ -68,6 +68,23 @@ def test_palette_transparency_is_composited_like_the_processor():
     np.testing.assert_array_equal(image_features(image, VisionProcessing()).pixel_values, expected)
 
 
+@pytest.mark.parametrize("mode,key", [("RGB", (12, 200, 7)), ("L", 9), ("LA", None), ("RGBA", None)])
+def test_colour_keys_and_alpha_are_composited_like_the_processor_strip_by_strip(mode, key):
+    """An RGB or greyscale PNG's colour key (tRNS) and an alpha band go over white as the processor composites them,
+    bit for bit, though edge-infer composites 64 rows at a time (a picture of several strips)."""
+    image = _noise(97, 203, mode)
+    if key is not None:
+        pixels = np.asarray(image).copy()
+        pixels[::3] = key  # every third row is the transparent colour
+        image = Image.fromarray(pixels, mode)
+    decoded = decode_image(_encoded(image, "PNG", **({"transparency": key} if key is not None else {})), MediaLimits())
+    reference = Image.open(io.BytesIO(_encoded(image, "PNG", **({"transparency": key} if key is not None else {}))))
+    expected, grid = _reference(reference)
+    got = image_features(decoded, VisionProcessing())
+    assert got.grid_thw == grid
+    np.testing.assert_array_equal(got.pixel_values, expected)
+
+
 def test_checkpoint_settings_reach_the_pixels(tmp_path):
     """Non-default settings, read from the processor's own saved file, give the processor's output."""
     processor = Qwen2VLImageProcessorPil(min_pixels=20 * 20, max_pixels=21 * 21 * 9, patch_size=7, merge_size=3,
@@ -208,6 +225,11 @@ def test_a_jpeg_above_the_limit_is_decoded_at_the_largest_reduced_scale_within_i
     assert np.abs(whole - reduced).mean() < 3  # the same picture, within JPEG's own error
     with pytest.raises(MediaError, match=r"^image: 1600x1200 pixels is above the limit of 29,999 pixels per image"):
         decode_image(jpeg, MediaLimits(max_image_pixels=29999))
+    # sides that are not multiples of the scale: libjpeg rounds them up
+    for (width, height), limit, size in (((1601, 1201), 801 * 601, (801, 601)), ((1601, 1201), 201 * 151, (201, 151)),
+                                          ((1599, 1199), 200 * 150, (200, 150)), ((999, 7), 500 * 4, (500, 4))):
+        odd = _encoded(picture.resize((width, height)), "JPEG")
+        assert decode_image(odd, MediaLimits(max_image_pixels=limit)).size == size
     with pytest.raises(MediaError, match=r"^image: 1600x1200 pixels is above the limit of 480,000 pixels per image"):
         decode_image(_encoded(picture, "PNG"), MediaLimits(max_image_pixels=800 * 600))
 

@@ -52,7 +52,7 @@ def test_every_source_is_capped():
     policy = MediaPolicy(max_bytes=1000)
     with pytest.raises(MediaError) as err:
         read_source(_data_url(PAYLOAD), policy, part="audio 1")
-    assert str(err.value) == ("audio 1: 10240 bytes is above the limit of 1000 bytes per media item "
+    assert str(err.value) == ("audio 1: 10,240 bytes is above the limit of 1,000 bytes per media item "
                               "(--max-media-bytes); send a smaller file or raise --max-media-bytes")
     assert read_source(_data_url(PAYLOAD[:1000]), policy) == PAYLOAD[:1000]
 
@@ -143,7 +143,7 @@ def test_fifos_and_hosts_and_relative_paths_are_refused(media_dir):
 
 
 def test_large_files_are_refused(media_dir):
-    with pytest.raises(MediaError, match=r"^image 1: 10240 bytes is above the limit of 100 bytes per media item "
+    with pytest.raises(MediaError, match=r"^image 1: 10,240 bytes is above the limit of 100 bytes per media item "
                                          r"\(--max-media-bytes\)"):
         read_source(f"file://{media_dir}/sub/cat.png", MediaPolicy(allowed_dir=media_dir, max_bytes=100),
                     part="image 1")
@@ -234,10 +234,10 @@ def test_remote_urls_are_fetched_when_allowed(server):
 
 def test_remote_fetches_are_capped(server):
     policy = MediaPolicy(allow_remote=True, max_bytes=5000)
-    with pytest.raises(MediaError, match=r"^image 1: 10240 bytes is above the limit of 5000 bytes per media item "
+    with pytest.raises(MediaError, match=r"^image 1: 10,240 bytes is above the limit of 5,000 bytes per media item "
                                          r"\(--max-media-bytes\)"):
         read_source(f"{server}/cat.png", policy, part="image 1")
-    with pytest.raises(MediaError, match=r"^image 1: more than 5000 bytes is above the limit of 5000 bytes"):
+    with pytest.raises(MediaError, match=r"^image 1: more than 5,000 bytes is above the limit of 5,000 bytes"):
         read_source(f"{server}/streamed", policy, part="image 1")
 
 

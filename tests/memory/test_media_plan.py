@@ -107,7 +107,7 @@ def test_default_limits_fit_the_context_and_say_so(omni):
     assert p.admitted, p.table()
     assert limits.max_image_tokens < QWEN25_OMNI["max_pixels"] // 28 ** 2 and limits.max_images == 4  # counts are kept
     # the context bounds the tokens an image is scaled down to, not the pictures a request may send
-    assert limits.max_image_pixels == max(QWEN25_OMNI["max_pixels"], 4096 * 4096)
+    assert limits.max_image_pixels == QWEN25_OMNI["max_pixels"]
     assert 2000 <= shapes.request_tokens <= 2047  # every kind at its limit, one token left to generate
     assert any(n.startswith("max_image_tokens defaulted to") and "--max-image-tokens" in n for n in p.notes)
     shorter = plan_text_session(omni, dtype="float32", max_model_len=1024, available_bytes=64 << 30)
@@ -120,7 +120,7 @@ def test_limits_given_are_kept_or_refused_with_levers(omni):
     refused = plan(omni, media_limits={"max_image_tokens": 16384})
     assert not refused.admitted and refused.engine_config is None
     reason = next(r for r in refused.reasons if "media tokens" in r)
-    assert "4 image(s) of up to 16380 tokens (--max-image-tokens 16384)" in reason and "max_model_len=2048" in reason
+    assert "4 image(s) of up to 16384 tokens (--max-image-tokens 16384)" in reason and "max_model_len=2048" in reason
     assert any(lever.startswith("--max-image-tokens ") for lever in refused.levers)
     lever = next(lever for lever in refused.levers if lever.startswith("--max-image-tokens "))
     fixed = plan(omni, media_limits={"max_image_tokens": int(lever.split()[1])})

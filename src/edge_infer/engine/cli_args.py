@@ -64,11 +64,13 @@ def _add_media_limit_args(parser: argparse.ArgumentParser) -> None:
         "media limits per request (multimodal models; the plan sizes the encoders for them; by default the "
         "checkpoint's, lowered where a request at every limit would not fit --max-model-len)")
     defaults = MediaLimits()
+    how = {"max_image_pixels": ", decoded (a larger picture is refused; a larger JPEG is decoded at a reduced scale)",
+           "max_image_tokens": ": a larger picture is scaled down to it (a very thin one may take more)"}
     for f in fields(MediaLimits):
         default = {"max_image_pixels": f"the checkpoint's max_pixels, at least {MIN_IMAGE_PIXELS_LIMIT:,}",
                    "max_image_tokens": "the checkpoint's max_pixels in tokens"}.get(f.name, f"{getattr(defaults, f.name):g}")
         g.add_argument(LIMITS[f.name].flag, dest=f.name, type=float if f.type == "float" else int, default=None,
-                       metavar="N", help=f"{LIMITS[f.name].unit} (default {default})")
+                       metavar="N", help=f"{LIMITS[f.name].unit}{how.get(f.name, '')} (default {default})")
 
 
 def media_limit_settings(args: argparse.Namespace) -> dict[str, Any] | None:

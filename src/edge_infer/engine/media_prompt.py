@@ -176,6 +176,10 @@ def check_parts(parts: Sequence[MediaPart], mm: MultimodalConfig | None, model: 
             why = f" (its chat template renders no {part.kind} parts)" if part.kind in mm.kinds else ""
             raise InvalidRequestError(f"{part.where}: this model ({model}) takes {' and '.join(taken) or 'no media'} "
                                       f"input, not {part.kind}{why}")
+        if part.kind in ("image", "video") and limits.max_image_tokens < 1:
+            # the plan may have turned them off to fit the context: the flag alone may then not fit
+            raise MediaError(f"{part.where}: pictures are off (the limit is 0 vision tokens per image or pair of video "
+                             "frames); raise --max-image-tokens, with a --max-model-len that has room for them")
     for kind, limit in COUNT_LIMITS.items():
         count = sum(p.kind == kind for p in parts)
         noun = "audio clip" if kind == "audio" else kind
@@ -199,7 +203,7 @@ def load_part(part: MediaPart, processing: MediaProcessing, policy: MediaPolicy,
     """A part's bytes read under ``policy``, decoded and featurized within ``limits``."""
     if part.data is None:
         data = read_source(part.url, policy, part=part.where)
-    elif part.data.startswith("data:"):  # input_audio's data as a whole data: URL, as some clients send it
+    elif part.data.lstrip()[:5].lower() == "data:":  # input_audio's data as a whole data: URL, as some clients send
         data = read_source(part.data, policy, part=part.where)
     else:
         data = decode_base64(part.data, policy, part=part.where)

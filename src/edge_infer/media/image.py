@@ -65,7 +65,9 @@ def decode_image(data: bytes, limits: MediaLimits, *, part: str = "image") -> "I
     if not data:
         raise MediaError(f"{part}: is empty (0 bytes); send a PNG, JPEG, WebP, GIF or BMP image")
     try:
-        image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)  # reads the header only
+        with warnings.catch_warnings():  # Pillow's warning over its threshold: our limit below decides
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)  # reads the header only
     except Image.DecompressionBombError as exc:  # Pillow's own guard, far above our default limit, checks first
         # its message carries the header's pixel count: "Image size (1200000000 pixels) exceeds limit of ..."
         found = re.search(r"\((\d+) pixels\)", str(exc))
@@ -103,8 +105,10 @@ def _decode_reduced(image: "Image.Image", max_pixels: int) -> None:
     decode's (transformers' processor would decode it whole); pictures within the limit are decoded whole."""
     width, height = image.size
     for scale in JPEG_SCALES:
-        if -(-width // scale) * -(-height // scale) <= max_pixels:
-            image.draft("RGB", (-(-width // scale), -(-height // scale)))
+        if -(-width // scale) * -(-height // scale) <= max_pixels:  # the size libjpeg gives: sides rounded up
+            # Pillow picks the largest scale the requested size allows (min(width // w, height // h)): ask for the
+            # sides rounded down, or an odd-sized photo gets the next smaller scale, or none.
+            image.draft("RGB", (max(1, width // scale), max(1, height // scale)))
             return
 
 
@@ -128,9 +132,10 @@ def to_rgb(image: "Image.Image") -> "Image.Image":
     """
     from PIL import Image
 
-    if image.mode == "RGB":
+    keyed = image.info.get("transparency") is not None  # a palette's transparent entry, an RGB or L colour key
+    if image.mode == "RGB" and not keyed:
         return image
-    if "A" not in image.getbands() and image.info.get("transparency") is None:
+    if "A" not in image.getbands() and not keyed:
         return image.convert("RGB")
     width, height = image.size
     out = Image.new("RGB", image.size)

@@ -67,7 +67,7 @@ def decode_base64(text: str, policy: MediaPolicy, *, part: str = "media") -> byt
         compact += "=" * (4 - len(compact) % 4)
     size = len(compact) * 3 // 4 - compact[-2:].count("=")  # the decoded length, before decoding
     if size > policy.max_bytes:
-        _too_big(part, f"{size} bytes", policy)
+        _too_big(part, f"{size:,} bytes", policy)
     try:
         return base64.b64decode(compact, validate=True)
     except (binascii.Error, ValueError) as exc:
@@ -120,7 +120,7 @@ def _local_file(url: str, policy: MediaPolicy, part: str) -> bytes:
         if not stat.S_ISREG(info.st_mode):
             raise MediaError(f"{part}: {_short(url)} is not a regular file")
         if info.st_size > policy.max_bytes:
-            _too_big(part, f"{info.st_size} bytes", policy)
+            _too_big(part, f"{info.st_size:,} bytes", policy)
     except BaseException:
         os.close(fd)
         raise
@@ -226,7 +226,7 @@ def _remote(url: str, policy: MediaPolicy, part: str) -> bytes:
             with fetch.opener().open(request, timeout=policy.timeout_s) as response:
                 length = response.headers.get("Content-Length")
                 if length is not None and length.isdigit() and int(length) > policy.max_bytes:
-                    _too_big(part, f"{length} bytes", policy)
+                    _too_big(part, f"{int(length):,} bytes", policy)
                 data = _capped(response.read1, part, policy)  # read1: what has arrived
         except MediaError:
             raise
@@ -249,13 +249,13 @@ def _capped(read, part: str, policy: MediaPolicy) -> bytes:
     while chunk := read(_CHUNK):
         total += len(chunk)
         if total > policy.max_bytes:
-            _too_big(part, f"more than {policy.max_bytes} bytes", policy)
+            _too_big(part, f"more than {policy.max_bytes:,} bytes", policy)
         chunks.append(chunk)
     return b"".join(chunks)
 
 
 def _too_big(part: str, amount: str, policy: MediaPolicy) -> None:
-    raise MediaError(f"{part}: {amount} is above the limit of {policy.max_bytes} bytes per media item "
+    raise MediaError(f"{part}: {amount} is above the limit of {policy.max_bytes:,} bytes per media item "
                      f"({MAX_BYTES_FLAG}); send a smaller file or raise {MAX_BYTES_FLAG}")
 
 

@@ -30,7 +30,7 @@ from functools import lru_cache
 
 from edge_infer.media.config import AudioProcessing, MediaProcessing, VisionProcessing
 from edge_infer.media.image import MAX_ASPECT_RATIO, smart_resize
-from edge_infer.media.limits import LIMITS, MediaLimits
+from edge_infer.media.limits import LIMITS, MediaLimits, shown_number
 from edge_infer.models.encoder_config import audio_output_length
 
 MARKERS = 2  # start and end tokens around every media item in a prompt
@@ -275,10 +275,7 @@ _LOWER = {"images": _lower_images, "videos": _lower_videos, "audio": _lower_audi
 def _fitted_note(name: str, value: float, default: float, budget: int) -> str:
     off = {"max_video_frames": " (videos are off)", "max_image_tokens": " (images are off)",
            "max_audio_seconds": " (audio is off)"}[name] if value == 0 else ""
-    return (f"{name} defaulted to {_number(value)}{off}, not {_number(default)}: a request with every kind of media "
+    return (f"{name} defaulted to {shown_number(value)}{off}, not {shown_number(default)}: a request with every kind of media "
             f"at its limit must fit max_model_len ({budget + 1} tokens, one left to generate); set "
             f"{LIMITS[name].flag} or --max-model-len to change")
 
-
-def _number(value: float) -> str:
-    return f"{value:,}" if isinstance(value, int) else f"{value:g}"
