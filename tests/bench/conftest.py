@@ -15,8 +15,13 @@ from edge_infer.cli import main
 # Fast settings for tests that are not about the load check: short windows,
 # and thresholds at 100% so other work on a shared test machine never
 # refuses or labels a run (the preflight tests use real thresholds).
-# A core the tests may pin arms to: one this process may run on (make test gives each worker its own), not core 0.
-CORE = min(os.sched_getaffinity(0))
+
+
+@pytest.fixture
+def core() -> int:
+    """A core the tests may pin arms to: one this process may run on (make test gives each worker its own), not core
+    0; read when the test runs, after tests/conftest.py has pinned the worker (this file may be imported before)."""
+    return min(os.sched_getaffinity(0))
 
 FAST = ["--settle-s", "0", "--preflight-window-s", "0.05", "--max-stolen-pct", "100", "--max-core-busy-pct", "100"]
 

@@ -7,7 +7,7 @@ import pytest
 from edge_infer.bench.harness.grid import rotation
 from edge_infer.hardware.cpu import FEATURES, MASK_ENV, detect
 
-from .conftest import CORE, code_arm, metrics_arm
+from .conftest import code_arm, metrics_arm
 
 
 def test_rotation_starts_each_pass_one_arm_later():
@@ -120,19 +120,19 @@ def test_failed_passes_are_kept_with_their_error(write_spec, grid, capsys):
     assert {f.arm for f in result.flags if f.kind == "NO_RESULT"} == {"crash", "silent", "slow", "wrong"}
 
 
-def test_arms_are_pinned_and_get_their_env(write_spec, grid, monkeypatch):
+def test_arms_are_pinned_and_get_their_env(write_spec, grid, core, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     arm = code_arm(
         "A",
         "import json, os; print(json.dumps({'cores_seen': len(os.sched_getaffinity(0)), 'knob_len': len(os.environ['KNOB'])}))",
         env={"KNOB": "abcd"},
     )
-    rc, result = grid(write_spec([arm]), "--cores", str(CORE), "--direction", "cores_seen=min", "--direction", "knob_len=min")
+    rc, result = grid(write_spec([arm]), "--cores", str(core), "--direction", "cores_seen=min", "--direction", "knob_len=min")
     assert rc == 0
     assert result.row("A", "cores_seen").values == [1.0, 1.0, 1.0]
     assert result.row("A", "knob_len").median == 4.0
     p = result.provenance
-    assert p.target_cores == [CORE] and p.thread_env["OMP_NUM_THREADS"] == "1"
+    assert p.target_cores == [core] and p.thread_env["OMP_NUM_THREADS"] == "1"
     assert p.arms[0].env == {"KNOB": "abcd"} and p.arms[0].command == arm["command"]
     assert p.host and p.cpu_count and p.started_at and p.finished_at and p.argv
 
@@ -173,9 +173,9 @@ def test_cores_outside_affinity_are_refused(write_spec, grid, capsys):
     assert rc == 2 and "not available" in capsys.readouterr().err
 
 
-def test_spec_cores_may_be_a_list(write_spec, grid):
-    rc, result = grid(write_spec([metrics_arm("A", {"step_ms": [1.0]})], cores=[CORE]), "--passes", "1")
-    assert result.settings.cores == [CORE] and result.provenance.target_cores == [CORE]
+def test_spec_cores_may_be_a_list(write_spec, grid, core):
+    rc, result = grid(write_spec([metrics_arm("A", {"step_ms": [1.0]})], cores=[core]), "--passes", "1")
+    assert result.settings.cores == [core] and result.provenance.target_cores == [core]
 
 
 def test_an_arm_masked_to_a_level_this_cpu_lacks_is_refused_before_any_pass(write_spec, grid, capsys):

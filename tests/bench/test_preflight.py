@@ -8,15 +8,15 @@ import pytest
 from edge_infer.bench.harness import preflight
 from edge_infer.bench.harness.results import LoadSample
 
-from .conftest import CORE, metrics_arm
+from .conftest import metrics_arm
 
 BUSY_LOOP = "import os, sys; os.sched_setaffinity(0, {{{}}}); print('ready', flush=True)\nwhile True: pass"
 
 
 @pytest.fixture
-def busy_core():
-    """A process spinning on CORE for the duration of one test, always stopped."""
-    proc = subprocess.Popen([sys.executable, "-c", BUSY_LOOP.format(CORE)], stdout=subprocess.PIPE, text=True)
+def busy_core(core):
+    """A process spinning on ``core`` for the duration of one test, always stopped."""
+    proc = subprocess.Popen([sys.executable, "-c", BUSY_LOOP.format(core)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
         yield proc
@@ -57,17 +57,17 @@ def test_core_lists_parse():
         preflight.parse_cores("2-1")
 
 
-def test_busy_target_core_is_refused(busy_core, write_spec, grid, capsys):
+def test_busy_target_core_is_refused(busy_core, core, write_spec, grid, capsys):
     spec = write_spec([metrics_arm("A", {"step_ms": [1.0]})])
-    rc, result = grid(spec, "--cores", str(CORE), "--preflight-window-s", "0.2", fast=False)
+    rc, result = grid(spec, "--cores", str(core), "--preflight-window-s", "0.2", fast=False)
     assert rc == 3 and result is None
     err = capsys.readouterr().err
-    assert "refusing to run" in err and f"core {CORE}" in err and "--allow-busy" in err
+    assert "refusing to run" in err and f"core {core}" in err and "--allow-busy" in err
 
 
-def test_allow_busy_runs_and_labels_every_pass(busy_core, write_spec, grid, capsys):
+def test_allow_busy_runs_and_labels_every_pass(busy_core, core, write_spec, grid, capsys):
     spec = write_spec([metrics_arm("A", {"step_ms": [1.0]}), metrics_arm("B", {"step_ms": [1.1]})])
-    rc, result = grid(spec, "--cores", str(CORE), "--passes", "2", "--settle-s", "0",
+    rc, result = grid(spec, "--cores", str(core), "--passes", "2", "--settle-s", "0",
                       "--preflight-window-s", "0.2", "--allow-busy", fast=False)
     assert rc == 0
     assert [s.when for s in result.load] == ["preflight", "before pass 2"]
