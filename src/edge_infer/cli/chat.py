@@ -38,7 +38,8 @@ async def _chat(args: argparse.Namespace) -> int:
     await engine.start()
     session = engine.open_session()
     history = [{"role": "system", "content": args.system}] if args.system else []
-    print("edge-infer chat — empty line or Ctrl-D to quit; /image, /audio or /video PATH attach a file", file=sys.stderr)
+    print("edge-infer chat — empty line or Ctrl-D to quit; /image, /audio or /video PATH attach a file",
+          file=sys.stderr)
     loop = asyncio.get_running_loop()
     try:
         while True:

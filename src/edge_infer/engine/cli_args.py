@@ -68,7 +68,8 @@ def _add_media_limit_args(parser: argparse.ArgumentParser) -> None:
            "max_image_tokens": ": a larger picture is scaled down to it (a very thin one may take more)"}
     for f in fields(MediaLimits):
         default = {"max_image_pixels": f"the checkpoint's max_pixels, at least {MIN_IMAGE_PIXELS_LIMIT:,}",
-                   "max_image_tokens": "the checkpoint's max_pixels in tokens"}.get(f.name, f"{getattr(defaults, f.name):g}")
+                   "max_image_tokens": "the checkpoint's max_pixels in tokens"}.get(
+            f.name, f"{getattr(defaults, f.name):g}")
         g.add_argument(LIMITS[f.name].flag, dest=f.name, type=float if f.type == "float" else int, default=None,
                        metavar="N", help=f"{LIMITS[f.name].unit}{how.get(f.name, '')} (default {default})")
 

@@ -39,7 +39,8 @@ LIMITS = {
     "max_image_pixels": _Limit("pixels per image", "--max-image-pixels", "resize it"),
     "max_image_tokens": _Limit("vision tokens per image or pair of video frames", "--max-image-tokens",
                                "send no images or videos"),
-    "max_audio_seconds": _Limit("seconds of audio per clip", "--max-audio-seconds", "cut it", "second of audio per clip"),
+    "max_audio_seconds": _Limit("seconds of audio per clip", "--max-audio-seconds", "cut it",
+                                "second of audio per clip"),
     "max_audios": _Limit("audio clips per request", "--max-audios", "send fewer clips", "audio clip per request"),
     "max_videos": _Limit("videos per request", "--max-videos", "send fewer videos", "video per request"),
     "max_video_frames": _Limit("sampled frames per video", "--max-video-frames", "send a shorter video"),
@@ -95,10 +96,11 @@ class MediaLimits:
         still takes the pictures people send), and encoded at up to its max_pixels (the token limit rounded up, so
         that its own processing is unchanged)."""
         vision = media.vision
-        tokens = -(-max(vision.max_pixels, vision.video_max_pixels) // vision.factor ** 2) if vision else 0
-        limits = (cls(max_image_pixels=max(vision.max_pixels, MIN_IMAGE_PIXELS_LIMIT), max_image_tokens=tokens)
-                  if vision is not None else cls())
-        return replace(limits, **overrides)
+        if vision is None:
+            return replace(cls(), **overrides)
+        tokens = -(-max(vision.max_pixels, vision.video_max_pixels) // vision.factor ** 2)
+        return replace(cls(max_image_pixels=max(vision.max_pixels, MIN_IMAGE_PIXELS_LIMIT), max_image_tokens=tokens),
+                       **overrides)
 
     def vision_processing(self, vision: "VisionProcessing") -> "VisionProcessing":
         """``vision`` resizing to at most max_image_tokens: its max_pixels (and the video frames') lowered to that

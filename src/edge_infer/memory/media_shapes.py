@@ -275,7 +275,7 @@ _LOWER = {"images": _lower_images, "videos": _lower_videos, "audio": _lower_audi
 def _fitted_note(name: str, value: float, default: float, budget: int) -> str:
     off = {"max_video_frames": " (videos are off)", "max_image_tokens": " (images are off)",
            "max_audio_seconds": " (audio is off)"}[name] if value == 0 else ""
-    return (f"{name} defaulted to {shown_number(value)}{off}, not {shown_number(default)}: a request with every kind of media "
-            f"at its limit must fit max_model_len ({budget + 1} tokens, one left to generate); set "
+    return (f"{name} defaulted to {shown_number(value)}{off}, not {shown_number(default)}: a request with every kind "
+            f"of media at its limit must fit max_model_len ({budget + 1} tokens, one left to generate); set "
             f"{LIMITS[name].flag} or --max-model-len to change")
 

@@ -206,10 +206,9 @@ Content = Union[str, Annotated[list[TextPart], Field(fail_fast=True)]]
 class MediaURL(_Request):
     url: str = Field(description="data:<type>;base64,...; file:// under --allowed-media-dir; http(s):// with "
                                  "--allow-remote-media")
-    detail: Literal["auto", "low", "high"] | None = Field(None, description="image_url only; low: the picture read at up to 512 x 512 "
-                                                                             "pixels' worth of tokens (a faster encode, "
-                                                                             "a shorter prompt); auto and high: at up to "
-                                                                             "--max-image-tokens")
+    detail: Literal["auto", "low", "high"] | None = Field(
+        None, description="image_url only; low: the picture read at up to 512 x 512 pixels' worth of tokens (a faster "
+                          "encode, a shorter prompt); auto and high: at up to --max-image-tokens")
 
     @model_validator(mode="before")
     @classmethod
