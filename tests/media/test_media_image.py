@@ -128,6 +128,16 @@ def test_smart_resize_equals_the_reference_everywhere():
             assert smart_resize(h, w, factor, lo, hi) == reference_smart_resize(h, w, factor, lo, hi), (h, w, factor)
 
 
+def test_a_small_picture_scaled_up_past_a_lowered_max_is_fitted_within_it():
+    """At a max_pixels lowered near min_pixels (the video range at a few hundred tokens), scaling a thin frame up
+    rounds it to twice the max in the reference; here it stays within the max the plan holds."""
+    video_min = 128 * 28 * 28
+    assert reference_smart_resize(19, 2432, 28, video_min, video_min) == (56, 3612)
+    h, w = smart_resize(19, 2432, 28, video_min, video_min)
+    assert h * w <= video_min and h % 28 == w % 28 == 0 and w / h == pytest.approx(2432 / 19, rel=0.2)
+    assert smart_resize(19, 2432, 28, video_min, 768 * 28 * 28) == (56, 3612)  # the checkpoint's range: as the reference
+
+
 def test_extreme_aspect_ratio_is_refused_naming_the_image():
     with pytest.raises(ValueError):
         reference_smart_resize(1, 300, 28, 3136, 1003520)

@@ -105,6 +105,19 @@ def test_the_frame_limit_lowers_the_sampling_rate():
     assert got.second_per_grid == pytest.approx(2 * 10 / 8)  # 8 frames over 10 s
 
 
+def test_a_thin_small_video_at_a_low_token_limit_stays_within_the_plan():
+    """Frames scaled up to the video range's minimum come out at most as large as the plan's largest frame, where
+    the reference processor's rounding doubles them (258 tokens a pair at a limit of 128)."""
+    from edge_infer.memory.media_shapes import media_shapes
+
+    data = video_file(frames_of(4, height=19, width=2432), fps=2, fmt="matroska", codec="ffv1")
+    limits = MediaLimits(max_image_tokens=128, max_video_frames=4)
+    got, _ = video_features(data, MediaProcessing(limits.vision_processing(VL.vision), None), limits)
+    planned = media_shapes(limits, VL)
+    assert got.grid_thw[0] == planned.video_grid[0] == 2
+    assert got.num_tokens <= planned.video_tokens == 2 * 160
+
+
 @pytest.mark.parametrize("fmt", ["mp4", "webm"])
 def test_the_audio_track_becomes_audio_features(fmt):
     seconds = 2.0

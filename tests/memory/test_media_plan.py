@@ -212,6 +212,19 @@ def test_the_largest_resize_is_the_largest_any_image_gives(limit):
     assert planned[0] * planned[1] == best
 
 
+@pytest.mark.parametrize("factor,min_pixels,max_pixels", [(4, 2048, 2048), (4, 2048, 6144), (6, 1800, 3600),
+                                                       (6, 1800, 10800)])
+def test_the_largest_resize_holds_in_a_narrow_pixel_range(factor, min_pixels, max_pixels):
+    """Where max_pixels is lowered near min_pixels (a video's frames at a small token limit), every input, thin ones
+    scaled up included, at every width, resizes to at most the planned frame, and one reaches it."""
+    limit = 20000
+    planned = largest_resize(limit, factor, min_pixels, max_pixels)
+    best = max(math.prod(smart_resize(height, width, factor, min_pixels, max_pixels))
+               for height in range(1, limit + 1)
+               for width in range(math.ceil(height / MAX_ASPECT_RATIO), min(limit // height, height * MAX_ASPECT_RATIO) + 1))
+    assert planned[0] * planned[1] == best
+
+
 def test_planned_inputs_are_what_preprocessing_makes():
     """The features of the largest image and the longest clip have the planned shapes."""
     from PIL import Image

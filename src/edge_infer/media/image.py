@@ -40,21 +40,34 @@ JPEG_SCALES = (2, 4, 8)
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int,
                  *, part: str = "image") -> tuple[int, int]:
-    """The (height, width) Qwen's processors resize to: multiples of `factor`, area within [min, max] pixels."""
+    """The (height, width) Qwen's processors resize to: multiples of `factor`, area within [min, max] pixels.
+
+    One departure: scaling a small picture up to min_pixels rounds both sides up, which can overshoot a
+    max_pixels close to min_pixels (a thin 19x2432 frame becomes 56x3612, twice the max), where the reference
+    would exceed the tokens the plan holds; such a picture is fitted within max_pixels instead. With a
+    checkpoint's own range, far wider than that rounding, the result is always the reference's.
+    """
     if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
         raise MediaError(f"{part}: {width}x{height} pixels has an aspect ratio above {MAX_ASPECT_RATIO}:1, which the "
                          "vision encoder does not take; crop or pad it")
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
     if h_bar * w_bar > max_pixels:
-        beta = math.sqrt(height * width / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
+        return _scaled_within(height, width, factor, max_pixels)
+    if h_bar * w_bar < min_pixels:
         beta = math.sqrt(min_pixels / (height * width))
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
+        if h_bar * w_bar > max_pixels:
+            return _scaled_within(height, width, factor, max_pixels)
     return h_bar, w_bar
+
+
+def _scaled_within(height: int, width: int, factor: int, max_pixels: int) -> tuple[int, int]:
+    """Sides scaled to ``max_pixels`` and rounded down to multiples of ``factor`` (at least one factor each)."""
+    beta = math.sqrt(height * width / max_pixels)
+    return (max(factor, math.floor(height / beta / factor) * factor),
+            max(factor, math.floor(width / beta / factor) * factor))
 
 
 def decode_image(data: bytes, limits: MediaLimits, *, part: str = "image") -> "Image.Image":

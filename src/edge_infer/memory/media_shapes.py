@@ -142,9 +142,9 @@ def largest_resize(max_pixels_in: int, factor: int, min_pixels: int, max_pixels:
 
     An input whose rounded sides give an area within [min_pixels, max_pixels] keeps them; for a rounded
     height of ``a`` factors, the shortest input height that rounds to it leaves the most room for the width,
-    and the widest input is then the largest, so one candidate per ``a`` (and per boundary of the
-    aspect-ratio limit) covers every input, in both orientations. Areas outside the range go through
-    ``smart_resize`` itself (scaled into it).
+    and then either the widest input is the largest, or (where that one is scaled down) the widest that still
+    rounds to an area within max_pixels: a few candidates per ``a`` (and per boundary of the aspect-ratio
+    limit) cover every input, in both orientations. Inputs scaled up to min_pixels are bounded apart.
     """
     if max_pixels_in < 1:
         return 0, 0
@@ -156,14 +156,42 @@ def largest_resize(max_pixels_in: int, factor: int, min_pixels: int, max_pixels:
         lowest = math.ceil((a - 0.5) * factor)
         heights.update((lowest - 1, lowest, lowest + 1))
     for height in heights:
-        width = min(max_pixels_in // max(height, 1), height * MAX_ASPECT_RATIO)
-        if height < 1 or width < 1 or height > width * MAX_ASPECT_RATIO:
+        widest = min(max_pixels_in // max(height, 1), height * MAX_ASPECT_RATIO)
+        if height < 1 or widest < 1 or height > widest * MAX_ASPECT_RATIO:
             continue
-        h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor  # as smart_resize rounds
-        if not min_pixels <= h_bar * w_bar <= max_pixels:
-            h_bar, w_bar = smart_resize(height, width, factor, min_pixels, max_pixels)
-        if h_bar * w_bar > best[0] * best[1]:
-            best = (h_bar, w_bar)
+        kept = _widest_rounding_to(max_pixels // max(round(height / factor) * factor, factor) // factor, factor)
+        for width in {widest, min(widest, kept)}:
+            if width >= 1 and height <= width * MAX_ASPECT_RATIO:
+                h_bar, w_bar = smart_resize(height, width, factor, min_pixels, max_pixels)
+                if h_bar * w_bar > best[0] * best[1]:
+                    best = (h_bar, w_bar)
+    up = _largest_scale_up(factor, min_pixels, max_pixels)
+    return up if up[0] * up[1] > best[0] * best[1] else best
+
+
+def _widest_rounding_to(sides: int, factor: int) -> int:
+    """The widest input side that ``smart_resize`` rounds to ``sides`` factors (round half to even)."""
+    width = sides * factor + factor // 2
+    while round(width / factor) > sides:
+        width -= 1
+    return width
+
+
+def _largest_scale_up(factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """A bound on what ``smart_resize``'s scale-up branch (an input rounding below min_pixels) gives within
+    max_pixels (above it, the input is scaled down, which ``largest_resize``'s candidates cover).
+
+    Scaled up, an input of aspect ratio r = h/w comes out as ceil(sqrt(min r)/f) by ceil(sqrt(min/r)/f)
+    factors, whatever its size; a height of ``a`` factors is widest at the least r that still rounds to it,
+    just above ((a-1) f)^2 / min, where the width is min / ((a-1) f^2) factors rounded up, plus one where
+    floating point lands a side exactly on a multiple (19 x 2432 at 28 and 100,352: 2 x 129 factors, not 1 x 129).
+    """
+    widest = math.isqrt(min_pixels * MAX_ASPECT_RATIO // factor ** 2) + 1  # the aspect-ratio limit, likewise
+    best = (0, 0)
+    for a in range(1, widest + 1):
+        b = min(widest, min_pixels // ((a - 1) * factor ** 2) + 1) if a > 1 else widest
+        if a * b * factor ** 2 <= max_pixels and a * b > best[0] * best[1] // factor ** 2:
+            best = (a * factor, b * factor)
     return best
 
 
