@@ -244,6 +244,22 @@ def test_a_jpeg_above_the_limit_is_decoded_at_the_largest_reduced_scale_within_i
         decode_image(_encoded(picture, "PNG"), MediaLimits(max_image_pixels=800 * 600))
 
 
+def test_a_jpeg_past_pillows_own_guard_is_decoded_at_a_reduced_scale(monkeypatch):
+    """Pillow refuses above 2 x MAX_IMAGE_PIXELS (179 megapixels; a 200 MP phone photo) when it opens a file, before a
+    reduced decode could fit it: a JPEG is still decoded within the limit (the guard lowered here to keep it small)."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 400_000)
+    y, x = np.mgrid[0:1200, 0:1600]
+    jpeg = _encoded(Image.fromarray(np.stack([x * 255 // 1600, y * 255 // 1200, (x + y) % 256], -1).astype(np.uint8)),
+                    "JPEG", quality=95)
+    with pytest.raises(Image.DecompressionBombError):
+        Image.open(io.BytesIO(jpeg))
+    assert decode_image(jpeg, MediaLimits(max_image_pixels=800 * 600)).size == (800, 600)
+    with pytest.raises(MediaError, match=r"^image: 1600x1200 pixels is above the limit of 29,999 pixels per image"):
+        decode_image(jpeg, MediaLimits(max_image_pixels=29999))
+    with pytest.raises(MediaError, match=r"^image: 1,920,000 pixels is above the limit of 480,000 pixels per image"):
+        decode_image(_encoded(Image.new("RGB", (1600, 1200)), "PNG"), MediaLimits(max_image_pixels=800 * 600))
+
+
 # The child's peak RSS from VmHWM (its own address space's; ru_maxrss would start at the forking parent's).
 CHILD_DECODE = """
 import sys

@@ -36,6 +36,7 @@ MAX_JPEG_SCANS = 256
 COMPOSITE_ROWS = 64
 # The reduced scales libjpeg decodes at directly (1/2, 1/4, 1/8 of each side).
 JPEG_SCALES = (2, 4, 8)
+JPEG_MAGIC = b"\xff\xd8\xff"  # start of image, then a marker
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int,
@@ -78,16 +79,9 @@ def decode_image(data: bytes, limits: MediaLimits, *, part: str = "image") -> "I
     if not data:
         raise MediaError(f"{part}: is empty (0 bytes); send a PNG, JPEG, WebP, GIF or BMP image")
     try:
-        with warnings.catch_warnings():  # Pillow's warning over its threshold: our limit below decides
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)  # reads the header only
-    except Image.DecompressionBombError as exc:  # Pillow's own guard, far above our default limit, checks first
-        # its message carries the header's pixel count: "Image size (1200000000 pixels) exceeds limit of ..."
-        found = re.search(r"\((\d+) pixels\)", str(exc))
-        bomb = 2 * Image.MAX_IMAGE_PIXELS
-        pixels, shown = (int(found[1]), f"{int(found[1]):,} pixels") if found else (bomb + 1, f"more than {bomb} pixels")
-        limits.check("max_image_pixels", pixels, part=part, shown=shown)
-        raise MediaError(f"{part}: {shown} is more than Pillow decodes safely; resize it") from None
+        image = _open(data, limits, part)
+    except MediaError:
+        raise
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         # Pillow's "cannot identify image file <_io.BytesIO object at 0x...>" says less than this
         reason = "no known image format" if isinstance(exc, UnidentifiedImageError) else _reason(exc)
@@ -110,6 +104,27 @@ def decode_image(data: bytes, limits: MediaLimits, *, part: str = "image") -> "I
     except (OSError, ValueError, SyntaxError, EOFError, struct.error, Image.DecompressionBombError,
             Image.DecompressionBombWarning) as exc:
         raise MediaError(f"{part}: the {kind} data is damaged or truncated ({_reason(exc)})") from None
+
+
+def _open(data: bytes, limits: MediaLimits, part: str) -> "Image.Image":
+    """The image's header, read by Pillow past its decompression-bomb guard where our decode limit decides."""
+    from PIL import Image, JpegImagePlugin
+
+    try:
+        with warnings.catch_warnings():  # Pillow's warning over its threshold: our limit decides
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            return Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)  # reads the header only
+    except Image.DecompressionBombError as exc:  # Pillow's own guard (179 megapixels) checks at open
+        if data.startswith(JPEG_MAGIC):
+            # A 200-megapixel phone photo is decoded at a reduced scale within our limit, or refused by it; Pillow
+            # opens a JPEG without its guard when asked for the format's own class.
+            return JpegImagePlugin.JpegImageFile(io.BytesIO(data))
+        # its message carries the header's pixel count: "Image size (1200000000 pixels) exceeds limit of ..."
+        found = re.search(r"\((\d+) pixels\)", str(exc))
+        bomb = 2 * Image.MAX_IMAGE_PIXELS
+        pixels, shown = (int(found[1]), f"{int(found[1]):,} pixels") if found else (bomb + 1, f"more than {bomb} pixels")
+        limits.check("max_image_pixels", pixels, part=part, shown=shown)
+        raise MediaError(f"{part}: {shown} is more than Pillow decodes safely; resize it") from None
 
 
 def _decode_reduced(image: "Image.Image", max_pixels: int) -> None:
