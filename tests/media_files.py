@@ -24,8 +24,10 @@ def audio_file(samples: np.ndarray, rate: int, fmt: str, subtype: str | None = N
 
 
 def video_file(frames: list[np.ndarray], fps: int, fmt: str = "mp4", codec: str = "libx264",
-               audio: np.ndarray | None = None, audio_rate: int = 48000, options: dict | None = None) -> bytes:
-    """A video of uint8 RGB frames [H, W, 3], with a mono float32 audio track when `audio` is given."""
+               audio: np.ndarray | None = None, audio_rate: int = 48000, options: dict | None = None,
+               rotation: int = 0) -> bytes:
+    """A video of uint8 RGB frames [H, W, 3], with a mono float32 audio track when `audio` is given; `rotation`:
+    the display matrix's counterclockwise degrees (a phone's portrait video: -90)."""
     import av
 
     buf = io.BytesIO()
@@ -34,6 +36,8 @@ def video_file(frames: list[np.ndarray], fps: int, fmt: str = "mp4", codec: str 
         video = out.add_stream(codec, rate=fps, options=options or {})
         video.width, video.height = width, height
         video.pix_fmt = "yuv420p" if codec != "ffv1" else "bgr0"
+        if rotation:
+            video.set_display_rotation(rotation)
         sound = None
         if audio is not None:
             sound = out.add_stream("aac" if fmt == "mp4" else "libopus", rate=audio_rate)

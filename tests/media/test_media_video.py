@@ -98,6 +98,24 @@ def test_a_static_two_frame_video_is_its_image():
     assert got.second_per_grid == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("rotation,turn", [(-90, Image.Transpose.ROTATE_270), (90, Image.Transpose.ROTATE_90),
+                                           (180, Image.Transpose.ROTATE_180)])
+def test_a_video_shot_on_its_side_is_turned_as_a_player_shows_it(rotation, turn):
+    """A phone's portrait video is stored landscape with a display matrix; its frames reach the model upright, the
+    reference's patches of the turned frames (transformers' video loaders ignore the matrix)."""
+    frames = frames_of(4, height=50, width=66)
+    for frame in frames:
+        frame[:6] = 255  # a white band along the top of the stored frame
+    data = video_file(frames, fps=2, fmt="matroska", codec="ffv1", rotation=rotation)
+    got, _ = video_features(data, VL, MediaLimits())
+    shown = [frame.transpose(turn) for frame in _decoded_frames(data)]
+    expected, grid = _reference_patches(shown, VisionProcessing())
+    assert got.grid_thw == grid and (grid[1] > grid[2]) == (rotation != 180)
+    np.testing.assert_array_equal(got.pixel_values, expected)
+    band = {-90: np.s_[:, -6:], 90: np.s_[:, :6], 180: np.s_[-6:, :]}[rotation]  # where a viewer sees the band
+    assert (np.asarray(shown[0])[band] == 255).all()
+
+
 def test_the_frame_limit_lowers_the_sampling_rate():
     data = video_file(frames_of(100, height=28, width=28), fps=10, codec="libx264")  # 10 s: 20 frames at 2 fps
     got, _ = video_features(data, VL, MediaLimits(max_video_frames=8))

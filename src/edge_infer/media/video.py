@@ -24,6 +24,7 @@ from edge_infer.media.limits import MediaLimits
 
 if TYPE_CHECKING:
     import av
+    from PIL import Image
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def _decode(container: "av.container.InputContainer", cfg: MediaProcessing, visi
     to_float = av.AudioResampler(format="fltp")  # sample format only; channels and rate as they are
     frames: list[np.ndarray] = []
     track: MonoStream | None = None  # the sound at the model's rate, from the first audio frame's rate
-    origin, last, decoded = None, None, 0
+    origin, last, decoded, turn = None, None, 0, 0
     for packet in container.demux(*[s for s in (stream, audio_stream) if s is not None]):
         if packet.stream is stream and len(frames) == len(wanted):
             continue  # every sampled frame is in: only the sound track is still read
@@ -136,9 +137,13 @@ def _decode(container: "av.container.InputContainer", cfg: MediaProcessing, visi
             # A frame's index from its timestamp: robust to hidden frames and metadata that miscounts.
             origin = frame.time if origin is None else origin
             index = round((frame.time - origin) * fps) if frame.time is not None else len(frames)
+            if last is None:
+                turn = _quarter_turns(frame.rotation)
+                if turn % 2:  # the file's sides, resized (smart_resize treats both sides alike), swap
+                    out_h, out_w = out_w, out_h
             last = frame
             while len(frames) < len(wanted) and index >= wanted[len(frames)]:
-                frames.append(resized_frame(frame.to_image(), out_h, out_w, vision))
+                frames.append(resized_frame(_upright(frame, turn), out_h, out_w, vision))
         if len(frames) == len(wanted) and audio_stream is None:
             break
     if last is None:
@@ -146,7 +151,7 @@ def _decode(container: "av.container.InputContainer", cfg: MediaProcessing, visi
     if len(frames) < len(wanted):
         log.warning("%s: %d of %d sampled frames are past its last frame (its length is overstated); "
                     "repeating the last frame", part, len(wanted) - len(frames), len(wanted))
-        frames.extend([resized_frame(last.to_image(), out_h, out_w, vision)] * (len(wanted) - len(frames)))
+        frames.extend([resized_frame(_upright(last, turn), out_h, out_w, vision)] * (len(wanted) - len(frames)))
 
     pixels = patchify(np.stack(frames), vision)
     sampled_fps = len(wanted) / total * fps
@@ -155,6 +160,23 @@ def _decode(container: "av.container.InputContainer", cfg: MediaProcessing, visi
     if track is None or track.frames == 0:
         return features, None
     return features, audio_features(track.finish(), cfg.audio, part=track.part)
+
+
+def _quarter_turns(degrees: float) -> int:
+    """Counterclockwise quarter turns for a display matrix's rotation (counterclockwise degrees, as PyAV reads it);
+    a phone video shot upright is stored on its side with -90 or 90. Angles off a quarter turn are not turned,
+    as FFmpeg's player does not."""
+    turns = round(degrees / 90)
+    return turns % 4 if abs(degrees - 90 * turns) < 1 else 0
+
+
+def _upright(frame: "av.VideoFrame", turns: int) -> "Image.Image":
+    """The frame as a player shows it: turned by its display matrix, as photos are by their EXIF orientation."""
+    from PIL import Image
+
+    image = frame.to_image()
+    return image.transpose((Image.Transpose.ROTATE_90, Image.Transpose.ROTATE_180,
+                            Image.Transpose.ROTATE_270)[turns - 1]) if turns else image
 
 
 def _over_budget(part: str, amount: str, width: int, height: int, budget: int, limits: MediaLimits) -> None:
