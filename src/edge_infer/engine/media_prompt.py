@@ -35,7 +35,7 @@ from edge_infer.media.audio import audio_features, decode_audio
 from edge_infer.media.config import PREPROCESSOR_FILE, MediaProcessing
 from edge_infer.media.features import AudioFeatures, VisionFeatures
 from edge_infer.media.image import decode_image, image_features
-from edge_infer.media.limits import COUNT_LIMITS, MediaLimits
+from edge_infer.media.limits import COUNT_LIMITS, LIMITS, MediaLimits
 from edge_infer.media.sources import MediaPolicy, decode_base64, read_source
 from edge_infer.media.video import video_features
 from edge_infer.models.config import MultimodalConfig
@@ -182,8 +182,7 @@ def check_parts(parts: Sequence[MediaPart], mm: MultimodalConfig | None, model: 
                              "frames); raise --max-image-tokens, with a --max-model-len that has room for them")
     for kind, limit in COUNT_LIMITS.items():
         count = sum(p.kind == kind for p in parts)
-        noun = "audio clip" if kind == "audio" else kind
-        limits.check(limit, count, part="the request", shown=f"{count} {noun}{'' if count == 1 else 's'}")
+        limits.check(limit, count, part="the request", shown=LIMITS[limit].counted(count))
 
 
 def check_placeholders(ids: Sequence[int], parts: Sequence[MediaPart], mm: MultimodalConfig) -> None:

@@ -33,6 +33,10 @@ class _Limit:
     def unit_for(self, limit: float) -> str:
         return self.one if limit == 1 and self.one else self.unit
 
+    def counted(self, count: int) -> str:
+        """``count`` of what a count limit counts: "2 audio clips", "1 audio clip"."""
+        return f"{count} {self.unit_for(count).split(' per ')[0]}"
+
 
 LIMITS = {
     "max_images": _Limit("images per request", "--max-images", "send fewer images", "image per request"),
