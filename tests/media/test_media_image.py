@@ -260,6 +260,51 @@ def test_a_jpeg_past_pillows_own_guard_is_decoded_at_a_reduced_scale(monkeypatch
         decode_image(_encoded(Image.new("RGB", (1600, 1200)), "PNG"), MediaLimits(max_image_pixels=800 * 600))
 
 
+def _with_thumbnail(jpeg: bytes) -> bytes:
+    """``jpeg`` with an APP1 segment holding a whole small JPEG after its start, as a camera's EXIF thumbnail."""
+    thumbnail = _encoded(_noise(32, 24, "RGB"), "JPEG")
+    body = b"Exif\0\0" + thumbnail
+    return jpeg[:2] + b"\xff\xe1" + struct.pack(">H", len(body) + 2) + body + jpeg[2:]
+
+
+def _declaring(jpeg: bytes, width: int, height: int) -> bytes:
+    """``jpeg`` with its frame header declaring width x height (its data still a small picture's)."""
+    at = max(jpeg.find(b"\xff\xc0"), jpeg.find(b"\xff\xc2"))
+    return jpeg[:at + 5] + struct.pack(">HH", height, width) + jpeg[at + 9:]
+
+
+def test_a_progressive_jpeg_decode_is_held_to_the_plan_with_its_coefficients():
+    """libjpeg holds a progressive JPEG's coefficients for the whole picture at any scale (2 bytes each): a 4 KB
+    file declaring 400 megapixels would take 2.4 GB at 1/8; it is refused from its header. Near the limit, one
+    with unsubsampled colour is decoded at half its sides, within the plan; with 4:2:0 colour, whole."""
+    y, x = np.mgrid[0:1200, 0:1600]
+    picture = Image.fromarray(np.stack([x * 255 // 1600, y * 255 // 1200, (x + y) % 256], -1).astype(np.uint8))
+    limits = MediaLimits(max_image_pixels=1600 * 1200)
+    full = _encoded(picture, "JPEG", progressive=True, subsampling=0)
+    assert decode_image(full, limits).size == (800, 600)
+    assert decode_image(_encoded(picture, "JPEG", progressive=True), limits).size == (1600, 1200)
+    assert decode_image(_encoded(picture, "JPEG", subsampling=0), limits).size == (1600, 1200)  # baseline: whole
+    small = _encoded(_noise(64, 64, "RGB"), "JPEG", progressive=True)
+    with pytest.raises(MediaError, match=r"^image 3: a progressive JPEG of 20000x20000 pixels holds 1,144 MiB of "
+                                         r"coefficients while it decodes, at any scale, above the 110 MiB the limit of "
+                                         r"12,845,056 pixels per image plans \(--max-image-pixels\); save it as a "
+                                         r"baseline JPEG"):
+        decode_image(_declaring(small, 20000, 20000), MediaLimits(), part="image 3")
+
+
+def test_an_exif_thumbnails_scan_is_not_the_pictures():
+    """Scans are counted in the picture's own segments: a baseline photo with a thumbnail is one scan, decoded
+    at a reduced scale above the limit, not taken for a progressive one."""
+    from edge_infer.media.image import jpeg_scans
+
+    y, x = np.mgrid[0:1200, 0:1600]
+    picture = Image.fromarray(np.stack([x * 255 // 1600, y * 255 // 1200, (x + y) % 256], -1).astype(np.uint8))
+    photo = _with_thumbnail(_encoded(picture, "JPEG"))
+    assert photo.count(b"\xff\xda") == 2 and jpeg_scans(photo) == 1
+    assert jpeg_scans(_encoded(picture, "JPEG", progressive=True)) > 2
+    assert decode_image(photo, MediaLimits(max_image_pixels=400 * 300)).size == (400, 300)
+
+
 # The child's peak RSS from VmHWM (its own address space's; ru_maxrss would start at the forking parent's).
 CHILD_DECODE = """
 import sys
@@ -276,7 +321,7 @@ print(peak() - before, features.pixel_values.nbytes)
 """
 
 
-@pytest.mark.parametrize("kind", ["rgba", "rotated jpeg", "palette"])
+@pytest.mark.parametrize("kind", ["rgba", "rotated jpeg", "palette", "progressive jpeg"])
 def test_a_picture_at_the_decode_limit_becomes_features_within_the_planned_buffers(kind, tmp_path):
     """The plan's media preprocessing item holds an image's decode at IMAGE_DECODE_BYTES a pixel beside its patch
     copies: a transparent picture composited whole took 20 bytes a pixel (four RGBA copies), a rotated photo two
@@ -284,7 +329,7 @@ def test_a_picture_at_the_decode_limit_becomes_features_within_the_planned_buffe
     import subprocess
     import sys
 
-    from edge_infer.memory.encoder_sizing import IMAGE_DECODE_BYTES
+    from edge_infer.media.image import IMAGE_DECODE_BYTES
 
     side = 2048
     y, x = np.mgrid[0:side, 0:side]
@@ -296,6 +341,8 @@ def test_a_picture_at_the_decode_limit_becomes_features_within_the_planned_buffe
         exif = picture.getexif()
         exif[0x0112] = 6
         data = _encoded(picture, "JPEG", exif=exif)
+    elif kind == "progressive jpeg":  # its coefficients beside the decode: 6 bytes a pixel without subsampling
+        data = _encoded(Image.fromarray(pixels[..., :3].copy(), "RGB"), "JPEG", progressive=True, subsampling=0)
     else:
         data = _encoded(Image.fromarray(pixels[..., :3].copy(), "RGB").quantize(64), "PNG", transparency=5)
     path = tmp_path / "picture"

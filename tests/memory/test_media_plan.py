@@ -213,7 +213,7 @@ def test_the_largest_resize_is_the_largest_any_image_gives(limit):
 
 
 @pytest.mark.parametrize("factor,min_pixels,max_pixels", [(4, 2048, 2048), (4, 2048, 6144), (6, 1800, 3600),
-                                                       (6, 1800, 10800)])
+                                                       (6, 1800, 10800), (10, 2700, 2700), (28, 200000, 200000)])
 def test_the_largest_resize_holds_in_a_narrow_pixel_range(factor, min_pixels, max_pixels):
     """Where max_pixels is lowered near min_pixels (a video's frames at a small token limit), every input, thin ones
     scaled up included, at every width, resizes to at most the planned frame, and one reaches it."""

@@ -20,7 +20,7 @@ import numpy as np
 from edge_infer.errors import MediaError
 from edge_infer.media.config import VisionProcessing
 from edge_infer.media.features import VisionFeatures
-from edge_infer.media.limits import MediaLimits
+from edge_infer.media.limits import MediaLimits, shown_number
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -29,24 +29,37 @@ if TYPE_CHECKING:
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")  # JPEG also opens MPO (multi-picture JPEG)
 MAX_ASPECT_RATIO = 200
 # Each scan of a progressive JPEG is a pass over the whole image, and a scan can be 12 bytes: 200,000 of them
-# in 2.4 MB held a media thread for 16 s. Encoders write about 10 (libjpeg's progressive script) to a few
-# dozen; start-of-scan markers are counted in the raw bytes (they cannot occur in entropy-coded data).
+# in 2.4 MB held a media thread for 16 s. Encoders write about 10 (libjpeg's progressive script) to a few dozen.
 MAX_JPEG_SCANS = 256
+# Bytes per decoded pixel while an image becomes RGB: the decoded picture and its RGB copy (or its upright copy),
+# 4 bytes a pixel each (Pillow keeps RGB in 4), and about one more for the strips being composited over white and
+# the resize's intermediate rows. Measured with the patches (tests/media/test_media_image.py, 2048 x 2048): a
+# transparent PNG 9.5, a rotated JPEG 9.3, a palette PNG 8.3 bytes a pixel. The plan sizes a decode by it
+# (memory/encoder_sizing.py), and a JPEG's decode is held to it (_jpeg_scale).
+IMAGE_DECODE_BYTES = 9
+# libjpeg decodes a progressive (or multi-scan) JPEG through a buffer of the whole picture's DCT coefficients,
+# 2 bytes each, at any output scale; Pillow's output beside it takes 4 bytes a pixel.
+JPEG_COEFFICIENT_BYTES = 2
+DECODED_PIXEL_BYTES = 4
 # Rows of a transparent picture composited over white at a time (to_rgb).
 COMPOSITE_ROWS = 64
 # The reduced scales libjpeg decodes at directly (1/2, 1/4, 1/8 of each side).
 JPEG_SCALES = (2, 4, 8)
 JPEG_MAGIC = b"\xff\xd8\xff"  # start of image, then a marker
+# After a scan's header, its entropy-coded data runs to the next marker: 0xFF then neither a stuffed 0x00,
+# a restart marker (D0-D7) nor a fill byte.
+_JPEG_MARKER_AFTER_SCAN = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int,
                  *, part: str = "image") -> tuple[int, int]:
-    """The (height, width) Qwen's processors resize to: multiples of `factor`, area within [min, max] pixels.
+    """The (height, width) Qwen's processors resize to: multiples of `factor`, area about [min, max] pixels (a
+    very thin picture keeps a short side of one factor, above max_pixels).
 
     One departure: scaling a small picture up to min_pixels rounds both sides up, which can overshoot a
-    max_pixels close to min_pixels (a thin 19x2432 frame becomes 56x3612, twice the max), where the reference
-    would exceed the tokens the plan holds; such a picture is fitted within max_pixels instead. With a
-    checkpoint's own range, far wider than that rounding, the result is always the reference's.
+    max_pixels close to min_pixels (a thin 19x2432 frame becomes 56x3612, twice the max): such a picture is
+    scaled down to max_pixels instead, where that is smaller. It matters only where --max-image-tokens lowers
+    max_pixels near min_pixels; Qwen2.5's own ranges are wider than that rounding reaches.
     """
     if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
         raise MediaError(f"{part}: {width}x{height} pixels has an aspect ratio above {MAX_ASPECT_RATIO}:1, which the "
@@ -60,7 +73,9 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
         if h_bar * w_bar > max_pixels:
-            return _scaled_within(height, width, factor, max_pixels)
+            fitted = _scaled_within(height, width, factor, max_pixels)
+            if fitted[0] * fitted[1] < h_bar * w_bar:  # not where a side at its one-factor floor makes it larger
+                return fitted
     return h_bar, w_bar
 
 
@@ -88,12 +103,14 @@ def decode_image(data: bytes, limits: MediaLimits, *, part: str = "image") -> "I
         raise MediaError(f"{part}: is not an image edge-infer decodes ({reason}); "
                          "send a PNG, JPEG, WebP, GIF or BMP image") from None
     width, height, kind = *image.size, image.format
-    if width * height > limits.max_image_pixels and kind in ("JPEG", "MPO"):
-        _decode_reduced(image, limits.max_image_pixels)
+    if kind in ("JPEG", "MPO"):
+        scans = jpeg_scans(data)
+        if scans > MAX_JPEG_SCANS:
+            raise MediaError(f"{part}: the JPEG has {scans} scans, above the {MAX_JPEG_SCANS} edge-infer decodes (each "
+                             "is a pass over the whole image; encoders write about 10); save it again as a baseline "
+                             "JPEG or PNG")
+        _set_jpeg_scale(image, scans > 1 or bool(image.info.get("progressive")), limits, part)
     limits.check("max_image_pixels", image.size[0] * image.size[1], part=part, shown=f"{width}x{height} pixels")
-    if kind in ("JPEG", "MPO") and (scans := data.count(b"\xff\xda")) > MAX_JPEG_SCANS:
-        raise MediaError(f"{part}: the JPEG has {scans} scans, above the {MAX_JPEG_SCANS} edge-infer decodes (each is "
-                         "a pass over the whole image; encoders write about 10); save it again as a baseline JPEG or PNG")
     try:
         with warnings.catch_warnings():
             # Pillow's own bomb guard: a warning over its threshold; here any such image is an error.
@@ -127,17 +144,67 @@ def _open(data: bytes, limits: MediaLimits, part: str) -> "Image.Image":
         raise MediaError(f"{part}: {shown} is more than Pillow decodes safely; resize it") from None
 
 
-def _decode_reduced(image: "Image.Image", max_pixels: int) -> None:
-    """A JPEG above the decode limit (a 24-megapixel photo): have libjpeg decode it at 1/2, 1/4 or 1/8 scale, the
-    largest that fits, which costs a fraction of a whole decode. Its pixels then differ a little from a whole
-    decode's (transformers' processor would decode it whole); pictures within the limit are decoded whole."""
+def jpeg_scans(data: bytes) -> int:
+    """Scans of the file's first picture, its markers walked segment by segment: a count of start-of-scan bytes
+    would also take those of an EXIF thumbnail (a whole JPEG inside an APP1 segment)."""
+    scans, at = 0, 2
+    while at + 4 <= len(data) and data[at] == 0xFF:
+        marker = data[at + 1]
+        if marker == 0xD9:  # end of image
+            break
+        if marker == 0xFF or 0xD0 <= marker <= 0xD7 or marker == 0x01:  # fill byte, restart, TEM: no length
+            at += 1 if marker == 0xFF else 2
+            continue
+        at += 2 + int.from_bytes(data[at + 2:at + 4], "big")
+        if marker == 0xDA:
+            scans += 1
+            after = _JPEG_MARKER_AFTER_SCAN.search(data, at)
+            if after is None:
+                break
+            at = after.start()
+    return scans
+
+
+def _set_jpeg_scale(image: "Image.Image", buffered: bool, limits: MediaLimits, part: str) -> None:
+    """Have libjpeg decode at the largest of 1, 1/2, 1/4 and 1/8 of each side whose pixels are within the limit and
+    whose decode is within the plan's IMAGE_DECODE_BYTES a pixel of it, where a ``buffered`` (progressive or
+    multi-scan) JPEG adds its whole picture's coefficients at every scale.
+
+    A 24- or 200-megapixel photo so costs a fraction of a whole decode, its pixels close to, not equal to, a
+    whole decode's (transformers' processor would decode it whole); a progressive picture near the limit with
+    unsubsampled colour (6 bytes a pixel of coefficients) is decoded at half its sides. A progressive file whose
+    coefficients alone pass the budget is refused: a 4 KB file can declare 800 megapixels.
+    """
     width, height = image.size
-    for scale in JPEG_SCALES:
-        if -(-width // scale) * -(-height // scale) <= max_pixels:  # the size libjpeg gives: sides rounded up
-            # Pillow picks the largest scale the requested size allows (min(width // w, height // h)): ask for the
-            # sides rounded down, or an odd-sized photo gets the next smaller scale, or none.
-            image.draft("RGB", (max(1, width // scale), max(1, height // scale)))
+    held = _jpeg_coefficient_bytes(image) if buffered else 0
+    budget = IMAGE_DECODE_BYTES * limits.max_image_pixels
+    for scale in (1, *JPEG_SCALES):
+        pixels = -(-width // scale) * -(-height // scale)  # the size libjpeg gives: sides rounded up
+        if pixels <= limits.max_image_pixels and held + DECODED_PIXEL_BYTES * pixels <= budget:
+            if scale > 1:
+                # Pillow picks the largest scale the requested size allows (min(width // w, height // h)): ask for
+                # the sides rounded down, or an odd-sized photo gets the next smaller scale, or none.
+                image.draft("RGB", (max(1, width // scale), max(1, height // scale)))
             return
+    if held and pixels <= limits.max_image_pixels:  # within the limit at 1/8: its coefficients are what is over
+        raise MediaError(f"{part}: a progressive JPEG of {width}x{height} pixels holds {held / 2**20:,.0f} MiB of "
+                         f"coefficients while it decodes, at any scale, above the {budget / 2**20:,.0f} MiB the limit "
+                         f"of {shown_number(limits.max_image_pixels)} pixels per image plans (--max-image-pixels); "
+                         "save it as a baseline JPEG or resize it, or raise --max-image-pixels")
+
+
+def _jpeg_coefficient_bytes(image: "Image.Image") -> int:
+    """libjpeg's whole-picture coefficient buffer: per component, 8x8 blocks of its sampled size, rounded up to
+    whole MCUs (``layer``: Pillow's (id, horizontal sampling, vertical sampling, table) per component)."""
+    width, height = image.size
+    h_max = max(h for _, h, _, _ in image.layer)
+    v_max = max(v for _, _, v, _ in image.layer)
+    blocks = 0
+    for _, h, v, _ in image.layer:
+        across = -(-width * h // (8 * h_max))
+        down = -(-height * v // (8 * v_max))
+        blocks += -(-across // h) * h * (-(-down // v) * v)
+    return blocks * 64 * JPEG_COEFFICIENT_BYTES
 
 
 def upright(image: "Image.Image") -> "Image.Image":

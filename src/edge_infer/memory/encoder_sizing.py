@@ -18,6 +18,7 @@ from __future__ import annotations
 from edge_infer.config import QuantConfig
 from edge_infer.hardware.cpu import CpuCapabilities, detect
 from edge_infer.media.audio import DECODE_BLOCK_SAMPLES
+from edge_infer.media.image import IMAGE_DECODE_BYTES
 from edge_infer.media.config import MediaProcessing
 from edge_infer.memory.media_shapes import MediaShapes
 from edge_infer.memory.sizing import LOAD_BLOCK_BYTES, runtime_overhead
@@ -199,11 +200,6 @@ def request_input_bytes(shapes: MediaShapes, vision: VisionConfig | None, audio:
 
 # The log-mel's working set beyond its float64 rows: one block of 1024 windowed frames and their spectra.
 MEL_BLOCK_BYTES = 1024 * (400 * 8 * 2 + 201 * 16)
-# Bytes per decoded pixel while an image becomes RGB (media/image.py): the decoded picture and its RGB copy (or
-# its upright copy), 4 bytes a pixel each (Pillow keeps RGB in 4), and about one more for the strips being
-# composited over white and the resize's intermediate rows. Measured with the patches (tests/media/
-# test_media_image.py, 2048 x 2048): a transparent PNG 9.5, a rotated JPEG 9.3, a palette PNG 8.3 bytes a pixel.
-IMAGE_DECODE_BYTES = 9
 
 
 def held_media_bytes(shapes: MediaShapes, vision: VisionConfig | None, audio: AudioConfig | None, hidden: int,

@@ -179,7 +179,8 @@ def _widest_rounding_to(sides: int, factor: int) -> int:
 
 def _largest_scale_up(factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
     """A bound on what ``smart_resize``'s scale-up branch (an input rounding below min_pixels) gives within
-    max_pixels (above it, the input is scaled down, which ``largest_resize``'s candidates cover).
+    max_pixels (above it, the input is scaled down, which ``largest_resize``'s candidates cover, or keeps the
+    scale-up where that is smaller, below what they cover).
 
     Scaled up, an input of aspect ratio r = h/w comes out as ceil(sqrt(min r)/f) by ceil(sqrt(min/r)/f)
     factors, whatever its size; a height of ``a`` factors is widest at the least r that still rounds to it,
@@ -189,8 +190,9 @@ def _largest_scale_up(factor: int, min_pixels: int, max_pixels: int) -> tuple[in
     widest = math.isqrt(min_pixels * MAX_ASPECT_RATIO // factor ** 2) + 1  # the aspect-ratio limit, likewise
     best = (0, 0)
     for a in range(1, widest + 1):
-        b = min(widest, min_pixels // ((a - 1) * factor ** 2) + 1) if a > 1 else widest
-        if a * b * factor ** 2 <= max_pixels and a * b > best[0] * best[1] // factor ** 2:
+        b = min(widest, min_pixels // ((a - 1) * factor ** 2) + 1 if a > 1 else widest,
+                max_pixels // (a * factor ** 2))  # narrower inputs of the same height still fit
+        if a * b > best[0] * best[1] // factor ** 2:
             best = (a * factor, b * factor)
     return best
 
