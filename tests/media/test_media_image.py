@@ -285,11 +285,24 @@ def test_a_progressive_jpeg_decode_is_held_to_the_plan_with_its_coefficients():
     assert decode_image(_encoded(picture, "JPEG", progressive=True), limits).size == (1600, 1200)
     assert decode_image(_encoded(picture, "JPEG", subsampling=0), limits).size == (1600, 1200)  # baseline: whole
     small = _encoded(_noise(64, 64, "RGB"), "JPEG", progressive=True)
-    with pytest.raises(MediaError, match=r"^image 3: a progressive JPEG of 20000x20000 pixels holds 1,144 MiB of "
-                                         r"coefficients while it decodes, at any scale, above the 110 MiB the limit of "
-                                         r"12,845,056 pixels per image plans \(--max-image-pixels\); save it as a "
-                                         r"baseline JPEG"):
+    with pytest.raises(MediaError, match=r"^image 3: a progressive or multi-scan JPEG of 20000x20000 pixels needs 1,168\.3 MiB to "
+                                         r"decode at any scale \(libjpeg holds all its coefficients\), above the "
+                                         r"110\.2 MiB the limit of 12,845,056 pixels per image plans "
+                                         r"\(--max-image-pixels\); save it as a baseline JPEG"):
         decode_image(_declaring(small, 20000, 20000), MediaLimits(), part="image 3")
+
+
+def test_a_sequential_jpeg_scanned_a_component_at_a_time_holds_its_coefficients_too():
+    """libjpeg buffers a baseline picture whose first scan codes one of its components as it buffers a progressive
+    one: a 400-byte file declaring 8192 x 8192 in three components took 405 MiB at 1/4; refused."""
+    gray = _encoded(Image.new("L", (64, 64), 100), "JPEG")
+    at = gray.index(b"\xff\xc0")
+    one = gray[at + 10:at + 13]  # the component's id, sampling and table
+    frame = (b"\xff\xc0" + struct.pack(">HBHHB", 8 + 3 * 3, 8, 8192, 8192, 3) + one
+             + bytes([2, 0x11, one[2]]) + bytes([3, 0x11, one[2]]))
+    three = gray[:at] + frame + gray[at + 2 + int.from_bytes(gray[at + 2:at + 4], "big"):]
+    with pytest.raises(MediaError, match=r"^image: a progressive or multi-scan JPEG of 8192x8192 pixels needs 388\.0 MiB to decode"):
+        decode_image(three, MediaLimits())
 
 
 def test_an_exif_thumbnails_scan_is_not_the_pictures():
@@ -300,8 +313,8 @@ def test_an_exif_thumbnails_scan_is_not_the_pictures():
     y, x = np.mgrid[0:1200, 0:1600]
     picture = Image.fromarray(np.stack([x * 255 // 1600, y * 255 // 1200, (x + y) % 256], -1).astype(np.uint8))
     photo = _with_thumbnail(_encoded(picture, "JPEG"))
-    assert photo.count(b"\xff\xda") == 2 and jpeg_scans(photo) == 1
-    assert jpeg_scans(_encoded(picture, "JPEG", progressive=True)) > 2
+    assert photo.count(b"\xff\xda") == 2 and jpeg_scans(photo) == (1, 3)
+    assert jpeg_scans(_encoded(picture, "JPEG", progressive=True))[0] > 2
     assert decode_image(photo, MediaLimits(max_image_pixels=400 * 300)).size == (400, 300)
 
 
@@ -383,5 +396,9 @@ def test_a_jpeg_of_many_tiny_scans_is_refused_before_it_is_decoded():
     last_scan = jpeg.rindex(b"\xff\xda")
     end = jpeg.rindex(b"\xff\xd9")
     bomb = jpeg[:end] + jpeg[last_scan:end] * 300 + jpeg[end:]
-    with pytest.raises(MediaError, match=r"^image 1: the JPEG has \d+ scans, above the 256 edge-infer decodes"):
-        decode_image(bomb, MediaLimits(), part="image 1")
+    # libjpeg reads past junk between segments, a zero length and stuffed zeros: so does the count
+    comment = jpeg.index(b"\xff\xdb")  # after the start and the header segments, before the tables
+    for junk in (b"", b"\xff\xfe\x00\x04ab!", b"\xff\xfe\x00\x00", b"\xff\x00"):
+        hidden = bomb[:comment] + junk + bomb[comment:]
+        with pytest.raises(MediaError, match=r"^image 1: the JPEG has \d+ scans, above the 256 edge-infer decodes"):
+            decode_image(hidden, MediaLimits(), part="image 1")

@@ -35,7 +35,7 @@ MAX_JPEG_SCANS = 256
 # 4 bytes a pixel each (Pillow keeps RGB in 4), and about one more for the strips being composited over white and
 # the resize's intermediate rows. Measured with the patches (tests/media/test_media_image.py, 2048 x 2048): a
 # transparent PNG 9.5, a rotated JPEG 9.3, a palette PNG 8.3 bytes a pixel. The plan sizes a decode by it
-# (memory/encoder_sizing.py), and a JPEG's decode is held to it (_jpeg_scale).
+# (memory/encoder_sizing.py), and a JPEG's decode is held to it (_set_jpeg_scale).
 IMAGE_DECODE_BYTES = 9
 # libjpeg decodes a progressive (or multi-scan) JPEG through a buffer of the whole picture's DCT coefficients,
 # 2 bytes each, at any output scale; Pillow's output beside it takes 4 bytes a pixel.
@@ -46,9 +46,8 @@ COMPOSITE_ROWS = 64
 # The reduced scales libjpeg decodes at directly (1/2, 1/4, 1/8 of each side).
 JPEG_SCALES = (2, 4, 8)
 JPEG_MAGIC = b"\xff\xd8\xff"  # start of image, then a marker
-# After a scan's header, its entropy-coded data runs to the next marker: 0xFF then neither a stuffed 0x00,
-# a restart marker (D0-D7) nor a fill byte.
-_JPEG_MARKER_AFTER_SCAN = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
+# A marker: 0xFF (any number: fill bytes), then neither 0x00 (a stuffed zero in entropy-coded data) nor 0xFF.
+_JPEG_MARKER = re.compile(rb"\xff+([^\x00\xff])")
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int,
@@ -104,12 +103,15 @@ def decode_image(data: bytes, limits: MediaLimits, *, part: str = "image") -> "I
                          "send a PNG, JPEG, WebP, GIF or BMP image") from None
     width, height, kind = *image.size, image.format
     if kind in ("JPEG", "MPO"):
-        scans = jpeg_scans(data)
+        scans, first = jpeg_scans(data)
         if scans > MAX_JPEG_SCANS:
             raise MediaError(f"{part}: the JPEG has {scans} scans, above the {MAX_JPEG_SCANS} edge-infer decodes (each "
                              "is a pass over the whole image; encoders write about 10); save it again as a baseline "
                              "JPEG or PNG")
-        _set_jpeg_scale(image, scans > 1 or bool(image.info.get("progressive")), limits, part)
+        # libjpeg buffers the whole picture's coefficients when it is progressive, or its first scan leaves out
+        # a component (jdinput.c)
+        buffered = bool(image.info.get("progressive")) or 0 < first < len(image.layer)
+        _set_jpeg_scale(image, buffered, limits, part)
     limits.check("max_image_pixels", image.size[0] * image.size[1], part=part, shown=f"{width}x{height} pixels")
     try:
         with warnings.catch_warnings():
@@ -144,25 +146,24 @@ def _open(data: bytes, limits: MediaLimits, part: str) -> "Image.Image":
         raise MediaError(f"{part}: {shown} is more than Pillow decodes safely; resize it") from None
 
 
-def jpeg_scans(data: bytes) -> int:
-    """Scans of the file's first picture, its markers walked segment by segment: a count of start-of-scan bytes
-    would also take those of an EXIF thumbnail (a whole JPEG inside an APP1 segment)."""
-    scans, at = 0, 2
-    while at + 4 <= len(data) and data[at] == 0xFF:
-        marker = data[at + 1]
+def jpeg_scans(data: bytes) -> tuple[int, int]:
+    """The scans of the file's first picture and the components its first scan codes, its markers found as
+    libjpeg finds them: each segment skipped by its length (an EXIF thumbnail's scans, inside its APP1 segment,
+    are not the picture's), then the next marker searched for past any junk, fill bytes, stuffed zeros and the
+    entropy-coded data."""
+    scans = first = 0
+    at = 2  # past start of image
+    while (found := _JPEG_MARKER.search(data, at)) is not None:
+        marker, at = found[1][0], found.end()
         if marker == 0xD9:  # end of image
             break
-        if marker == 0xFF or 0xD0 <= marker <= 0xD7 or marker == 0x01:  # fill byte, restart, TEM: no length
-            at += 1 if marker == 0xFF else 2
+        if 0xD0 <= marker <= 0xD8 or marker == 0x01:  # restarts, TEM and a stray start: no length
             continue
-        at += 2 + int.from_bytes(data[at + 2:at + 4], "big")
         if marker == 0xDA:
             scans += 1
-            after = _JPEG_MARKER_AFTER_SCAN.search(data, at)
-            if after is None:
-                break
-            at = after.start()
-    return scans
+            first = first or (data[at + 2] if at + 2 < len(data) else 0)
+        at += max(2, int.from_bytes(data[at:at + 2], "big"))  # libjpeg skips nothing for a bogus length
+    return scans, first
 
 
 def _set_jpeg_scale(image: "Image.Image", buffered: bool, limits: MediaLimits, part: str) -> None:
@@ -176,6 +177,8 @@ def _set_jpeg_scale(image: "Image.Image", buffered: bool, limits: MediaLimits, p
     coefficients alone pass the budget is refused: a 4 KB file can declare 800 megapixels.
     """
     width, height = image.size
+    if buffered and (not image.layer or min(min(h, v) for _, h, v, _ in image.layer) < 1):
+        raise MediaError(f"{part}: the JPEG data is damaged (its frame header gives no sampling factors)")
     held = _jpeg_coefficient_bytes(image) if buffered else 0
     budget = IMAGE_DECODE_BYTES * limits.max_image_pixels
     for scale in (1, *JPEG_SCALES):
@@ -187,10 +190,11 @@ def _set_jpeg_scale(image: "Image.Image", buffered: bool, limits: MediaLimits, p
                 image.draft("RGB", (max(1, width // scale), max(1, height // scale)))
             return
     if held and pixels <= limits.max_image_pixels:  # within the limit at 1/8: its coefficients are what is over
-        raise MediaError(f"{part}: a progressive JPEG of {width}x{height} pixels holds {held / 2**20:,.0f} MiB of "
-                         f"coefficients while it decodes, at any scale, above the {budget / 2**20:,.0f} MiB the limit "
-                         f"of {shown_number(limits.max_image_pixels)} pixels per image plans (--max-image-pixels); "
-                         "save it as a baseline JPEG or resize it, or raise --max-image-pixels")
+        needs = held + DECODED_PIXEL_BYTES * pixels
+        raise MediaError(f"{part}: a progressive or multi-scan JPEG of {width}x{height} pixels needs {needs / 2**20:,.1f} MiB to "
+                         f"decode at any scale (libjpeg holds all its coefficients), above the {budget / 2**20:,.1f} "
+                         f"MiB the limit of {shown_number(limits.max_image_pixels)} pixels per image plans "
+                         "(--max-image-pixels); save it as a baseline JPEG or resize it, or raise --max-image-pixels")
 
 
 def _jpeg_coefficient_bytes(image: "Image.Image") -> int:
@@ -223,7 +227,7 @@ def to_rgb(image: "Image.Image") -> "Image.Image":
 
     The reference composites the whole picture at once, four RGBA copies of it beside the decoded one (20 bytes
     a pixel for a decoded RGBA); compositing is per pixel, so a strip of rows at a time gives its bits with the
-    decoded picture and the RGB result alone in memory (what the plan sizes: encoder_sizing.IMAGE_DECODE_BYTES).
+    decoded picture and the RGB result alone in memory (what the plan sizes: IMAGE_DECODE_BYTES).
     """
     from PIL import Image
 

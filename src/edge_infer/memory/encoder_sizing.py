@@ -244,7 +244,7 @@ def preprocessing_bytes(shapes: MediaShapes, vision: VisionConfig | None, audio:
         buffers = max(buffers, IMAGE_DECODE_BYTES * max_image_pixels + 2 * patches // 8 + 2 * patches // FP32 + patches)
     if vision is not None and shapes.video_grid:
         patches = vision_input_bytes(shapes.video_grid, vision)
-        buffers = max(buffers, 9 * max_image_pixels + 3 * patches // FP32 + patches)
+        buffers = max(buffers, IMAGE_DECODE_BYTES * max_image_pixels + 3 * patches // FP32 + patches)
     if audio is not None and shapes.audio_frames and media.audio is not None:
         samples = shapes.audio_frames * media.audio.hop_length
         rows = shapes.audio_frames * audio.num_mel_bins * 8
