@@ -25,9 +25,9 @@ def audio_file(samples: np.ndarray, rate: int, fmt: str, subtype: str | None = N
 
 def video_file(frames: list[np.ndarray], fps: int, fmt: str = "mp4", codec: str = "libx264",
                audio: np.ndarray | None = None, audio_rate: int = 48000, options: dict | None = None,
-               rotation: int = 0) -> bytes:
+               rotation: int = 0, hflip: bool = False) -> bytes:
     """A video of uint8 RGB frames [H, W, 3], with a mono float32 audio track when `audio` is given; `rotation`:
-    the display matrix's counterclockwise degrees (a phone's portrait video: -90)."""
+    the display matrix's counterclockwise degrees (a phone's portrait video: -90), mirrored after it with `hflip`."""
     import av
 
     buf = io.BytesIO()
@@ -36,8 +36,8 @@ def video_file(frames: list[np.ndarray], fps: int, fmt: str = "mp4", codec: str 
         video = out.add_stream(codec, rate=fps, options=options or {})
         video.width, video.height = width, height
         video.pix_fmt = "yuv420p" if codec != "ffv1" else "bgr0"
-        if rotation:
-            video.set_display_rotation(rotation)
+        if rotation or hflip:
+            video.set_display_rotation(rotation, hflip=hflip)
         sound = None
         if audio is not None:
             sound = out.add_stream("aac" if fmt == "mp4" else "libopus", rate=audio_rate)
@@ -55,6 +55,26 @@ def video_file(frames: list[np.ndarray], fps: int, fmt: str = "mp4", codec: str 
                     out.mux(packet)
             for packet in sound.encode():
                 out.mux(packet)
+    return buf.getvalue()
+
+
+def recording(samples: np.ndarray, rate: int, fmt: str = "ipod", codec: str = "aac") -> bytes:
+    """Mono float32 samples [N, 1] encoded by FFmpeg: AAC in M4A (a phone's voice memo; "ipod" is FFmpeg's
+    name), Opus in WebM (a browser's MediaRecorder)."""
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format=fmt) as out:
+        sound = out.add_stream(codec, rate=rate, layout="mono")
+        step = 960
+        for start in range(0, len(samples), step):
+            chunk = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples[start:start + step, 0])[None],
+                                               format="fltp", layout="mono")
+            chunk.sample_rate, chunk.pts = rate, start
+            for packet in sound.encode(chunk):
+                out.mux(packet)
+        for packet in sound.encode():
+            out.mux(packet)
     return buf.getvalue()
 
 

@@ -5,7 +5,7 @@ import struct
 
 import numpy as np
 import pytest
-from media_files import audio_file, sine
+from media_files import audio_file, frames_of, recording, sine, video_file
 from transformers import WhisperFeatureExtractor
 from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import _get_feat_extract_output_lengths
 
@@ -115,6 +115,29 @@ def test_files_decode_to_their_samples(fmt, subtype):
         assert abs(np.argmax(spectrum) * RATE / len(decoded) - 500) < 5
 
 
+@pytest.mark.parametrize("fmt,codec", [("ipod", "aac"), ("webm", "libopus")])
+def test_voice_memos_and_browser_recordings_decode_to_their_tone(fmt, codec):
+    """A phone's voice memo (AAC in M4A) and a browser's MediaRecorder clip (Opus in WebM), which libsndfile does
+    not read, decode through FFmpeg to the same tone at the model's rate."""
+    decoded = decode_audio(recording(sine(1.0, 48000, hz=500), 48000, fmt, codec), MediaLimits())
+    assert decoded.dtype == np.float32 and decoded.ndim == 1
+    assert abs(len(decoded) - RATE) < 0.02 * RATE
+    spectrum = np.abs(np.fft.rfft(decoded))
+    assert abs(np.argmax(spectrum) * RATE / len(decoded) - 500) < 5
+    assert 0.27 < np.abs(decoded).max() < 0.33  # the tone's amplitude, 0.3
+
+
+def test_a_recording_is_held_to_the_limits_and_needs_sound():
+    long = recording(sine(2.5, 48000), 48000)
+    with pytest.raises(MediaError, match=r"^audio 3: 2\.5 s is above the limit of 2 seconds of audio per clip "
+                                         r"\(--max-audio-seconds\)"):
+        decode_audio(long, MediaLimits(max_audio_seconds=2.0), part="audio 3")
+    with pytest.raises(MediaError, match=r"^audio 3: the mp4 file has no audio stream; send a clip with sound$"):
+        decode_audio(video_file(frames_of(4), fps=2), MediaLimits(), part="audio 3")
+    with pytest.raises(MediaError, match=r"^audio 3: cannot be decoded as mp4 audio"):
+        decode_audio(long[:200], MediaLimits(), part="audio 3")
+
+
 def test_stereo_is_mixed_to_the_mean_of_its_channels():
     stereo = sine(1.2, RATE, hz=300, channels=2)
     decoded = decode_audio(audio_file(stereo, RATE, "WAV", "FLOAT"), MediaLimits())
@@ -149,24 +172,24 @@ def test_decoded_audio_goes_to_the_models_rate():
 
 
 def test_empty_and_undecodable_audio_are_refused():
-    with pytest.raises(MediaError, match=r"^audio 1: is empty \(0 bytes\); send WAV, MP3, FLAC or OGG audio$"):
+    with pytest.raises(MediaError, match=r"^audio 1: is empty \(0 bytes\); send WAV, MP3, FLAC, OGG, M4A or WebM audio$"):
         decode_audio(b"", MediaLimits(), part="audio 1")
-    with pytest.raises(MediaError, match=r"^audio 1: cannot be decoded as WAV, MP3, FLAC or OGG \(.+\)$"):
+    with pytest.raises(MediaError, match=r"^audio 1: cannot be decoded as WAV, MP3, FLAC, OGG, M4A or WebM \(.+\)$"):
         decode_audio(b"RIFF\x00\x00\x00\x00WAVEjunkjunkjunk" * 4, MediaLimits(), part="audio 1")
-    with pytest.raises(MediaError, match=r"^audio 1: cannot be decoded as WAV, MP3, FLAC or OGG"):
+    with pytest.raises(MediaError, match=r"^audio 1: cannot be decoded as WAV, MP3, FLAC, OGG, M4A or WebM"):
         decode_audio(bytes(range(256)) * 8, MediaLimits(), part="audio 1")
 
 
 def test_undecodable_audio_is_refused_without_naming_our_buffer():
     with pytest.raises(MediaError) as err:
         decode_audio(b"\x00\x01garbage" * 100, MediaLimits(), part="audio 1")
-    assert str(err.value) == "audio 1: cannot be decoded as WAV, MP3, FLAC or OGG (Format not recognised.)"
+    assert str(err.value) == "audio 1: cannot be decoded as WAV, MP3, FLAC, OGG, M4A or WebM (Format not recognised.)"
     # a WAV header claiming 4 GHz: libsndfile speaks of its own struct
     header = (b"RIFF" + struct.pack("<I", 36) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, 4_000_000_000,
                                                                           4_000_000_000, 2, 16) + b"data" + bytes(4))
     with pytest.raises(MediaError) as err:
         decode_audio(header, MediaLimits(), part="audio 1")
-    assert str(err.value) == ("audio 1: cannot be decoded as WAV, MP3, FLAC or OGG (a damaged header, or a format "
+    assert str(err.value) == ("audio 1: cannot be decoded as WAV, MP3, FLAC, OGG, M4A or WebM (a damaged header, or a format "
                               "variant libsndfile does not read)")
 
 

@@ -9,7 +9,6 @@ import asyncio
 import base64
 import contextlib
 import io
-import math
 import os
 import shutil
 import signal
@@ -22,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from media_files import audio_file, data_url, frames_of, png, sine, video_file
+from media_files import audio_file, data_url, frames_of, png, recording, sine, video_file
 from edge_infer import LLM, SamplingParams
 from edge_infer.media.sources import MediaPolicy
 
@@ -107,6 +106,8 @@ CASES = {
     "image": (user(image(), QUESTION), {}),
     "audio": (user(wav(), QUESTION), {}),
     "image and audio": (user(QUESTION, image(1), wav(0.5, 300.0)), {}),
+    "a browser's WebM recording": (user({"type": "input_audio", "input_audio": {"data": base64.b64encode(recording(
+        sine(1.0, 48000), 48000, "webm", "libopus")).decode(), "format": "webm"}}, QUESTION), {}),
     "video with its sound": (user(VIDEO, QUESTION), {}),
     "video without its sound": (user(VIDEO, QUESTION), {"mm_processor_kwargs": {"use_audio_in_video": False}}),
 }
@@ -196,7 +197,7 @@ def test_bad_media_are_400s_naming_the_problem_and_the_server_keeps_serving(omni
 
 def test_a_format_and_a_message_role_that_cannot_carry_media_are_400s(omni_server):
     refused(omni_server, user({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "aac"}}),
-            "input_audio.format: Input should be 'wav', 'mp3', 'flac' or 'ogg'", code="invalid_parameter")
+            "input_audio.format: Input should be 'wav', 'mp3', 'flac', 'ogg', 'm4a' or 'webm'", code="invalid_parameter")
     refused(omni_server, [{"role": "system", "content": [image()]}, {"role": "user", "content": "Hi"}],
             "messages.0.system.content.0: only user messages carry image_url parts; move it into a user message",
             code="invalid_parameter")

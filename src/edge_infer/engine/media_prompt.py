@@ -43,7 +43,7 @@ from edge_infer.models.mrope import MediaLayout, audio_in_video_pieces
 
 # Content part type -> the media kind it carries.
 MEDIA_PARTS = {"image_url": "image", "input_audio": "audio", "audio_url": "audio", "video_url": "video"}
-INPUT_AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg")
+INPUT_AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg", "m4a", "webm")
 PART_TYPES = "text, image_url, input_audio, audio_url or video_url"
 IMAGE_DETAILS = ("auto", "low", "high")
 # OpenAI's image_url "detail": "low" reads a picture at 512 x 512; here at as many tokens' pixels (334 of Qwen's),

@@ -1,6 +1,6 @@
 """Audio into log-mel features, as transformers' WhisperFeatureExtractor computes them for Qwen2.5-Omni.
 
-decode (soundfile: WAV, MP3, FLAC, OGG) -> mono (the channels' mean) -> the model's rate (soxr, high
+decode (soundfile: WAV, MP3, FLAC, OGG; PyAV: M4A, WebM and other FFmpeg containers, container.py) -> mono (the channels' mean) -> the model's rate (soxr, high
 quality: what librosa's default resampler is), a block at a time -> log-mel. The Omni processor pads every clip to
 chunk_length seconds and passes an attention mask; the audio tower reads only the masked frames, so
 log_mel returns exactly those, computed as if the padding were there (it shapes the last frames and the
@@ -20,7 +20,7 @@ from edge_infer.media.config import AudioProcessing
 from edge_infer.media.features import AudioFeatures
 from edge_infer.media.limits import MediaLimits
 
-AUDIO_FORMATS = "WAV, MP3, FLAC or OGG"
+AUDIO_FORMATS = "WAV, MP3, FLAC, OGG, M4A or WebM"
 DECODE_BLOCK_SAMPLES = 1 << 17  # samples (frames x channels) decoded, mixed and resampled at a time
 _STFT_BLOCK = 1024  # spectrogram frames transformed at a time
 _MEL_MAX_HZ = 8000.0  # Whisper's filter bank stops here whatever the rate
@@ -34,6 +34,10 @@ def decode_audio(data: bytes, limits: MediaLimits, *, rate: int = 16000, part: s
 
     if not data:
         raise MediaError(f"{part}: is empty (0 bytes); send {AUDIO_FORMATS} audio")
+    from edge_infer.media.container import container_audio, container_format
+
+    if (fmt := container_format(data)) is not None:  # a phone's voice memo, a browser's recording
+        return container_audio(data, fmt, limits, rate, part)
     try:
         with soundfile.SoundFile(io.BytesIO(data)) as f:
             mono = MonoStream(f.samplerate, rate, limits, part)

@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edge_infer.errors import MediaError
-from edge_infer.media.audio import MonoStream, audio_features
+from edge_infer.media.audio import audio_features
 from edge_infer.media.config import MediaProcessing, VisionProcessing
+from edge_infer.media.container import SoundTrack, container_format
 from edge_infer.media.features import AudioFeatures, VisionFeatures
 from edge_infer.media.image import grid_thw, patchify, resized_frame, smart_resize
 from edge_infer.media.limits import MediaLimits
 
 if TYPE_CHECKING:
     import av
-    from PIL import Image
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def video_features(data: bytes, cfg: MediaProcessing, limits: MediaLimits,
         raise MediaError(f"{part}: this model does not take images or video")
     if not data:
         raise MediaError(f"{part}: is empty (0 bytes); send {VIDEO_FORMATS} video")
-    fmt = _container_format(data)
+    fmt = container_format(data)
     if fmt is None:
         raise MediaError(f"{part}: is not a video container edge-infer reads; send {VIDEO_FORMATS} video")
     try:
@@ -65,18 +65,6 @@ def video_features(data: bytes, cfg: MediaProcessing, limits: MediaLimits,
         raise
     except (av.FFmpegError, ValueError) as exc:  # PyAV refuses some malformed streams with ValueError
         raise MediaError(f"{part}: cannot be decoded as {fmt} video ({exc})") from None
-
-
-def _container_format(data: bytes) -> str | None:
-    """The demuxer named from the file's magic bytes. Naming it keeps FFmpeg from probing into formats
-    that open other files or URLs (playlists, concat lists)."""
-    if data[4:8] in (b"ftyp", b"moov", b"mdat", b"free", b"wide"):
-        return "mp4"
-    if data[:4] == b"\x1a\x45\xdf\xa3":
-        return "matroska"
-    if data[:4] == b"RIFF" and data[8:12] == b"AVI ":
-        return "avi"
-    return None
 
 
 def _decode(container: "av.container.InputContainer", cfg: MediaProcessing, vision: VisionProcessing,
@@ -114,22 +102,15 @@ def _decode(container: "av.container.InputContainer", cfg: MediaProcessing, visi
                                 part=part)
 
     audio_stream = container.streams.audio[0] if cfg.audio is not None and container.streams.audio else None
-    to_float = av.AudioResampler(format="fltp")  # sample format only; channels and rate as they are
     frames: list[np.ndarray] = []
-    track: MonoStream | None = None  # the sound at the model's rate, from the first audio frame's rate
+    track = SoundTrack(cfg.audio.sampling_rate, limits, f"{part} (its audio track)") if audio_stream else None
     origin, last, decoded, turn = None, None, 0, 0
     for packet in container.demux(*[s for s in (stream, audio_stream) if s is not None]):
         if packet.stream is stream and len(frames) == len(wanted):
             continue  # every sampled frame is in: only the sound track is still read
         for frame in _decoded(packet, limits, part):
             if isinstance(frame, av.AudioFrame):
-                if track is None:
-                    track = MonoStream(frame.sample_rate, cfg.audio.sampling_rate, limits, f"{part} (its audio track)")
-                elif frame.sample_rate != track.source_rate:  # resampled as the first rate, it would change pitch
-                    raise MediaError(f"{track.part}: its sample rate changes ({track.source_rate} to "
-                                     f"{frame.sample_rate} Hz); re-encode the video with one rate")
-                for block in to_float.resample(frame):
-                    track.add(block.to_ndarray().T)  # [samples, channels]
+                track.add(frame)
                 continue
             decoded += 1
             if decoded > budget:  # more frames than the header counted (timestamps that do not advance, say)
@@ -138,12 +119,12 @@ def _decode(container: "av.container.InputContainer", cfg: MediaProcessing, visi
             origin = frame.time if origin is None else origin
             index = round((frame.time - origin) * fps) if frame.time is not None else len(frames)
             if last is None:
-                turn = _quarter_turns(frame.rotation)
-                if turn % 2:  # the file's sides, resized (smart_resize treats both sides alike), swap
+                turn = _quarter_turns(frame)
+                if turn % 2:  # the grid of the turned frame (smart_resize treats both sides alike)
                     out_h, out_w = out_w, out_h
             last = frame
             while len(frames) < len(wanted) and index >= wanted[len(frames)]:
-                frames.append(resized_frame(_upright(frame, turn), out_h, out_w, vision))
+                frames.append(_upright_resized(frame, turn, out_h, out_w, vision))
         if len(frames) == len(wanted) and audio_stream is None:
             break
     if last is None:
@@ -151,32 +132,41 @@ def _decode(container: "av.container.InputContainer", cfg: MediaProcessing, visi
     if len(frames) < len(wanted):
         log.warning("%s: %d of %d sampled frames are past its last frame (its length is overstated); "
                     "repeating the last frame", part, len(wanted) - len(frames), len(wanted))
-        frames.extend([resized_frame(_upright(last, turn), out_h, out_w, vision)] * (len(wanted) - len(frames)))
+        frames.extend([_upright_resized(last, turn, out_h, out_w, vision)] * (len(wanted) - len(frames)))
 
     pixels = patchify(np.stack(frames), vision)
     sampled_fps = len(wanted) / total * fps
     features = VisionFeatures(pixels, grid_thw(len(wanted), out_h, out_w, vision), vision.merge_size,
                               second_per_grid=vision.temporal_patch_size / sampled_fps)
-    if track is None or track.frames == 0:
+    sound = track.finish() if track is not None else None
+    if sound is None:
         return features, None
-    return features, audio_features(track.finish(), cfg.audio, part=track.part)
+    return features, audio_features(sound, cfg.audio, part=track.part)
 
 
-def _quarter_turns(degrees: float) -> int:
-    """Counterclockwise quarter turns for a display matrix's rotation (counterclockwise degrees, as PyAV reads it);
-    a phone video shot upright is stored on its side with -90 or 90. Angles off a quarter turn are not turned,
-    as FFmpeg's player does not."""
+def _quarter_turns(frame: "av.VideoFrame") -> int:
+    """Counterclockwise quarter turns a player gives the frame: its display matrix's rotation (counterclockwise
+    degrees, as PyAV reads it; a phone video shot upright is stored on its side with -90 or 90). A mirrored
+    matrix, whose rotation PyAV reads as a turn, and an angle off a quarter turn are left as stored."""
+    for data in frame.side_data:
+        if "DISPLAYMATRIX" in str(data.type):
+            a, b, _, c, d = np.frombuffer(bytes(data), dtype="<i4")[:5].astype(np.int64)
+            if a * d - b * c < 0:
+                return 0
+    degrees = frame.rotation
     turns = round(degrees / 90)
     return turns % 4 if abs(degrees - 90 * turns) < 1 else 0
 
 
-def _upright(frame: "av.VideoFrame", turns: int) -> "Image.Image":
-    """The frame as a player shows it: turned by its display matrix, as photos are by their EXIF orientation."""
-    from PIL import Image
-
-    image = frame.to_image()
-    return image.transpose((Image.Transpose.ROTATE_90, Image.Transpose.ROTATE_180,
-                            Image.Transpose.ROTATE_270)[turns - 1]) if turns else image
+def _upright_resized(frame: "av.VideoFrame", turns: int, height: int, width: int,
+                     vision: VisionProcessing) -> np.ndarray:
+    """The frame as a player shows it, turned by its display matrix (as photos are by their EXIF orientation),
+    at ``height`` x ``width``. It is resized on its side and then turned: a turned copy of the whole frame would
+    be 4 more bytes a decoded pixel than the plan holds; the two orders differ by the resize's rounding."""
+    if not turns:
+        return resized_frame(frame.to_image(), height, width, vision)
+    on_side = (width, height) if turns % 2 else (height, width)
+    return np.rot90(resized_frame(frame.to_image(), *on_side, vision), turns).copy()
 
 
 def _over_budget(part: str, amount: str, width: int, height: int, budget: int, limits: MediaLimits) -> None:

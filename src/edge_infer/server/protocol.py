@@ -224,7 +224,7 @@ class ImagePart(_Request):
 
 class InputAudio(_Request):
     data: str = Field(description="the file, base64 (or a whole data: URL)")
-    format: Literal["wav", "mp3", "flac", "ogg"]
+    format: Literal["wav", "mp3", "flac", "ogg", "m4a", "webm"]
 
 
 class InputAudioPart(_Request):
