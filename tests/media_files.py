@@ -47,14 +47,7 @@ def video_file(frames: list[np.ndarray], fps: int, fmt: str = "mp4", codec: str 
         for packet in video.encode():
             out.mux(packet)
         if sound is not None:
-            step = 960
-            for start in range(0, len(audio), step):
-                chunk = av.AudioFrame.from_ndarray(audio[None, start:start + step], format="fltp", layout="mono")
-                chunk.sample_rate, chunk.pts = audio_rate, start
-                for packet in sound.encode(chunk):
-                    out.mux(packet)
-            for packet in sound.encode():
-                out.mux(packet)
+            _mux_mono(out, sound, audio, audio_rate)
     return buf.getvalue()
 
 
@@ -65,17 +58,22 @@ def recording(samples: np.ndarray, rate: int, fmt: str = "ipod", codec: str = "a
 
     buf = io.BytesIO()
     with av.open(buf, "w", format=fmt) as out:
-        sound = out.add_stream(codec, rate=rate, layout="mono")
-        step = 960
-        for start in range(0, len(samples), step):
-            chunk = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples[start:start + step, 0])[None],
-                                               format="fltp", layout="mono")
-            chunk.sample_rate, chunk.pts = rate, start
-            for packet in sound.encode(chunk):
-                out.mux(packet)
-        for packet in sound.encode():
-            out.mux(packet)
+        _mux_mono(out, out.add_stream(codec, rate=rate, layout="mono"), samples[:, 0], rate)
     return buf.getvalue()
+
+
+def _mux_mono(out, sound, samples: np.ndarray, rate: int) -> None:
+    """1-D float32 ``samples`` encoded into the ``sound`` stream of ``out``, 960 at a time."""
+    import av
+
+    for start in range(0, len(samples), 960):
+        chunk = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples[start:start + 960])[None], format="fltp",
+                                           layout="mono")
+        chunk.sample_rate, chunk.pts = rate, start
+        for packet in sound.encode(chunk):
+            out.mux(packet)
+    for packet in sound.encode():
+        out.mux(packet)
 
 
 def frames_of(count: int, height: int = 48, width: int = 64) -> list[np.ndarray]:
