@@ -1,10 +1,10 @@
 """Audio into log-mel features, as transformers' WhisperFeatureExtractor computes them for Qwen2.5-Omni.
 
-decode (soundfile: WAV, MP3, FLAC, OGG; PyAV: M4A, WebM and other FFmpeg containers, container.py) -> mono (the channels' mean) -> the model's rate (soxr, high
-quality: what librosa's default resampler is), a block at a time -> log-mel. The Omni processor pads every clip to
-chunk_length seconds and passes an attention mask; the audio tower reads only the masked frames, so
-log_mel returns exactly those, computed as if the padding were there (it shapes the last frames and the
-clip's maximum).
+decode (soundfile: WAV, MP3, FLAC, OGG; PyAV for M4A, WebM and FFmpeg's other containers: container.py) ->
+mono (the channels' mean) -> the model's rate (soxr, high quality: what librosa's default resampler is), a block
+at a time -> log-mel. The Omni processor pads every clip to chunk_length seconds and passes an attention mask;
+the audio tower reads only the masked frames, so log_mel returns exactly those, computed as if the padding were
+there (it shapes the last frames and the clip's maximum).
 """
 from __future__ import annotations
 

@@ -14,9 +14,6 @@ from edge_infer.media.limits import MediaLimits
 if TYPE_CHECKING:
     import av
 
-CONTAINER_AUDIO_FORMATS = "M4A or WebM"
-
-
 def container_format(data: bytes) -> str | None:
     """The demuxer named from the file's magic bytes. Naming it keeps FFmpeg from probing into formats
     that open other files or URLs (playlists, concat lists)."""

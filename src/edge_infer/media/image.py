@@ -173,7 +173,7 @@ def _set_jpeg_scale(image: "Image.Image", buffered: bool, limits: MediaLimits, p
 
     A 24- or 200-megapixel photo so costs a fraction of a whole decode, its pixels close to, not equal to, a
     whole decode's (transformers' processor would decode it whole); a progressive picture near the limit with
-    unsubsampled colour (6 bytes a pixel of coefficients) is decoded at half its sides. A progressive file whose
+    unsubsampled colour (6 bytes a pixel of coefficients) is decoded at half its sides. A buffered file whose
     coefficients alone pass the budget is refused: a 4 KB file can declare 800 megapixels.
     """
     width, height = image.size
@@ -191,10 +191,11 @@ def _set_jpeg_scale(image: "Image.Image", buffered: bool, limits: MediaLimits, p
             return
     if held and pixels <= limits.max_image_pixels:  # within the limit at 1/8: its coefficients are what is over
         needs = held + DECODED_PIXEL_BYTES * pixels
-        raise MediaError(f"{part}: a progressive or multi-scan JPEG of {width}x{height} pixels needs {needs / 2**20:,.1f} MiB to "
-                         f"decode at any scale (libjpeg holds all its coefficients), above the {budget / 2**20:,.1f} "
-                         f"MiB the limit of {shown_number(limits.max_image_pixels)} pixels per image plans "
-                         "(--max-image-pixels); save it as a baseline JPEG or resize it, or raise --max-image-pixels")
+        raise MediaError(f"{part}: a progressive or multi-scan JPEG of {width}x{height} pixels needs "
+                         f"{needs / 2**20:,.1f} MiB to decode at any scale (libjpeg holds all its coefficients), above "
+                         f"the {budget / 2**20:,.1f} MiB the limit of {shown_number(limits.max_image_pixels)} pixels "
+                         "per image plans (--max-image-pixels); save it as a baseline JPEG or resize it, or raise "
+                         "--max-image-pixels")
 
 
 def _jpeg_coefficient_bytes(image: "Image.Image") -> int:

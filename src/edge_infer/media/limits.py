@@ -56,8 +56,8 @@ LIMITS = {
 COUNT_LIMITS = {"image": "max_images", "audio": "max_audios", "video": "max_videos"}
 
 # The smallest default limit on a decoded image's pixels, whatever the checkpoint's max_pixels: a 4K screenshot is
-# decoded and scaled down, not refused (a larger baseline JPEG photo is decoded at a reduced scale: media/image.py). The plan
-# holds 9 bytes a pixel of it for each of MEDIA_PREP_THREADS requests being prepared.
+# decoded and scaled down, not refused (a larger baseline JPEG photo is decoded at a reduced scale: media/image.py).
+# The plan holds 9 bytes a pixel of it for each of MEDIA_PREP_THREADS requests being prepared.
 MIN_IMAGE_PIXELS_LIMIT = 3840 * 2160
 
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 from edge_infer.config import QuantConfig
 from edge_infer.hardware.cpu import CpuCapabilities, detect
 from edge_infer.media.audio import DECODE_BLOCK_SAMPLES
-from edge_infer.media.image import IMAGE_DECODE_BYTES
 from edge_infer.media.config import MediaProcessing
+from edge_infer.media.image import IMAGE_DECODE_BYTES
 from edge_infer.memory.media_shapes import MediaShapes
 from edge_infer.memory.sizing import LOAD_BLOCK_BYTES, runtime_overhead
 from edge_infer.models.encoder_config import AudioConfig, VisionConfig, conv_output_length
