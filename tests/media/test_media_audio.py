@@ -172,7 +172,8 @@ def test_decoded_audio_goes_to_the_models_rate():
 
 
 def test_empty_and_undecodable_audio_are_refused():
-    with pytest.raises(MediaError, match=r"^audio 1: is empty \(0 bytes\); send WAV, MP3, FLAC, OGG, M4A or WebM audio$"):
+    with pytest.raises(MediaError,
+                       match=r"^audio 1: is empty \(0 bytes\); send WAV, MP3, FLAC, OGG, M4A or WebM audio$"):
         decode_audio(b"", MediaLimits(), part="audio 1")
     with pytest.raises(MediaError, match=r"^audio 1: cannot be decoded as WAV, MP3, FLAC, OGG, M4A or WebM \(.+\)$"):
         decode_audio(b"RIFF\x00\x00\x00\x00WAVEjunkjunkjunk" * 4, MediaLimits(), part="audio 1")
@@ -189,8 +190,8 @@ def test_undecodable_audio_is_refused_without_naming_our_buffer():
                                                                           4_000_000_000, 2, 16) + b"data" + bytes(4))
     with pytest.raises(MediaError) as err:
         decode_audio(header, MediaLimits(), part="audio 1")
-    assert str(err.value) == ("audio 1: cannot be decoded as WAV, MP3, FLAC, OGG, M4A or WebM (a damaged header, or a format "
-                              "variant libsndfile does not read)")
+    assert str(err.value) == ("audio 1: cannot be decoded as WAV, MP3, FLAC, OGG, M4A or WebM (a damaged header, "
+                              "or a format variant libsndfile does not read)")
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])

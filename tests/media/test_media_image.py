@@ -220,11 +220,16 @@ def test_oversized_image_is_refused_from_its_header():
         decode_image(_encoded(_noise(20, 20, "RGB"), "PNG"), MediaLimits(max_image_pixels=100))
 
 
+def _photo() -> Image.Image:
+    """A 1600 x 1200 picture with smooth gradients, as JPEG compresses a photo's."""
+    y, x = np.mgrid[0:1200, 0:1600]
+    return Image.fromarray(np.stack([x * 255 // 1600, y * 255 // 1200, (x + y) % 256], -1).astype(np.uint8))
+
+
 def test_a_jpeg_above_the_limit_is_decoded_at_the_largest_reduced_scale_within_it():
     """A photo above --max-image-pixels in JPEG: libjpeg decodes it at 1/2, 1/4 or 1/8 of each side, the largest
     that fits, close to the whole picture scaled; other formats, and a JPEG no scale brings within it, are refused."""
-    y, x = np.mgrid[0:1200, 0:1600]
-    picture = Image.fromarray(np.stack([x * 255 // 1600, y * 255 // 1200, (x + y) % 256], -1).astype(np.uint8))
+    picture = _photo()
     jpeg = _encoded(picture, "JPEG", quality=95)
     for limit, size in ((1600 * 1200, (1600, 1200)), (800 * 600, (800, 600)), (799 * 600, (400, 300)),
                         (200 * 150, (200, 150))):
@@ -248,9 +253,7 @@ def test_a_jpeg_past_pillows_own_guard_is_decoded_at_a_reduced_scale(monkeypatch
     """Pillow refuses above 2 x MAX_IMAGE_PIXELS (179 megapixels; a 200 MP phone photo) when it opens a file, before a
     reduced decode could fit it: a JPEG is still decoded within the limit (the guard lowered here to keep it small)."""
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 400_000)
-    y, x = np.mgrid[0:1200, 0:1600]
-    jpeg = _encoded(Image.fromarray(np.stack([x * 255 // 1600, y * 255 // 1200, (x + y) % 256], -1).astype(np.uint8)),
-                    "JPEG", quality=95)
+    jpeg = _encoded(_photo(), "JPEG", quality=95)
     with pytest.raises(Image.DecompressionBombError):
         Image.open(io.BytesIO(jpeg))
     assert decode_image(jpeg, MediaLimits(max_image_pixels=800 * 600)).size == (800, 600)
@@ -277,17 +280,16 @@ def test_a_progressive_jpeg_decode_is_held_to_the_plan_with_its_coefficients():
     """libjpeg holds a progressive JPEG's coefficients for the whole picture at any scale (2 bytes each): a 4 KB
     file declaring 400 megapixels would take 2.4 GB at 1/8; it is refused from its header. Near the limit, one
     with unsubsampled colour is decoded at half its sides, within the plan; with 4:2:0 colour, whole."""
-    y, x = np.mgrid[0:1200, 0:1600]
-    picture = Image.fromarray(np.stack([x * 255 // 1600, y * 255 // 1200, (x + y) % 256], -1).astype(np.uint8))
+    picture = _photo()
     limits = MediaLimits(max_image_pixels=1600 * 1200)
     full = _encoded(picture, "JPEG", progressive=True, subsampling=0)
     assert decode_image(full, limits).size == (800, 600)
     assert decode_image(_encoded(picture, "JPEG", progressive=True), limits).size == (1600, 1200)
     assert decode_image(_encoded(picture, "JPEG", subsampling=0), limits).size == (1600, 1200)  # baseline: whole
     small = _encoded(_noise(64, 64, "RGB"), "JPEG", progressive=True)
-    with pytest.raises(MediaError, match=r"^image 3: a progressive or multi-scan JPEG of 20000x20000 pixels needs 1,168\.3 MiB to "
-                                         r"decode at any scale \(libjpeg holds all its coefficients\), above the "
-                                         r"110\.2 MiB the limit of 12,845,056 pixels per image plans "
+    with pytest.raises(MediaError, match=r"^image 3: a progressive or multi-scan JPEG of 20000x20000 pixels needs "
+                                         r"1,168\.3 MiB to decode at any scale \(libjpeg holds all its coefficients\), "
+                                         r"above the 110\.2 MiB the limit of 12,845,056 pixels per image plans "
                                          r"\(--max-image-pixels\); save it as a baseline JPEG"):
         decode_image(_declaring(small, 20000, 20000), MediaLimits(), part="image 3")
 
@@ -301,7 +303,8 @@ def test_a_sequential_jpeg_scanned_a_component_at_a_time_holds_its_coefficients_
     frame = (b"\xff\xc0" + struct.pack(">HBHHB", 8 + 3 * 3, 8, 8192, 8192, 3) + one
              + bytes([2, 0x11, one[2]]) + bytes([3, 0x11, one[2]]))
     three = gray[:at] + frame + gray[at + 2 + int.from_bytes(gray[at + 2:at + 4], "big"):]
-    with pytest.raises(MediaError, match=r"^image: a progressive or multi-scan JPEG of 8192x8192 pixels needs 388\.0 MiB to decode"):
+    with pytest.raises(MediaError, match=r"^image: a progressive or multi-scan JPEG of 8192x8192 pixels needs "
+                                         r"388\.0 MiB to decode"):
         decode_image(three, MediaLimits())
 
 
@@ -310,8 +313,7 @@ def test_an_exif_thumbnails_scan_is_not_the_pictures():
     at a reduced scale above the limit, not taken for a progressive one."""
     from edge_infer.media.image import jpeg_scans
 
-    y, x = np.mgrid[0:1200, 0:1600]
-    picture = Image.fromarray(np.stack([x * 255 // 1600, y * 255 // 1200, (x + y) % 256], -1).astype(np.uint8))
+    picture = _photo()
     photo = _with_thumbnail(_encoded(picture, "JPEG"))
     assert photo.count(b"\xff\xda") == 2 and jpeg_scans(photo) == (1, 3)
     assert jpeg_scans(_encoded(picture, "JPEG", progressive=True))[0] > 2

@@ -221,7 +221,8 @@ def test_the_largest_resize_holds_in_a_narrow_pixel_range(factor, min_pixels, ma
     planned = largest_resize(limit, factor, min_pixels, max_pixels)
     best = max(math.prod(smart_resize(height, width, factor, min_pixels, max_pixels))
                for height in range(1, limit + 1)
-               for width in range(math.ceil(height / MAX_ASPECT_RATIO), min(limit // height, height * MAX_ASPECT_RATIO) + 1))
+               for width in range(math.ceil(height / MAX_ASPECT_RATIO),
+                                  min(limit // height, height * MAX_ASPECT_RATIO) + 1))
     assert planned[0] * planned[1] == best
 
 

@@ -197,7 +197,8 @@ def test_bad_media_are_400s_naming_the_problem_and_the_server_keeps_serving(omni
 
 def test_a_format_and_a_message_role_that_cannot_carry_media_are_400s(omni_server):
     refused(omni_server, user({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "aac"}}),
-            "input_audio.format: Input should be 'wav', 'mp3', 'flac', 'ogg', 'm4a' or 'webm'", code="invalid_parameter")
+            "input_audio.format: Input should be 'wav', 'mp3', 'flac', 'ogg', 'm4a' or 'webm'",
+            code="invalid_parameter")
     refused(omni_server, [{"role": "system", "content": [image()]}, {"role": "user", "content": "Hi"}],
             "messages.0.system.content.0: only user messages carry image_url parts; move it into a user message",
             code="invalid_parameter")
