@@ -39,21 +39,43 @@ COMPLETION = st.fixed_dictionaries({"prompt": TEXT | JSON}, optional={"max_token
 
 class KeepAlive:
     """One HTTP/1.1 connection reused for every request, as a client's pool does: a server that drops it
-    without saying so fails the next request here (no silent reconnect)."""
+    without saying so fails the next request here (no silent reconnect), naming the request before and the
+    server's log. Like a pool (httpx's keepalive_expiry), it starts a new connection only after ``EXPIRY_S``
+    idle, before the server's own keep-alive timeout (uvicorn's 5 s) may close it: a test process starved of
+    CPU can sit that long between two examples."""
+
+    EXPIRY_S = 4.0
 
     def __init__(self, server):
-        self.conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-        self.sock = None
+        self.server = server
+        self.conn: http.client.HTTPConnection | None = None
+        self.idle_since = 0.0
+        self.previous: tuple[str, str, bytes | None] | None = None
 
     def send(self, method: str, path: str, body: bytes | None = None) -> tuple[int, dict, bytes]:
-        self.conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
-        response = self.conn.getresponse()
-        data = response.read()
-        if self.sock is None:
-            self.sock = self.conn.sock
-        assert self.conn.sock is self.sock, "the server closed the keep-alive connection"
+        if self.conn is None or time.monotonic() - self.idle_since > self.EXPIRY_S:
+            self._reconnect()
+        sock = self.conn.sock
+        try:
+            self.conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
+            response = self.conn.getresponse()
+            data = response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            self.conn = None  # a replay starts afresh
+            log = self.server.output()[-3000:] if hasattr(self.server, "output") else ""
+            raise AssertionError(f"the server dropped the keep-alive connection ({exc!r}) "
+                                 f"{time.monotonic() - self.idle_since:.2f} s after answering {self.previous!r}; "
+                                 f"its log ends:\n{log}") from exc
+        self.idle_since, self.previous = time.monotonic(), (method, path, body)
         assert response.getheader("connection", "").lower() != "close", (response.status, data)
+        assert self.conn.sock is sock, "the server closed the connection after its response"
         return response.status, dict(response.getheaders()), data
+
+    def _reconnect(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        self.conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=60)
+        self.conn.connect()
 
 
 def requests_by_status(server) -> Counter:
