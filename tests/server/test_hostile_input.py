@@ -55,7 +55,7 @@ class KeepAlive:
     def send(self, method: str, path: str, body: bytes | None = None) -> tuple[int, dict, bytes]:
         if self.conn is None or time.monotonic() - self.idle_since > self.EXPIRY_S:
             self._reconnect()
-        sock = self.conn.sock
+        sock, sent_at = self.conn.sock, time.monotonic()  # before the server's keep-alive timer starts
         try:
             self.conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
             response = self.conn.getresponse()
@@ -66,7 +66,7 @@ class KeepAlive:
             raise AssertionError(f"the server dropped the keep-alive connection ({exc!r}) "
                                  f"{time.monotonic() - self.idle_since:.2f} s after answering {self.previous!r}; "
                                  f"its log ends:\n{log}") from exc
-        self.idle_since, self.previous = time.monotonic(), (method, path, body)
+        self.idle_since, self.previous = sent_at, (method, path, body)
         assert response.getheader("connection", "").lower() != "close", (response.status, data)
         assert self.conn.sock is sock, "the server closed the connection after its response"
         return response.status, dict(response.getheaders()), data
@@ -188,7 +188,8 @@ def test_a_body_of_many_items_is_refused_before_they_are_validated_and_holds_no_
     message = r.json()["error"]["message"]
     assert says in message and "more)" not in message, message
     assert r.json()["error"]["param"] is not None
-    assert beside < alone + 1.0, (beside, alone)  # loose: not held up for the whole validation
+    # loose (a loaded machine): not held up for the whole validation, which took minutes
+    assert beside < alone + 5.0, (beside, alone)
 
 
 @pytest.fixture(scope="module")
@@ -214,8 +215,8 @@ def test_a_body_over_the_limit_is_413_without_holding_up_a_small_request(small_b
         r = refused.result()
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
     assert "--max-body-bytes" in r.json()["error"]["message"]
-    # Loose: not serialised behind the big body (benchmarks measure the stall; docs/serving.md).
-    assert beside < alone + 1.0, (beside, alone)
+    # Loose (a loaded machine): not serialised behind the big body (benchmarks measure the stall; docs/serving.md).
+    assert beside < alone + 5.0, (beside, alone)
 
 
 def post_chunked(base_url: str, body: bytes, chunked: bool) -> httpx.Response:
