@@ -22,14 +22,19 @@ def chat(server, body, timeout=60) -> httpx.Response:
     return httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=timeout)
 
 
+# ~6 MB of answer (~2 KB a token): more than the socket buffers take on loopback, so that a request left unread
+# stalls on its stream's credits and stays in flight however late the test acts (400 tokens of text fit, and
+# this model writes them in half a second)
+HELD = {**LONG, "n": 8, "stream": True, "logprobs": True, "top_logprobs": 20}
+
+
 class HeldStream:
     """A streamed chat request read one event at a time: while unread it stays in flight (back-pressure)."""
 
     def __init__(self, server):
         self.client = httpx.Client(timeout=30)
         self.response = self.client.send(
-            self.client.build_request("POST", server.base_url + "/v1/chat/completions", json={**LONG, "stream": True}),
-            stream=True)
+            self.client.build_request("POST", server.base_url + "/v1/chat/completions", json=HELD), stream=True)
         self.lines = (line for line in self.response.iter_lines() if line.startswith("data: "))
         next(self.lines)  # the first chunk: the request runs
 
