@@ -247,7 +247,7 @@ def test_a_slow_remote_source_hits_the_deadline(server):
     with pytest.raises(MediaError, match=r"^image 1: the download took longer than 0.4 s; send a smaller file or a "
                                          r"data: URL$"):
         read_source(f"{server}/slow", policy, part="image 1")
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 10  # it trickles for ever; loose for a loaded machine
 
 
 def test_a_server_that_trickles_its_headers_hits_the_deadline(server):
@@ -257,7 +257,7 @@ def test_a_server_that_trickles_its_headers_hits_the_deadline(server):
     started = time.monotonic()
     with pytest.raises(MediaError, match=r"^image 1: the download took longer than 0.4 s"):
         read_source(f"{server}/slow-headers", policy, part="image 1")
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 10  # it trickles for ever; loose for a loaded machine
 
 
 def test_each_connection_gets_the_time_left(server, monkeypatch):
@@ -271,8 +271,8 @@ def test_each_connection_gets_the_time_left(server, monkeypatch):
     real = socket.create_connection
     monkeypatch.setattr(sources.socket, "create_connection",
                         lambda address, timeout, *rest: given.append(timeout) or real(address, timeout, *rest))
-    assert read_source(f"{server}/to-cat", MediaPolicy(allow_remote=True, timeout_s=2.0)) == PAYLOAD  # a redirect
-    assert len(given) == 2 and 2.0 > given[0] > given[1] > 1.0
+    assert read_source(f"{server}/to-cat", MediaPolicy(allow_remote=True, timeout_s=20.0)) == PAYLOAD  # a redirect
+    assert len(given) == 2 and 20.0 > given[0] > given[1] > 10.0
 
 
 @pytest.mark.parametrize("path,reason", [("/many-headers", r"HTTPException: got more than 100 headers"),
@@ -329,7 +329,7 @@ def test_a_tls_handshake_that_trickles_hits_the_deadline(monkeypatch, timer_late
         with pytest.raises(MediaError, match=r"^image 1: the download took longer than 0.4 s"):
             read_source(f"https://127.0.0.1:{listener.getsockname()[1]}/cat.png",
                         MediaPolicy(allow_remote=True, timeout_s=0.4), part="image 1")
-        assert time.monotonic() - started < 2.0
+        assert time.monotonic() - started < 10  # the trickle lasts until the test ends
     finally:
         stop.set()
         listener.close()

@@ -36,7 +36,7 @@ def write_config(directory: Path, text: str, name: str = "deploy.yaml") -> Path:
     return path
 
 
-def wait_until(predicate, timeout=5.0, interval=0.05):
+def wait_until(predicate, timeout=30.0, interval=0.05):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

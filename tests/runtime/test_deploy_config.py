@@ -215,7 +215,7 @@ def test_contract_mismatch_is_refused_at_load_before_any_process(tmp_path):
     text = [p.problem for p in exc.value.problems]
     assert any("stage 0 (executor toy_ar) emits token_ids/1" in t for t in text)
     assert any("stage 1 (executor toy_vocoder) accepts codec_codes/1, token_ids/1" in t for t in text)
-    assert {c.pid for c in psutil.Process().children(recursive=True)} == children
+    assert {c.pid for c in psutil.Process().children(recursive=True)} <= children  # none started
 
 
 def test_unknown_executor_kind_and_device(tmp_path):

@@ -64,7 +64,7 @@ def test_deploy_that_does_not_fit_is_refused_before_any_process(tmp_path):
     with pytest.raises(DeployRefused, match=r"stage 0 overruns pool ram") as exc:
         Omni(path)
     assert not exc.value.plan.admitted
-    assert {p.pid for p in live_children()} == before
+    assert {p.pid for p in live_children()} <= before  # none started (an earlier test's may have ended)
 
 
 NO_MAIN_GUARD = """
@@ -99,8 +99,10 @@ if __name__ == "__main__":
     toys.register()
     omni = Omni(sys.argv[1])
     threading.Thread(target=omni.generate, args=([1, 2],), daemon=True).start()
-    time.sleep(1.5)
     prefix = omni._omni._orchestrator.prefix
+    deadline = time.monotonic() + 30
+    while not list_segments(prefix) and time.monotonic() < deadline:  # buffers in flight
+        time.sleep(0.05)
     print(json.dumps({"pids": list(omni.worker_pids().values()), "prefix": prefix, "segments": list_segments(prefix)}), flush=True)
     time.sleep(120)
 """

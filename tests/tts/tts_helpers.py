@@ -41,7 +41,7 @@ class LoopThread:
         self.loop.close()
 
 
-def wait_until(predicate, timeout=5.0, interval=0.05):
+def wait_until(predicate, timeout=30.0, interval=0.05):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
