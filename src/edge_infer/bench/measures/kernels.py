@@ -17,10 +17,13 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from edge_infer.bench.harness.arm_output import emit, stamp
 from edge_infer.bench.harness.provenance import now_utc
+
+if TYPE_CHECKING:
+    import torch
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +40,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None, help="also write the result JSON here")
 
 
-def _cases(rows: int, cols: int, group: int) -> list[tuple[str, str, Callable[[], Any]]]:
+def _cases(rows: int, cols: int, group: int, ms: list[int]) -> list[tuple[str, str, Callable[[], Any]]]:
     """(kernel, dtype, builder) for every kernel and activation dtype this CPU can run; edge-infer's tile
     kernels once per ISA variant this CPU runs (e.g. avx2 beside avx512-vnni), named ``kernel[variant]``."""
     import torch
@@ -64,6 +67,8 @@ def _cases(rows: int, cols: int, group: int) -> list[tuple[str, str, Callable[[]
              ("dense", "bfloat16", lambda: DenseKernel(weight.to(torch.bfloat16)))]
     if onednn_bf16_available():
         cases.append(("onednn-bf16", "bfloat16", lambda: OneDnnBf16Kernel(weight.to(torch.bfloat16))))
+    if onednn_int8_exact():
+        cases.append((OneDnnInt8Reference.name, "float32", lambda: OneDnnInt8Reference(weight, max(ms))))
     cases += [("cpu-int4", "bfloat16", packed(Int4Kernel, torch.bfloat16)),
               ("cpu-int4", "float32", packed(Int4Kernel, torch.float32))]
     from edge_infer.quant.native import built_variants, missing_requirement
@@ -92,6 +97,45 @@ def _cases(rows: int, cols: int, group: int) -> list[tuple[str, str, Callable[[]
     return cases
 
 
+class OneDnnInt8Reference:
+    """A library's int8 product to compare edge-infer's with: 8-bit weights with one scale per output row
+    (no groups along the input, so the sums never leave the integer unit), activations quantized per row, on
+    oneDNN's u8 x s8 matmul through PyTorch's x86 quantization op. Not an engine kernel: the bench's measure of
+    what the tile unit or VNNI reach without per-group float steps. Offered only with VNNI or AMX-INT8: without
+    them oneDNN sums pairs of products in saturating 16-bit lanes (10% off on an AVX2 Zen 3; exact with 7-bit
+    weights, which shows the rest of this class is)."""
+
+    name = "onednn-w8a8-row"
+
+    def __init__(self, weight: torch.Tensor, m: int):
+        import torch
+
+        self.scales = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
+        codes = torch.round(weight / self.scales[:, None]).to(torch.int8)
+        self.packed = torch.ops.onednn.qlinear_prepack(codes, [m, weight.shape[1]])
+        self.nbytes = codes.numel() + self.scales.numel() * 4
+        self.ones = torch.ones(weight.shape[0])
+        self.zeros = torch.zeros(weight.shape[0], dtype=torch.long)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        x = x.float()
+        row_scales = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127
+        shifted = (torch.round(x / row_scales) + 128).to(torch.uint8)  # u8 with zero point 128: the codes - 128
+        sums = torch.ops.onednn.qlinear_pointwise(shifted, 1.0, 128, self.packed, self.ones, self.zeros, None, 1.0,
+                                                  0, torch.float32, "none", [], "")
+        return sums * row_scales * self.scales
+
+
+def onednn_int8_exact() -> bool:
+    """True when oneDNN's u8 x s8 products are exact here: VNNI or AMX-INT8 (as hardware.cpu reports it)."""
+    from edge_infer.hardware.cpu import detect
+
+    cpu = detect()
+    return any(cpu.has(feature) for feature in ("avx_vnni", "avx512_vnni", "amx_int8"))
+
+
 def _time_call(fn: Callable[[], Any], min_time: float) -> float:
     """Median seconds per call over at least ``min_time`` seconds (after one warm-up call)."""
     fn()
@@ -111,7 +155,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     threads = configure_threads(args.num_threads)
     ms = args.m or [1, 64]
-    runnable = _cases(args.rows, args.cols, args.group_size)
+    runnable = _cases(args.rows, args.cols, args.group_size, ms)
     unknown = set(args.kernel or ()) - {name for name, _, _ in runnable}
     if unknown:
         raise ValueError(f"--kernel {', '.join(sorted(unknown))}: this CPU runs "
