@@ -87,6 +87,14 @@ def test_silence_is_valid_and_equals_the_reference():
     assert got.num_tokens == 25  # 1 s: 100 frames -> 25 tokens
 
 
+def test_a_clip_that_resamples_to_no_samples_is_too_short_by_name():
+    """One sample at 44.1 kHz is none at 16 kHz: refused as any clip too short, naming the part."""
+    samples = decode_audio(audio_file(np.full((1, 1), 0.5, np.float32), 44100, "WAV"), MediaLimits(), part="audio 2")
+    assert len(samples) == 0
+    with pytest.raises(MediaError, match=r"^audio 2: 0 ms is too short for the audio encoder; send at least 20 ms$"):
+        audio_features(samples, AudioProcessing(), part="audio 2")
+
+
 @pytest.mark.parametrize("frames", [1, 2, 3, 4, 5, 99, 100, 101, 3000])
 def test_num_tokens_is_the_audio_towers_output_length(frames):
     samples = np.ones(frames * 160, dtype=np.float32) * 0.1

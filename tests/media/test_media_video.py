@@ -181,11 +181,16 @@ def test_a_model_without_audio_ignores_the_track():
     assert audio is None
 
 
-def test_a_long_audio_track_is_refused_naming_the_limit():
+def test_a_long_audio_track_is_refused_naming_the_limit_and_how_to_send_the_picture_alone():
     data = video_file(frames_of(30), fps=10, audio=sine(3.0, 48000)[:, 0])
     with pytest.raises(MediaError, match=r"^video 1 \(its audio track\): more than 2 s is above the limit of 2 "
-                                         r"seconds of audio per clip \(--max-audio-seconds\); cut it or raise"):
+                                         r"seconds of audio per clip \(--max-audio-seconds\); cut it or raise "
+                                         r"--max-audio-seconds; or send the video without its sound "
+                                         r'\("mm_processor_kwargs": \{"use_audio_in_video": false\}\)$'):
         video_features(data, OMNI, MediaLimits(max_audio_seconds=2.0), part="video 1")
+    # use_audio_in_video false decodes it with no audio processing, as for a model without an audio tower
+    frames, sound = video_features(data, VL, MediaLimits(max_audio_seconds=2.0), part="video 1")
+    assert sound is None and frames.num_tokens > 0
 
 
 def test_a_long_video_is_refused_naming_the_limit():
@@ -235,6 +240,15 @@ def test_a_file_with_only_sound_has_no_video_stream():
             out.mux(packet)
     with pytest.raises(MediaError, match=r"^video: has no video stream; send audio as input_audio$"):
         video_features(buf.getvalue(), OMNI, MediaLimits())
+
+
+def test_a_video_codec_without_a_decoder_is_refused_by_name():
+    """An MP4 whose video codec FFmpeg has no decoder for (its sample entry renamed: the container still reads)."""
+    data = video_file(frames_of(4), fps=4)
+    entry = data.rindex(b"avc1")  # the sample entry (the first is a brand in the file type box)
+    with pytest.raises(MediaError, match=r"^video: its video is in a codec edge-infer cannot decode; re-encode it as "
+                                         r"H\.264$"):
+        video_features(data[:entry] + b"qqq1" + data[entry + 4:], OMNI, MediaLimits())
 
 
 @pytest.mark.parametrize("fmt", ["avi", "matroska"])

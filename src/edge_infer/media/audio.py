@@ -93,8 +93,8 @@ class MonoStream:
 
 def audio_features(samples: np.ndarray, cfg: AudioProcessing, *, part: str = "audio") -> AudioFeatures:
     """A clip's features; a clip too short to give the audio tower one token is refused."""
-    features = AudioFeatures(log_mel(samples, cfg))
-    if features.num_tokens == 0:
+    features = AudioFeatures(log_mel(samples, cfg)) if len(samples) else None  # a sample at 44.1 kHz resamples to none
+    if features is None or features.num_tokens == 0:
         shortest = (2 * cfg.hop_length + 1) / cfg.sampling_rate
         raise MediaError(f"{part}: {len(samples) / cfg.sampling_rate * 1000:.0f} ms is too short for the audio "
                          f"encoder; send at least {shortest * 1000:.0f} ms")

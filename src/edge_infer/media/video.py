@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 VIDEO_FORMATS = "MP4, MOV, WebM, MKV or AVI"
+WITHOUT_SOUND = '"mm_processor_kwargs": {"use_audio_in_video": false}'
 # The decoding work max_video_seconds allows: 60 frames a second at 1920x1080, or as many pixels. A file's own
 # frame rate is not trusted: 200,000 tiny frames "at 1,700 fps" pass a 120 s limit and take a media thread
 # for a quarter of an hour.
@@ -75,6 +76,8 @@ def _decode(container: "av.container.InputContainer", cfg: MediaProcessing, visi
     if not container.streams.video:
         raise MediaError(f"{part}: has no video stream; send audio as input_audio")
     stream = container.streams.video[0]
+    if stream.codec_context is None:  # PyAV's FFmpeg has no decoder for it
+        raise MediaError(f"{part}: its video is in a codec edge-infer cannot decode; re-encode it as H.264")
     fps = float(stream.average_rate or stream.guessed_rate or 0)
     if fps <= 0:
         raise MediaError(f"{part}: its frame rate is unknown; re-encode it with a constant frame rate")
@@ -111,7 +114,10 @@ def _decode(container: "av.container.InputContainer", cfg: MediaProcessing, visi
             continue  # every sampled frame is in: only the sound track is still read
         for frame in _decoded(packet, limits, part):
             if isinstance(frame, av.AudioFrame):
-                track.add(frame)
+                try:
+                    track.add(frame)
+                except MediaError as exc:  # longer than an audio clip may be, say: the picture alone is not
+                    raise MediaError(f"{exc}; or send the video without its sound ({WITHOUT_SOUND})") from None
                 continue
             decoded += 1
             if decoded > budget:  # more frames than the header counted (timestamps that do not advance, say)
