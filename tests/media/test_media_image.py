@@ -85,6 +85,18 @@ def test_colour_keys_and_alpha_are_composited_like_the_processor_strip_by_strip(
     np.testing.assert_array_equal(got.pixel_values, expected)
 
 
+def test_a_16_bit_grey_png_keeps_its_shades():
+    """Pillow converts 16-bit grey to RGB by clipping at 255 (a ramp came out 98.75% white, as the processor's own
+    loading gives it); edge-infer keeps each value's top byte, a strip of rows at a time, and is the processor's
+    for that 8-bit picture."""
+    ramp = (np.arange(150 * 80).reshape(150, 80) * 13 % 65536).astype(np.uint16)  # several strips of rows
+    decoded = decode_image(_encoded(Image.fromarray(ramp), "PNG"), MediaLimits())
+    assert decoded.mode == "RGB"
+    np.testing.assert_array_equal(np.asarray(decoded), np.repeat((ramp >> 8).astype(np.uint8)[..., None], 3, axis=2))
+    expected, _ = _reference(Image.fromarray((ramp >> 8).astype(np.uint8), "L"))
+    np.testing.assert_array_equal(image_features(decoded, VisionProcessing()).pixel_values, expected)
+
+
 def test_checkpoint_settings_reach_the_pixels(tmp_path):
     """Non-default settings, read from the processor's own saved file, give the processor's output."""
     processor = Qwen2VLImageProcessorPil(min_pixels=20 * 20, max_pixels=21 * 21 * 9, patch_size=7, merge_size=3,

@@ -224,7 +224,8 @@ def upright(image: "Image.Image") -> "Image.Image":
 
 
 def to_rgb(image: "Image.Image") -> "Image.Image":
-    """RGB as the reference converts: transparent pixels over white (RGBA, LA, P with transparency); others convert.
+    """RGB as the reference converts: transparent pixels over white (RGBA, LA, P with transparency); others convert,
+    but 16-bit grey, which the reference clips to white, is scaled to 8 bits.
 
     The reference composites the whole picture at once, four RGBA copies of it beside the decoded one (20 bytes
     a pixel for a decoded RGBA); compositing is per pixel, so a strip of rows at a time gives its bits with the
@@ -232,12 +233,18 @@ def to_rgb(image: "Image.Image") -> "Image.Image":
     """
     from PIL import Image
 
+    width, height = image.size
+    if image.mode.startswith("I;16"):  # 16-bit grey (a PNG depth map, a scan): Pillow's conversion clips at 255
+        grey = Image.new("L", image.size)
+        for top in range(0, height, COMPOSITE_ROWS):  # a strip at a time: no whole-picture copy beside the plan's
+            box = (0, top, width, min(top + COMPOSITE_ROWS, height))
+            grey.paste(Image.fromarray((np.array(image.crop(box)) >> 8).astype(np.uint8), "L"), box[:2])
+        return grey.convert("RGB")
     keyed = image.info.get("transparency") is not None  # a palette's transparent entry, an RGB or L colour key
     if image.mode == "RGB" and not keyed:
         return image
     if "A" not in image.getbands() and not keyed:
         return image.convert("RGB")
-    width, height = image.size
     out = Image.new("RGB", image.size)
     for top in range(0, height, COMPOSITE_ROWS):
         box = (0, top, width, min(top + COMPOSITE_ROWS, height))
