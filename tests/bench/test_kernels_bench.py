@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from edge_infer.cli import main
 
 TINY = ["bench", "kernels", "--rows", "64", "--cols", "128", "--m", "3", "--passes", "1", "--min-time", "0.001",
@@ -36,7 +38,6 @@ def _integer_reference(x, weight):
 def test_the_onednn_int8_reference_is_exact_where_it_is_offered(capsys):
     """Offered with VNNI or AMX-INT8, where its integer sums are exact; elsewhere oneDNN's 16-bit pair sums saturate
     (u8 x s8 pairs above 32,767), so it is neither offered nor measured."""
-    import pytest
     import torch
 
     from edge_infer.bench.measures.kernels import OneDnnInt8Reference, onednn_int8_exact

@@ -64,7 +64,7 @@ class KeepAlive:
             self.conn = None  # a replay starts afresh
             log = self.server.output()[-3000:] if hasattr(self.server, "output") else ""
             raise AssertionError(f"the server dropped the keep-alive connection ({exc!r}) "
-                                 f"{time.monotonic() - self.idle_since:.2f} s after answering {self.previous!r}; "
+                                 f"{time.monotonic() - self.idle_since:.2f} s after sending {self.previous!r}; "
                                  f"its log ends:\n{log}") from exc
         self.idle_since, self.previous = sent_at, (method, path, body)
         assert response.getheader("connection", "").lower() != "close", (response.status, data)

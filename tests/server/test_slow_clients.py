@@ -172,7 +172,8 @@ def test_a_client_that_stops_reading_is_dropped_and_its_request_cancelled(server
         aborted = server.metrics().get(ABORTED, 0)
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
-        wait_until(lambda: server.metrics().get(ABORTED, 0) == aborted + 8, "the request's 8 samples to be cancelled", 60)
+        wait_until(lambda: server.metrics().get(ABORTED, 0) == aborted + 8, "the request's 8 samples to be cancelled",
+                   60)
         wait_until(lambda: server.metrics()["edge_infer_sequences_in_flight"] == 0, "the request to be ended", 60)
         with pytest.raises(ConnectionResetError):  # a reset: not a clean end the client could take for the answer
             while sock.recv(1 << 20):
