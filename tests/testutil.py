@@ -1,8 +1,11 @@
 """Helpers shared by tests (importable: tests/ is on pytest's pythonpath)."""
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import sys
+import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -218,3 +221,30 @@ def load_thinker(path: Path):
         save_file({k.removeprefix("thinker."): v for k, v in load_file(Path(path) / "model.safetensors").items()
                    if k.startswith("thinker.")}, Path(tmp) / "model.safetensors", metadata={"format": "pt"})
         return transformers.Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(tmp, dtype=torch.float32).eval()
+
+
+class LoopThread:
+    """An event loop on its own thread, so a pipeline can outlive one test."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro, timeout=180):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+
+def wait_until(predicate, timeout=30.0, interval=0.05) -> bool:
+    """Whether ``predicate`` holds within ``timeout`` seconds (polled; True as soon as it does)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()

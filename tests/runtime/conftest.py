@@ -6,7 +6,7 @@ import pytest
 # The runtime tests share omni_helpers.py; make it importable whatever pytest's import mode.
 sys.path.insert(0, str(Path(__file__).parent))
 
-from omni_helpers import LoopThread  # noqa: E402
+from testutil import LoopThread  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from media_files import audio_file, data_url, frames_of, png, sine, video_file
-from omni_helpers import LoopThread, collect, segments_of, wait_until, write_config
+from omni_helpers import collect, segments_of, write_config
+from testutil import LoopThread, wait_until
 from edge_infer import LLM, SamplingParams
 from edge_infer.engine.protocol import MediaEmbeddings, MediaInput
 from edge_infer.errors import InvalidRequestError

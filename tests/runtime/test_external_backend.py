@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from edge_infer.runtime.omni import Omni
-from omni_helpers import wait_until, write_config
+from omni_helpers import write_config
 from runtime.toys.executors import toy_ar_tokens
-from testutil import live_children
+from testutil import live_children, wait_until
 
 pytest.importorskip("onnxruntime", reason="the external backend needs the 'external' extra (onnxruntime, onnx)")
 pytest.importorskip("onnx", reason="exporting the toy model needs the 'external' extra (onnx)")

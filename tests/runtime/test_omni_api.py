@@ -12,10 +12,10 @@ import pytest
 
 from edge_infer.runtime.omni import DeployRefused, Omni
 from edge_infer.runtime.transport import list_segments
-from omni_helpers import wait_until, write_config
+from omni_helpers import write_config
 from runtime import toys
 from runtime.toys.executors import toy_ar_tokens
-from testutil import live_children
+from testutil import live_children, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -11,9 +11,9 @@ import pytest
 from edge_infer.runtime.contracts import Payload
 from edge_infer.runtime.omni import AsyncOmni
 from edge_infer.runtime.transport import list_segments
-from omni_helpers import collect, segments_of, wait_until, write_config
+from omni_helpers import collect, segments_of, write_config
 from runtime.toys.executors import toy_ar_tokens
-from testutil import live_children
+from testutil import live_children, wait_until
 
 pytestmark = pytest.mark.slow
 

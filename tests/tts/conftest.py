@@ -6,7 +6,7 @@ import pytest
 # tts_helpers.py is shared by the speech tests; make it importable whatever pytest's import mode.
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tts_helpers import LoopThread  # noqa: E402
+from testutil import LoopThread  # noqa: E402
 
 
 @pytest.fixture(scope="module")

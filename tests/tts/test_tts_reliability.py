@@ -14,7 +14,8 @@ from edge_infer.runtime.omni import AsyncOmni
 from edge_infer.runtime.orchestrator import HEARTBEAT_TIMEOUT_S
 from edge_infer.runtime.transport import list_segments
 from edge_infer.tts.deploy import SpeechPipeline
-from tts_helpers import SAMPLES_PER_FRAME, STAGE_OVERRIDES, TINY, wait_until
+from testutil import wait_until
+from tts_helpers import SAMPLES_PER_FRAME, STAGE_OVERRIDES, TINY
 
 pytestmark = pytest.mark.slow
 
