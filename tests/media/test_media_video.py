@@ -251,6 +251,18 @@ def test_a_video_codec_without_a_decoder_is_refused_by_name():
         video_features(data[:entry] + b"qqq1" + data[entry + 4:], OMNI, MediaLimits())
 
 
+def test_a_sound_codec_without_a_decoder_is_refused_with_how_to_send_the_picture_alone():
+    """A Matroska video whose sound's codec ID no decoder knows: refused by name, not as an FFmpeg errno."""
+    data = video_file(frames_of(20), fps=10, fmt="matroska", audio=sine(2.0, 48000)[:, 0])
+    assert data.count(b"A_OPUS") == 1
+    data = data.replace(b"A_OPUS", b"A_QQQQ")
+    with pytest.raises(MediaError, match=r"^video: its sound is in a codec edge-infer cannot decode; re-encode it with "
+                                         r"AAC or Opus sound, or send the video without its sound \("):
+        video_features(data, OMNI, MediaLimits())
+    frames, sound = video_features(data, VL, MediaLimits())  # as use_audio_in_video false decodes it
+    assert sound is None and frames.num_tokens > 0
+
+
 @pytest.mark.parametrize("fmt", ["avi", "matroska"])
 def test_a_frame_larger_than_its_header_says_is_refused_before_it_is_decoded(fmt):
     """A stream whose header says 64x64 and whose later frames are large (MJPEG packets are whole JPEGs, of any

@@ -106,6 +106,9 @@ def _decode(container: "av.container.InputContainer", cfg: MediaProcessing, visi
                                 part=part)
 
     audio_stream = container.streams.audio[0] if cfg.audio is not None and container.streams.audio else None
+    if audio_stream is not None and audio_stream.codec_context is None:
+        raise MediaError(f"{part}: its sound is in a codec edge-infer cannot decode; re-encode it with AAC or Opus "
+                         f"sound, or send the video without its sound ({WITHOUT_SOUND})")
     frames: list[np.ndarray] = []
     track = SoundTrack(cfg.audio.sampling_rate, limits, f"{part} (its audio track)") if audio_stream else None
     origin, last, decoded, turn = None, None, 0, 0

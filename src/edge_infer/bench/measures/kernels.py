@@ -129,11 +129,20 @@ class OneDnnInt8Reference:
 
 
 def onednn_int8_exact() -> bool:
-    """True when oneDNN's u8 x s8 products are exact here: VNNI or AMX-INT8 (as hardware.cpu reports it)."""
+    """True when oneDNN's u8 x s8 products run here and are exact: VNNI or AMX-INT8 (as hardware.cpu reports it),
+    and a PyTorch built with oneDNN's quantized ops."""
+    import torch
+
     from edge_infer.hardware.cpu import detect
 
     cpu = detect()
-    return any(cpu.has(feature) for feature in ("avx_vnni", "avx512_vnni", "amx_int8"))
+    if not any(cpu.has(feature) for feature in ("avx_vnni", "avx512_vnni", "amx_int8")):
+        return False
+    try:
+        OneDnnInt8Reference(torch.ones(16, 16), 1)(torch.ones(1, 16))
+        return True
+    except (RuntimeError, NotImplementedError, AttributeError):  # a build without them
+        return False
 
 
 def _time_call(fn: Callable[[], Any], min_time: float) -> float:
