@@ -167,12 +167,15 @@ def _quarter_turns(frame: "av.VideoFrame") -> int:
     turns = round(degrees / 90)
     if not turns % 4 or abs(degrees - 90 * turns) >= 1:
         return 0
-    mirrored = False
-    for data in frame.side_data:  # a cycle with the frame: _decode collects it once the frame is done
-        if "DISPLAYMATRIX" in str(data.type):
-            a, b, _, c, d = np.frombuffer(bytes(data), dtype="<i4")[:5].astype(np.int64)
-            mirrored = a * d - b * c < 0
-    return 0 if mirrored else turns % 4
+    from av.sidedata.sidedata import Type
+
+    # A lookup by key, not iteration: PyAV 18.1.0 iterates side data's values, 18.1.1 its keys. The side data holds
+    # a cycle with the frame: _decode collects it once the frame is done.
+    matrix = frame.side_data.get(Type.DISPLAYMATRIX)
+    if matrix is None:
+        return turns % 4
+    a, b, _, c, d = np.frombuffer(bytes(matrix), dtype="<i4")[:5].astype(np.int64)
+    return 0 if a * d - b * c < 0 else turns % 4
 
 
 def _upright_resized(frame: "av.VideoFrame", turns: int, height: int, width: int,
