@@ -166,3 +166,20 @@ def test_a_grammar_that_cannot_be_completed_ends_with_a_dead_end_not_a_hang(llm)
         assert out.finish_reason == GRAMMAR_DEAD_END and out.text == "x"
     [empty] = generate(llm, StructuredOutputsParams(grammar="start: A\nA: /a+/ & /b+/"))
     assert empty.finish_reason == GRAMMAR_DEAD_END and empty.token_ids == []
+
+
+def test_a_checked_grammar_is_not_checked_again(monkeypatch):
+    """The server checks a request's spec once, on its preparation thread (server/generation.build_params): a large
+    schema took seconds per check, on the event loop, once per sample (n), stalling every stream meanwhile."""
+    import llguidance
+
+    from edge_infer.engine.grammar import checked_grammar, compile_grammar
+
+    checks = []
+    validate = llguidance.LLMatcher.validate_grammar
+    monkeypatch.setattr(llguidance.LLMatcher, "validate_grammar", lambda g: checks.append(g) or validate(g))
+    spec = checked_grammar(StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": "integer"}}}))
+    assert len(checks) == 1
+    assert compile_grammar(spec) == spec.grammar and len(checks) == 1
+    with pytest.raises(InvalidRequestError, match="not usable"):  # and a bad one is refused by the first check
+        checked_grammar(StructuredOutputsParams(grammar="start: (((("))

@@ -139,6 +139,38 @@ def test_a_lone_surrogate_anywhere_is_a_400_naming_the_field(server, field):
         assert "not valid Unicode" in r.json()["error"]["message"]
 
 
+def _nested(depth: int) -> dict:
+    return json.loads('{"a": ' * depth + "1" + "}" * depth)
+
+
+DEEP = 900  # under the JSON parser's own limit (~1000), far over the 100 levels edge-infer takes
+
+
+@pytest.mark.parametrize("where", ["tool-parameters", "response-format-schema", "guided-json", "required-tool",
+                                   "call-arguments"])
+def test_deeply_nested_json_is_a_400_not_a_500(server, where):
+    """Found by a client probe: 900 levels of nesting in these fields recursed past Python's limit (a 500)."""
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    tool = {"type": "function", "function": {"name": "f", "parameters": _nested(DEEP)}}
+    if where == "tool-parameters":
+        chat["tools"] = [tool]
+    elif where == "response-format-schema":
+        chat["response_format"] = {"type": "json_schema", "json_schema": {"name": "x", "schema": _nested(DEEP)}}
+    elif where == "guided-json":
+        chat["guided_json"] = json.dumps(_nested(DEEP))  # a string: parsed by the grammar's side
+    elif where == "required-tool":
+        chat.update(tools=[tool], tool_choice="required")
+    else:  # the text of an earlier call's arguments: sent to the template as the text it is
+        chat["messages"] += [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
+            "name": "f", "arguments": json.dumps(_nested(DEEP))}}]}, {"role": "tool", "tool_call_id": "c", "content": "ok"}]
+        chat["tools"] = [{"type": "function", "function": {"name": "f"}}]
+    r = httpx.post(server.base_url + "/v1/chat/completions", json=chat, timeout=60)
+    assert r.status_code == 400, r.text
+    # the arguments reach the template and the tokenizer: 8,400 tokens of braces
+    says = "max_model_len" if where == "call-arguments" else "levels deep"
+    assert says in r.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("body, param", [
     ({"prompt": "hi", "max_tokens": "4"}, "max_tokens"),
     ({"prompt": "hi", "max_tokens": 2, "stream": "yes"}, "stream"),

@@ -36,10 +36,13 @@ GLM = "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_va
 
 
 class ScriptedEngine:
-    """Stands in for AsyncEngine: every request 'generates' ``text`` in 3-character pieces."""
+    """Stands in for AsyncEngine: every request 'generates' ``text`` in 3-character pieces, then ends for
+    ``finish_reason``."""
 
-    def __init__(self, text: str):
+    def __init__(self, text: str, finish_reason: str = "stop"):
         self.text = text
+        self.finish_reason = finish_reason
+        self.params = []  # of each request
         self.healthy = True
         self.dead_reason = self.hung_reason = self.down_reason = None
         self.core_stats = CoreStats()
@@ -47,10 +50,11 @@ class ScriptedEngine:
 
     def add_request(self, prompt, params, request_id=None, max_chunks=None, media_slots=None) -> RequestStream:
         stream = RequestStream(request_id, max_chunks, lambda n: None)
+        self.params.append(params)
         loop = asyncio.get_running_loop()
         for i in range(0, len(self.text), 3):
             loop.call_soon(stream.push, StreamEvent("token", request_id, self.text[i : i + 3], [i]))
-        loop.call_soon(stream.push, StreamEvent("finished", request_id, finish_reason="stop"))
+        loop.call_soon(stream.push, StreamEvent("finished", request_id, finish_reason=self.finish_reason))
         return stream
 
     def cancel_nowait(self, request_id: str) -> None:
@@ -68,14 +72,16 @@ def frontend(served_model) -> Frontend:
     return Frontend.create(served_model)
 
 
-def client_for(frontend: Frontend, text: str, parser: str = "hermes") -> TestClient:
+def client_for(frontend: Frontend, text: str, parser: str = "hermes", finish_reason: str = "stop") -> TestClient:
     service = TextService(frontend, ServeSettings(served_model_name="m", tool_call_parser=parser))
-    service.engine = ScriptedEngine(text)
+    service.engine = ScriptedEngine(text, finish_reason)
 
     async def ready() -> None:
         service.phase = "ready"
 
-    return TestClient(build_app([service], ready))
+    client = TestClient(build_app([service], ready))
+    client.engine = service.engine
+    return client
 
 
 def stream_chunks(client: TestClient, body: dict) -> list[dict]:
@@ -131,6 +137,55 @@ def test_unrecoverable_call_stays_text_and_is_reported(frontend):
     (report,) = choice["edge_infer"]["tool_call_recovery"]
     assert report["recovered"] is False and report["index"] is None
     assert 'edge_infer_tool_call_recoveries_total{outcome="unrecoverable",parser="hermes"} 1.0' in metrics
+
+
+def test_a_call_cut_off_by_max_tokens_is_text_and_the_finish_is_length(frontend):
+    """Found by a client probe: the cut-off call was repaired into arguments "{}" and reported as finish "tool_calls",
+    so a client would run a call whose arguments the model never wrote."""
+    cut = 'Let me check.\n<tool_call>\n{"name": "get_weather",'
+    with client_for(frontend, cut, finish_reason="length") as client:
+        choice = client.post("/v1/chat/completions", json=ASK).json()["choices"][0]
+        streamed = stream_chunks(client, ASK)
+    assert choice["finish_reason"] == "length" and "tool_calls" not in choice["message"]
+    assert choice["message"]["content"] == cut
+    (report,) = choice["edge_infer"]["tool_call_recovery"]
+    assert not report["recovered"] and "cut off by max_tokens" in report["problem"]
+    deltas = [c["choices"][0]["delta"] for c in streamed if c["choices"]]
+    assert "".join(d.get("content") or "" for d in deltas) == cut and not any(d.get("tool_calls") for d in deltas)
+    assert streamed[-1]["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("parser, text", [("hermes", HERMES), ("glm45", GLM)])
+def test_calls_complete_at_max_tokens_are_calls(frontend, parser, text):
+    with client_for(frontend, text + "\n", parser, finish_reason="length") as client:
+        choice = client.post("/v1/chat/completions", json=ASK).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and len(choice["message"]["tool_calls"]) == 1
+    with client_for(frontend, text + "\nAnd then", parser, finish_reason="length") as client:
+        choice = client.post("/v1/chat/completions", json=ASK).json()["choices"][0]
+    assert choice["finish_reason"] == "length" and len(choice["message"]["tool_calls"]) == 1  # cut off in its text
+
+
+def test_without_parallel_tool_calls_a_second_call_is_dropped_and_reported(frontend):
+    """The hermes format is held to one call by its grammar while decoding (tests/server/test_tool_parsers.py); a
+    format without one keeps the first call."""
+    with client_for(frontend, GLM + "\n" + GLM.replace("Paris", "Rome"), "glm45") as client:
+        choice = client.post("/v1/chat/completions", json={**ASK, "parallel_tool_calls": False}).json()["choices"][0]
+        streamed = stream_chunks(client, {**ASK, "parallel_tool_calls": False})
+    (call,) = choice["message"]["tool_calls"]
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    (report,) = choice["edge_infer"]["tool_call_recovery"]
+    assert report["action"] == "dropped it" and "parallel_tool_calls is false" in report["problem"]
+    assert len([tc for c in streamed if c["choices"] for tc in c["choices"][0]["delta"].get("tool_calls", [])]) == 1
+
+
+def test_a_request_s_grammar_is_checked_once_before_its_samples_start(frontend):
+    """Each sample of n gets the grammar checked while the request was prepared (engine/grammar.CheckedGrammar)."""
+    from edge_infer.engine.grammar import CheckedGrammar
+
+    with client_for(frontend, HERMES) as client:
+        assert client.post("/v1/chat/completions", json={**ASK, "n": 3, "tool_choice": "required"}).status_code == 200
+    specs = [params.structured_outputs for params in client.engine.params]
+    assert len(specs) == 3 and all(isinstance(spec, CheckedGrammar) and spec is specs[0] for spec in specs)
 
 
 def test_tool_choice_none_leaves_the_text_alone(frontend):

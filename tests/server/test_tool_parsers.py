@@ -11,6 +11,7 @@ from edge_infer.server.tool_parsers import (
     ToolCallExtractor,
     detect_parser,
     extract,
+    hermes_calls_grammar,
     parse_json_lenient,
 )
 
@@ -148,3 +149,49 @@ def test_detect_parser_from_chat_template():
     assert detect_parser("... <tool_call>{{ name }}<arg_key>{{ k }}</arg_key> ...") == "glm45"
     assert detect_parser("... <tool_call>\n{{ tool_call | tojson }} ...") == "hermes"
     assert detect_parser(None) == "hermes"
+
+
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+
+
+@pytest.mark.parametrize("required", [True, False])
+@pytest.mark.parametrize("parallel", [True, False])
+def test_the_calls_grammar_takes_as_many_calls_as_the_request_allows(required, parallel):
+    """Every tool_choice / parallel_tool_calls pair compiles (``TEXT? call+?`` did not: a strict tool under "auto"
+    with parallel calls was a 400) and takes the outputs it should: content only when calls are optional, a
+    second call only when parallel."""
+    from tokenizers import Tokenizer
+
+    from edge_infer.models.checkpoint import demo_model_dir
+
+    tags_are_tokens = Tokenizer.from_file(str(demo_model_dir() / "tokenizer.json")).token_to_id("<tool_call>") is not None
+    grammar = hermes_calls_grammar([{**WEATHER, "function": {**WEATHER["function"], "strict": True}}], required,
+                                   parallel, tags_are_tokens)
+    outputs = {"text": ("It is sunny.", not required), "one call": (CALL, True), "two calls": (CALL * 2, parallel),
+               "text, then a call": ("Let me check.\n" + CALL, not required)}
+    _check_outputs(grammar, outputs)
+    # response_format's JSON beside the tools: the content is that JSON, or there are calls and no content
+    content = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    grammar = hermes_calls_grammar([WEATHER], required, parallel, tags_are_tokens, content)
+    outputs = {"the JSON": ('{"answer": "sunny"}', not required), "other JSON": ('{"reply": "sunny"}', False),
+               "text": ("It is sunny.", False), "one call": (CALL, True), "two calls": (CALL * 2, parallel),
+               "the JSON, then a call": ('{"answer": "sunny"}' + CALL, False)}
+    _check_outputs(grammar, outputs)
+
+
+def _check_outputs(grammar: str, outputs: dict[str, tuple[str, bool]]) -> None:
+    """Each output is taken whole by ``grammar`` exactly when it is marked allowed."""
+    from llguidance import LLMatcher
+    from tokenizers import Tokenizer
+
+    from edge_infer.engine.grammar import load_ll_tokenizer
+    from edge_infer.models.checkpoint import demo_model_dir
+
+    assert not LLMatcher.validate_grammar(grammar)
+    tokenizer_file = demo_model_dir() / "tokenizer.json"
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    ll_tokenizer = load_ll_tokenizer(tokenizer_file, tokenizer.get_vocab_size(), ())
+    for name, (text, allowed) in outputs.items():
+        matcher = LLMatcher(ll_tokenizer, grammar, log_level=0)
+        taken = matcher.consume_tokens(tokenizer.encode(text, add_special_tokens=False).ids)
+        assert (taken and matcher.is_accepting()) == allowed, (name, matcher.get_error())

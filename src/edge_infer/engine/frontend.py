@@ -68,14 +68,17 @@ class RenderedChat:
 
 
 def _text_chars(value: Any) -> int:
-    """Characters of all the strings in ``value`` (messages or tools)."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, dict):
-        return sum(_text_chars(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(_text_chars(v) for v in value)
-    return 0
+    """Characters of all the strings in ``value`` (messages or tools), however deeply nested."""
+    chars, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            chars += len(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return chars
 
 
 class Frontend:

@@ -35,19 +35,44 @@ if TYPE_CHECKING:
 JSON_OPTIONS = {"whitespace_pattern": r"(?: |\n[ \t]{0,20})?"}
 
 
+# JSON nested deeper is refused (a request's body, a schema): no real schema comes near, and the walks over a schema
+# (closed_objects, the chat template's) recurse once or twice a level.
+MAX_JSON_DEPTH = 100
+
+
+def nesting_depth(value: Any) -> int:
+    """How deeply ``value``'s lists and objects nest (a scalar: 0), walked without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        members = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if members is not None:
+            deepest = max(deepest, depth)
+            stack.extend((member, depth + 1) for member in members)
+    return deepest
+
+
 def closed_objects(schema: Any) -> Any:
     """``schema`` with every object that lists ``properties`` but says nothing of other keys closed to them
     (``additionalProperties: false``), as OpenAI's strict mode and xgrammar's default read a schema. Output
     that matches the closed schema matches the original; an open one lets a weak model add keys until
-    max_tokens. An object without ``properties`` (any JSON object) stays open."""
+    max_tokens. An object without ``properties`` (any JSON object) stays open. A schema nested deeper than
+    MAX_JSON_DEPTH is refused."""
+    if (depth := nesting_depth(schema)) > MAX_JSON_DEPTH:
+        raise InvalidRequestError(f"the JSON schema nests {depth} levels deep, more than the {MAX_JSON_DEPTH} "
+                                  "edge-infer takes; flatten it (with $defs and $ref)")
+    return _closed(schema)
+
+
+def _closed(schema: Any) -> Any:
     if isinstance(schema, list):
-        return [closed_objects(s) for s in schema]
+        return [_closed(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: closed_objects(v) if k not in ("const", "enum", "default", "examples") else v for k, v in schema.items()}
+    out = {k: _closed(v) if k not in ("const", "enum", "default", "examples") else v for k, v in schema.items()}
     for key in ("properties", "$defs", "definitions", "patternProperties"):
         if isinstance(schema.get(key), dict):
-            out[key] = {name: closed_objects(sub) for name, sub in schema[key].items()}
+            out[key] = {name: _closed(sub) for name, sub in schema[key].items()}
     if "properties" in schema and "additionalProperties" not in schema and "patternProperties" not in schema:
         out["additionalProperties"] = False
     return out
@@ -98,12 +123,23 @@ def grammar_text(spec: StructuredOutputsParams) -> str:
     return LLMatcher.grammar_from_lark(grammar)
 
 
+class CheckedGrammar(StructuredOutputsParams):
+    """A spec ``compile_grammar`` has checked, as its grammar text: taken as it is when compiled again (a large
+    schema takes seconds to check; the server checks a request's once, off the event loop, for all its samples)."""
+
+
+def checked_grammar(spec: StructuredOutputsParams) -> CheckedGrammar:
+    return CheckedGrammar(grammar=compile_grammar(spec))
+
+
 def compile_grammar(spec: StructuredOutputsParams) -> str:
     """The frontend's side: a request's structured-output spec to a checked grammar. Checked without the
     tokenizer: llguidance's view of a 150k vocabulary is about as large as the tokenizer itself (memory/sizing
     plans the worker's copy), and only a grammar naming special tokens needs it (the worker then reports)."""
     from llguidance import LLMatcher
 
+    if isinstance(spec, CheckedGrammar):
+        return spec.grammar
     try:
         grammar = grammar_text(spec)
     except ValueError as exc:  # llguidance: the schema argument is not JSON

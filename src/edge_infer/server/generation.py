@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 from edge_infer.engine.frontend import PreparedPrompt
 from edge_infer.engine.media_gate import MediaSlots
 from edge_infer.engine.protocol import TokenLogprobs
+from edge_infer.engine.grammar import checked_grammar
 from edge_infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from edge_infer.engine.streams import RequestStream, StreamEvent
 from edge_infer.engine.frontend import Frontend
@@ -41,10 +42,13 @@ _OPTIONAL_SAMPLING = (
 def build_params(frontend: Frontend, req: SamplingFields, max_tokens: int | None, logprobs: int | None,
                  structured: StructuredOutputsParams | None = None) -> SamplingParams:
     """The request's sampling over the checkpoint's generation_config.json defaults; ``structured``: what the
-    output must match, when the request's guided_* fields do not say."""
+    output must match, when the request's guided_* fields do not say. Its grammar is checked here, once for all
+    the request's samples (this runs on the preparation thread, not the event loop)."""
     overrides = {k: getattr(req, k) for k in _OPTIONAL_SAMPLING if getattr(req, k) is not None}
     if req.guided:
         structured = StructuredOutputsParams(**req.guided)
+    if structured is not None:
+        structured = checked_grammar(structured)
     bias = {int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None
     return frontend.default_params(
         **overrides, n=req.n, stop=req.stop, ignore_eos=req.ignore_eos, max_tokens=max_tokens, logprobs=logprobs,

@@ -15,6 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, SerializerFunctionWrapHandler, Tag,
                       model_serializer, model_validator)
 
+from edge_infer.engine.grammar import MAX_JSON_DEPTH
 from edge_infer.engine.media_prompt import MEDIA_PARTS
 
 # n samples of one prompt; more is never admitted on an edge box anyway.
@@ -51,13 +52,17 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
 
 
-def unencodable_text(value: Any) -> str | None:
+def body_problem(value: Any) -> str | None:
     """Where ``value`` (parsed JSON) holds text that is not valid Unicode — a lone UTF-16 surrogate, which
-    JSON's \\u escapes can spell but UTF-8 cannot — as a message naming the field; None when all is valid.
-    One pass without building paths (a body may hold a million items); the path is rebuilt for the culprit."""
+    JSON's \\u escapes can spell but UTF-8 cannot — or nests deeper than MAX_JSON_DEPTH, as a message naming
+    the field; None when all is well. One pass, without recursion."""
     stack: list[tuple[Any, tuple]] = [(value, ())]
     while stack:
         item, path = stack.pop()
+        if len(path) > MAX_JSON_DEPTH and isinstance(item, (dict, list)):
+            where = ".".join(map(str, path[:6]))
+            return (f"{where}...: nests more than {MAX_JSON_DEPTH} levels deep, more than edge-infer takes; "
+                    "flatten it (a schema: with $defs and $ref)")
         if isinstance(item, str):
             if item.isascii():
                 continue
@@ -83,7 +88,7 @@ class _TopRequest(_Request):
     @model_validator(mode="before")
     @classmethod
     def _valid_unicode(cls, data: Any) -> Any:
-        problem = unencodable_text(data)
+        problem = body_problem(data)
         if problem is not None:
             raise ValueError(problem)
         return data

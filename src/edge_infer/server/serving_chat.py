@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from edge_infer.engine.frontend import PreparedPrompt
+from edge_infer.engine.grammar import MAX_JSON_DEPTH, nesting_depth
 from edge_infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from edge_infer.server.errors import APIError
 from edge_infer.server.generation import Generation, Sample, TokenLogprob, build_params, token_text
@@ -88,12 +89,13 @@ def _content(content: UserContent | None) -> str | list[dict[str, Any]]:
 
 
 def _arguments(arguments: str) -> Any:
-    """Templates render arguments as JSON themselves: give them the object when it is one."""
+    """Templates render arguments as JSON themselves: give them the object when it is one (and not nested so
+    deeply that rendering it would recurse past Python's limit: then the text, as sent)."""
     try:
         value = json.loads(arguments)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return arguments
-    return value if isinstance(value, dict) else arguments
+    return value if isinstance(value, dict) and nesting_depth(value) <= MAX_JSON_DEPTH else arguments
 
 
 def template_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -136,27 +138,38 @@ def prepare(service: TextService, req: ChatCompletionRequest) -> ChatJob:
 
 def output_constraint(service: TextService, req: ChatCompletionRequest,
                       tools: list[dict[str, Any]]) -> StructuredOutputsParams | None:
-    """What response_format and the tools ask the output to match, enforced while decoding: the JSON schema or
-    object; calls in the parser's format when a call is required (tool_choice "required" or a named tool) or a
-    tool is strict."""
-    fmt = req.response_format
-    if fmt is not None and fmt.type == "json_object":
-        return StructuredOutputsParams(json_object=True)
-    if fmt is not None and fmt.type == "json_schema":
-        if fmt.json_schema.schema_ is None:
-            return StructuredOutputsParams(json_object=True)
-        return StructuredOutputsParams(json=fmt.json_schema.schema_)
+    """What response_format and the tools ask the output to match, enforced while decoding. With tools offered,
+    in the hermes call format: calls only when a call is required (tool_choice "required" or a named tool: there
+    is no content for response_format to shape); otherwise the content (in response_format's JSON when asked)
+    or calls, at most one without parallel_tool_calls, strict tools' arguments held to their parameters. Without
+    tools, response_format's JSON alone."""
+    content = _content_schema(req)
     required = req.tool_choice == "required" or isinstance(req.tool_choice, NamedToolChoice)
-    if not tools or not (required or any(t["function"].get("strict") for t in tools)):
-        return None
+    single = req.parallel_tool_calls is False
+    strict = any(t["function"].get("strict") for t in tools)
+    if not tools or not (required or single or strict or content is not None):
+        return None if content is None else StructuredOutputsParams(json=content)
     if service.settings.tool_call_parser != "hermes":
-        raise APIError(400, f"strict tools and required tool calls are enforced for the hermes call format only; "
-                       f"this server parses {service.settings.tool_call_parser!r}: drop strict, or tool_choice",
-                       param="tools", code="unsupported_tool_constraint")
+        if required or strict or content is not None:
+            raise APIError(400, f"strict tools, required tool calls and response_format beside tools are enforced "
+                           f"for the hermes call format only; this server parses "
+                           f"{service.settings.tool_call_parser!r}: drop strict, tool_choice or response_format",
+                           param="tools", code="unsupported_tool_constraint")
+        return None  # one call: ChoiceBuilder keeps the first
     tokenizer = service.frontend.require_tokenizer()
     tags_are_tokens = all(tokenizer.token_to_id(tag) is not None for tag in (START_TAG, END_TAG))
-    parallel = req.parallel_tool_calls is not False
-    return StructuredOutputsParams(grammar=hermes_calls_grammar(tools, required, parallel, tags_are_tokens))
+    return StructuredOutputsParams(grammar=hermes_calls_grammar(tools, required, not single, tags_are_tokens,
+                                                                content))
+
+
+def _content_schema(req: ChatCompletionRequest) -> dict[str, Any] | None:
+    """The JSON schema response_format holds the content to (any object for json_object); None for text."""
+    fmt = req.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_schema" and fmt.json_schema.schema_ is not None:
+        return fmt.json_schema.schema_
+    return {"type": "object"}
 
 
 class ChoiceBuilder:
@@ -181,12 +194,16 @@ class ChoiceBuilder:
     def finish(self) -> tuple[str, list[tuple[int, ToolCall]]]:
         if self.extractor is None:
             return "", []
-        events = self.extractor.finish()
+        events = self.extractor.finish(cut_off=self.sample.finish_reason == "length")
         return events.content, self._add(events.calls, events.recoveries)
 
     def _add(self, calls: list[tuple[int, ParsedCall]], recoveries: list[Recovery]) -> list[tuple[int, ToolCall]]:
         new = []
         for index, call in calls:
+            if index and self.job.request.parallel_tool_calls is False:  # a format no grammar holds to one call
+                recoveries.append(Recovery(None, f"call {index + 1} ({call.name}) while parallel_tool_calls is false",
+                                           "dropped it", False))
+                continue
             tc = ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", function=FunctionCall(name=call.name, arguments=call.arguments))
             self.calls.append(tc)
             new.append((index, tc))
@@ -196,7 +213,11 @@ class ChoiceBuilder:
         return new
 
     def finish_reason(self) -> str | None:
-        return "tool_calls" if self.calls and self.sample.finish_reason in ("stop", "length") else self.sample.finish_reason
+        """"tool_calls" when the output ends with its calls; cut off by max_tokens after anything else (a call
+        half written, more text) it stays "length"."""
+        ended = self.sample.finish_reason == "stop" or (
+            self.sample.finish_reason == "length" and self.sample.text.rstrip().endswith(END_TAG))
+        return "tool_calls" if self.calls and ended else self.sample.finish_reason
 
     def report(self, content: str) -> ChoiceReport | None:
         rep = ChoiceReport()
@@ -206,7 +227,7 @@ class ChoiceBuilder:
                 for r in self.recoveries
             ]
         fmt = self.job.request.response_format
-        if fmt is not None and fmt.type != "text":
+        if fmt is not None and fmt.type != "text" and not (self.calls and not content):  # calls, not content
             rep.response_format = check_json_output(content, fmt.type)
             self.service.metrics.format_checks.labels(str(rep.response_format.valid).lower()).inc()
         label = self.job.tool_choice_label

@@ -246,22 +246,26 @@ class ToolCallExtractor:
                 else:
                     return out
 
-    def finish(self) -> ToolEvents:
-        """The end of the text: an open block is parsed as it is (and reported)."""
+    def finish(self, cut_off: bool = False) -> ToolEvents:
+        """The end of the text: an open block is parsed as it is (and reported). ``cut_off``: the text ended at
+        max_tokens, so an open block that needs a repair is a call the model had not finished writing: it stays
+        text (a repair would invent its end)."""
         out = ToolEvents()
         if self._in_call:
-            self._close(self._buffer, f"missing {END_TAG} at the end of the output", out)
+            self._close(self._buffer, f"missing {END_TAG} at the end of the output", out, cut_off)
         else:
             out.content = self._buffer
         self._buffer = ""
         self._in_call = False
         return out
 
-    def _close(self, body: str, missing_end: str | None, out: ToolEvents) -> None:
+    def _close(self, body: str, missing_end: str | None, out: ToolEvents, cut_off: bool = False) -> None:
         result = self.parser.parse_block(body)
-        if result.call is None:
+        if result.call is None or (cut_off and result.fixes):
             out.content += START_TAG + body + ("" if missing_end else END_TAG)
-            rec = Recovery(None, result.error or "unparseable tool call", "kept the text as message content", False)
+            problem = ("the call was cut off by max_tokens before it was complete" if result.call is not None
+                       else result.error or "unparseable tool call")
+            rec = Recovery(None, problem, "kept the text as message content", False)
             out.recoveries.append(rec)
             self.recoveries.append(rec)
             return
@@ -292,13 +296,16 @@ def extract(parser: ToolCallParser, text: str) -> tuple[str, list[ParsedCall], l
     return content, extractor.calls, extractor.recoveries
 
 
-def hermes_calls_grammar(tools: list[dict[str, Any]], required: bool, parallel: bool, tags_are_tokens: bool) -> str:
+def hermes_calls_grammar(tools: list[dict[str, Any]], required: bool, parallel: bool, tags_are_tokens: bool,
+                         content: dict[str, Any] | None = None) -> str:
     """A Lark grammar (llguidance's dialect) for output in the ``hermes`` format whose calls name one of
     ``tools``. ``required``: the output is calls only (tool_choice "required" or a named tool), and every
-    call's arguments match its tool's parameters (as vLLM forces them); otherwise text may come first, it may
-    not spell the start tag, and only tools marked ``strict`` have their arguments held to their parameters
-    (any object for the others). ``tags_are_tokens``: the tokenizer has the tags as tokens of their own,
-    which llguidance writes as ``<tool_call>`` (a quoted string would be the characters)."""
+    call's arguments match its tool's parameters (as vLLM forces them); otherwise only tools marked ``strict``
+    have their arguments held to their parameters (any object for the others), and the output may instead be
+    content: JSON matching ``content`` (response_format's schema), or else text, which may come before the calls
+    and may not spell the start tag. ``parallel``: more than one call. ``tags_are_tokens``: the tokenizer has the
+    tags as tokens of their own, which llguidance writes as ``<tool_call>`` (a quoted string would be the
+    characters)."""
     variants = []
     for tool in tools:
         fn = tool["function"]
@@ -310,11 +317,19 @@ def hermes_calls_grammar(tools: list[dict[str, Any]], required: bool, parallel: 
     schema["x-guidance"] = JSON_OPTIONS  # whitespace as for any JSON output
     start, end = (START_TAG, END_TAG) if tags_are_tokens else (json.dumps(START_TAG), json.dumps(END_TAG))
     calls = "call+" if parallel else "call"
+    if required:
+        start_rule = f"start: {calls}"
+    elif content is not None:
+        start_rule = f"start: content | {calls}"
+    else:
+        start_rule = f"start: TEXT? {'call*' if parallel else 'call?'}"
     lines = [
-        f"start: {calls}" if required else f"start: TEXT? {calls}?",
+        start_rule,
         f"call: {start} WS? %json {json.dumps(schema)} WS? {end} WS?",
         r"WS: /[ \n]{1,4}/",
     ]
-    if not required:
+    if content is not None and not required:
+        lines.append(f"content: %json {json.dumps({**closed_objects(content), 'x-guidance': JSON_OPTIONS})}")
+    elif not required:
         lines.append(r"TEXT: /(.|\n)+/ & ~/(.|\n)*<tool_call>(.|\n)*/")
     return "\n".join(lines)
