@@ -14,6 +14,11 @@ class InvalidRequestError(EdgeInferError, ValueError):
     """A request's prompt or parameters cannot be served as given."""
 
 
+class ContextLengthError(InvalidRequestError):
+    """A request's prompt, or prompt and max_tokens, do not fit max_model_len (the server's 400 says
+    ``context_length_exceeded``, as OpenAI's does, which clients such as langchain-openai act on)."""
+
+
 class MediaError(InvalidRequestError):
     """A request's image, audio or video cannot be read, or is over a limit; the message names the part.
 

@@ -49,6 +49,10 @@ def test_negative_max_tokens_is_400_naming_the_field(server):
         ({"messages": HELLO, "guided_regex": "(", "guided_choice": ["a"]}, "at most one"),
         ({"messages": HELLO, "guided_regex": "(unclosed"}, "unclosed group"),
         ({"messages": HELLO, "logit_bias": {"one": 5}}, "token ids written as strings"),
+        # found by a client probe: str.isdigit() took these, and int() then failed (a 500) or read "12"
+        ({"messages": HELLO, "logit_bias": {"\u00b2": 5}}, "token ids written as strings"),
+        ({"messages": HELLO, "logit_bias": {"9" * 5000: 5}}, "token ids written as strings"),
+        ({"messages": HELLO, "logit_bias": {"\u0661\u0662": 5}}, "token ids written as strings"),
         ({"messages": HELLO, "logit_bias": {"1": 500}}, "logit_bias"),
         ({"messages": HELLO, "logit_bias": {"99999999": 5}}, "outside the vocabulary"),
         ({"messages": HELLO, "tool_choice": "required"}, "no tools"),
@@ -71,7 +75,19 @@ def test_unknown_model_is_404_model_not_found_as_openai_answers(server):
 
 def test_prompt_plus_max_tokens_over_max_model_len_names_both_numbers(server):
     r = post(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 5000})
-    assert_error(r, 400, "5000", "max_model_len (512)")
+    assert assert_error(r, 400, "5000", "max_model_len (512)")["code"] == "context_length_exceeded"
+
+
+@pytest.mark.parametrize("prompt", ["Hello " * 600, "x" * 10**6])  # too many tokens; too many characters to tokenize
+def test_a_context_overflow_is_the_one_langchain_knows(server, prompt):
+    """OpenAI's code for it, on which langchain-openai raises its ContextOverflowError (what trimming code catches)."""
+    from langchain_core.exceptions import ContextOverflowError
+    from langchain_openai import ChatOpenAI
+
+    chat = ChatOpenAI(base_url=server.base_url + "/v1", api_key="none", model=server.client().models.list().data[0].id,
+                      max_retries=0)
+    with pytest.raises(ContextOverflowError):
+        chat.invoke(prompt)
 
 
 def test_token_ids_beyond_the_vocabulary_are_400(server):

@@ -147,7 +147,7 @@ DEEP = 900  # under the JSON parser's own limit (~1000), far over the 100 levels
 
 
 @pytest.mark.parametrize("where", ["tool-parameters", "response-format-schema", "guided-json", "required-tool",
-                                   "call-arguments"])
+                                   "call-arguments", "after-a-number"])
 def test_deeply_nested_json_is_a_400_not_a_500(server, where):
     """Found by a client probe: 900 levels of nesting in these fields recursed past Python's limit (a 500)."""
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -160,6 +160,8 @@ def test_deeply_nested_json_is_a_400_not_a_500(server, where):
         chat["guided_json"] = json.dumps(_nested(DEEP))  # a string: parsed by the grammar's side
     elif where == "required-tool":
         chat.update(tools=[tool], tool_choice="required")
+    elif where == "after-a-number":  # the body's walk leaves lists of numbers (token ids) to the field types
+        chat["tools"] = [{"type": "function", "function": {"name": "f", "parameters": {"enum": [1, _nested(DEEP)]}}}]
     else:  # the text of an earlier call's arguments: sent to the template as the text it is
         chat["messages"] += [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
             "name": "f", "arguments": json.dumps(_nested(DEEP))}}]}, {"role": "tool", "tool_call_id": "c", "content": "ok"}]

@@ -13,10 +13,11 @@ from typing import Any, Union
 
 from edge_infer.config import EngineConfig
 from edge_infer.engine import media_prompt
-from edge_infer.engine.grammar import compile_grammar
-from edge_infer.engine.protocol import EngineRequest, MediaInput, media_problem, mrope_positions, request_problem
+from edge_infer.engine.grammar import MAX_JSON_DEPTH, compile_grammar, nesting_depth
+from edge_infer.engine.protocol import (EngineRequest, MediaInput, context_problem, media_problem, mrope_positions,
+                                        request_problem)
 from edge_infer.engine.sampling_params import SamplingParams
-from edge_infer.errors import CheckpointError, InvalidRequestError, PlanRefusedError
+from edge_infer.errors import CheckpointError, ContextLengthError, InvalidRequestError, MediaError, PlanRefusedError
 from edge_infer.media.config import MediaProcessing
 from edge_infer.media.limits import MediaLimits
 from edge_infer.media.sources import MediaPolicy
@@ -175,6 +176,10 @@ class Frontend:
         chat = media_prompt.split_messages(messages)
         self.check_text_fits(_text_chars(chat.messages) + _text_chars(template_kwargs.get("tools")),
                              "the messages (with tools)")
+        for what, value in (("the messages", chat.messages), ("the tools", template_kwargs.get("tools"))):
+            if (depth := nesting_depth(value)) > MAX_JSON_DEPTH:  # the template's walks would recurse past Python's limit
+                raise InvalidRequestError(f"{what} nest {depth} levels deep, more than the {MAX_JSON_DEPTH} edge-infer "
+                                          "takes; flatten them")
         mm = self.plan.model_config.multimodal
         media_prompt.check_parts(chat.parts, mm, self.model_name, self.media_limits, self.plan.media_kinds)
         audio_in_video = media_prompt.use_audio_in_video(mm_processor_kwargs)
@@ -202,7 +207,7 @@ class Frontend:
         longest = self.require_tokenizer().max_token_chars
         limit = self.max_model_len * longest * _CHARS_PER_NORMALIZED_CHAR
         if chars > limit:
-            raise InvalidRequestError(
+            raise ContextLengthError(
                 f"{what} has {chars:,} characters, more than max_model_len={self.max_model_len} tokens can hold with "
                 f"this tokenizer (at most {limit:,} characters: its longest token covers {longest}); shorten it"
             )
@@ -219,11 +224,15 @@ class Frontend:
         limit = self.max_model_len
         if params.max_tokens is None:
             params = params.clone(max_tokens=max(1, limit - len(prompt.token_ids)))
+        if prompt.token_ids and (problem := context_problem(len(prompt.token_ids), params.max_tokens, limit)):
+            raise ContextLengthError(problem)
         cfg = self.plan.model_config
-        problem = (request_problem(prompt.token_ids, params.max_tokens, limit, self.vocab_size, params.logit_bias or ())
-                   or media_problem(prompt.token_ids, prompt.media, cfg.multimodal, cfg.architecture))
+        problem = request_problem(prompt.token_ids, params.max_tokens, limit, self.vocab_size, params.logit_bias or ())
         if problem is not None:
             raise InvalidRequestError(problem)
+        problem = media_problem(prompt.token_ids, prompt.media, cfg.multimodal, cfg.architecture)
+        if problem is not None:
+            raise MediaError(problem)
         spec = params.structured_outputs
         grammar = None if spec is None else compile_grammar(spec)
         request = EngineRequest(request_id, prompt.token_ids, params, credits, grammar=grammar, media=prompt.media)

@@ -167,14 +167,14 @@ def check_parts(parts: Sequence[MediaPart], mm: MultimodalConfig | None, model: 
     if not parts:
         return
     if mm is None or limits is None:
-        raise InvalidRequestError(f"{parts[0].where}: this model ({model}) takes text only; send the messages "
+        raise MediaError(f"{parts[0].where}: this model ({model}) takes text only; send the messages "
                                   "without image, audio or video parts, or serve a multimodal model "
                                   "(Qwen2.5-VL, Qwen2.5-Omni)")
     taken = tuple(kinds) if kinds is not None else mm.kinds
     for part in parts:
         if part.kind not in taken:
             why = f" (its chat template renders no {part.kind} parts)" if part.kind in mm.kinds else ""
-            raise InvalidRequestError(f"{part.where}: this model ({model}) takes {' and '.join(taken) or 'no media'} "
+            raise MediaError(f"{part.where}: this model ({model}) takes {' and '.join(taken) or 'no media'} "
                                       f"input, not {part.kind}{why}")
         if part.kind in ("image", "video") and limits.max_image_tokens < 1:
             # the plan may have turned them off to fit the context: the flag alone may then not fit

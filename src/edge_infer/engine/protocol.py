@@ -88,6 +88,16 @@ class EngineRequest:
     mrope_delta: int = 0
 
 
+def context_problem(n: int, max_tokens: int, max_model_len: int) -> str | None:
+    """Why ``n`` prompt tokens and ``max_tokens`` do not fit ``max_model_len``, or None."""
+    if n >= max_model_len:
+        return f"the prompt has {n} tokens but max_model_len is {max_model_len}; shorten the prompt or raise --max-model-len"
+    if n + max_tokens > max_model_len:
+        return (f"prompt ({n} tokens) + max_tokens ({max_tokens}) = {n + max_tokens} exceeds max_model_len "
+                f"({max_model_len}); lower max_tokens to at most {max_model_len - n}")
+    return None
+
+
 def request_problem(prompt_ids: list[int], max_tokens: int, max_model_len: int, vocab_size: int,
                     biased_ids: Iterable[int] = ()) -> str | None:
     """Why a request cannot run, as the user should read it, or None. The frontends raise it before a request
@@ -95,11 +105,9 @@ def request_problem(prompt_ids: list[int], max_tokens: int, max_model_len: int, 
     n = len(prompt_ids)
     if n == 0:
         return "the prompt is empty (0 tokens)"
-    if n >= max_model_len:
-        return f"the prompt has {n} tokens but max_model_len is {max_model_len}; shorten the prompt or raise --max-model-len"
-    if n + max_tokens > max_model_len:
-        return (f"prompt ({n} tokens) + max_tokens ({max_tokens}) = {n + max_tokens} exceeds max_model_len "
-                f"({max_model_len}); lower max_tokens to at most {max_model_len - n}")
+    problem = context_problem(n, max_tokens, max_model_len)
+    if problem is not None:
+        return problem
     high, low = max(prompt_ids), min(prompt_ids)
     if high >= vocab_size or low < 0:
         return f"prompt token id {high if high >= vocab_size else low} is outside the vocabulary (ids 0 to {vocab_size - 1})"

@@ -9,11 +9,12 @@ being ignored.
 """
 from __future__ import annotations
 
+import re
 import time
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, SerializerFunctionWrapHandler, Tag,
-                      model_serializer, model_validator)
+                      field_validator, model_serializer, model_validator)
 
 from edge_infer.engine.grammar import MAX_JSON_DEPTH
 from edge_infer.engine.media_prompt import MEDIA_PARTS
@@ -32,6 +33,7 @@ MAX_TOOLS = 128
 MAX_CHOICES = 1024  # guided_choice strings
 MAX_LOGIT_BIAS = 1024
 MAX_PROMPT_TOKEN_IDS = 1 << 20
+TOKEN_ID_KEY = re.compile(r"[0-9]{1,10}")  # a logit_bias key: vocabularies stay far below 10**10
 
 
 def at_most(limit: int, what: str) -> BeforeValidator:
@@ -165,13 +167,19 @@ class SamplingFields(_TopRequest):
         None, description="the output is exactly one of these strings")
     guided_grammar: str | None = Field(None, description="a grammar the output must match: Lark (llguidance) or GBNF")
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for key in bias or {}:  # ASCII digits only: str.isdigit() also takes "²" and "١٢", which int() reads or not
+            if not TOKEN_ID_KEY.fullmatch(key):
+                raise ValueError(f"keys are token ids written as strings of up to 10 digits, such as \"1234\"; "
+                                 f"got {key[:40]!r}")
+        return bias
+
     @model_validator(mode="after")
     def _check_common(self) -> "SamplingFields":
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed with stream=true")
-        for key in self.logit_bias or {}:
-            if not key.isdigit():
-                raise ValueError(f"logit_bias keys are token ids written as strings, such as \"1234\"; got {key!r}")
         if len(self.guided) > 1:
             raise ValueError(f"at most one of guided_json, guided_regex, guided_choice and guided_grammar; got "
                              f"{', '.join(self.guided)}")
