@@ -265,3 +265,77 @@ def test_a_temperature_past_fp32s_range_is_served_and_an_infinite_one_refused(se
                          headers={"Content-Type": "application/json"})
     assert refused.status_code == 400 and "temperature" in refused.text, refused.text
     assert server.client().models.list().data  # still serving
+
+
+def test_vllm_s_sampling_extras(server, tokenizer):
+    """stop_token_ids, min_tokens, include_stop_str_in_output and skip_special_tokens, as vLLM takes them (they were
+    ignored, found by a client probe), each shown on a token logit_bias forces."""
+    client = server.client()
+    [weather] = tokenizer.encode(" weather", add_special_tokens=False)
+    end, pad = (tokenizer.token_to_id(t) for t in ("<|im_end|>", "<|endoftext|>"))
+    body = dict(model=model_name(server), prompt="The", max_tokens=6, temperature=0)
+
+    def complete(**extra):
+        return client.completions.create(**body, **extra).choices[0]
+
+    forced = {"logit_bias": {str(weather): 100}}
+    assert complete(extra_body=forced).text == " weather" * 6
+    stopped = complete(extra_body={**forced, "stop_token_ids": [weather]})
+    assert stopped.text == " weather" and stopped.finish_reason == "stop"  # kept, as vLLM keeps a stop token not special
+    assert complete(stop=["weather"], extra_body=forced).text == " "
+    assert complete(stop=["weather"], extra_body={**forced, "include_stop_str_in_output": True}).text == " weather"
+    ending = {"logit_bias": {str(end): 100}}
+    assert client.completions.create(**body, extra_body=ending).usage.completion_tokens == 1  # the end, at once
+    held = client.completions.create(**body, extra_body={**ending, "min_tokens": 4})
+    assert held.usage.completion_tokens == 5 and held.choices[0].finish_reason == "stop"
+    special = {"logit_bias": {str(pad): 100}}
+    assert complete(extra_body=special).text == ""
+    assert complete(extra_body={**special, "skip_special_tokens": False}).text == "<|endoftext|>" * 6
+
+
+def test_structured_outputs_and_response_format_on_completions(server):
+    """vLLM's newer structured_outputs object, and response_format on /v1/completions (both were ignored)."""
+    client = server.client()
+    body = dict(model=model_name(server), prompt="Answer:", max_tokens=30, temperature=1.0, n=3, seed=3)
+    out = client.completions.create(**body, extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
+    assert {c.text for c in out.choices} <= {"yes", "no"}
+    schema = {"type": "object", "properties": {"sky": {"enum": ["clear", "grey"]}}, "required": ["sky"]}
+    out = client.completions.create(**body, extra_body={"response_format": {
+        "type": "json_schema", "json_schema": {"name": "sky", "schema": schema}}})
+    assert all(json.loads(c.text)["sky"] in ("clear", "grey") for c in out.choices)
+
+
+def test_chat_template_kwargs_reach_the_template(server):
+    client = server.client()
+    plain = client.chat.completions.create(model=model_name(server), messages=HELLO, max_tokens=1)
+    quiet = client.chat.completions.create(model=model_name(server), messages=HELLO, max_tokens=1,
+                                           extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert quiet.usage.prompt_tokens > plain.usage.prompt_tokens  # the empty thought
+
+
+@pytest.mark.parametrize("field, value", [
+    ("functions", [{"name": "f", "parameters": {}}]), ("function_call", "auto"), ("modalities", ["text", "audio"]),
+    ("audio", {"voice": "alloy", "format": "wav"}), ("add_generation_prompt", False), ("continue_final_message", True),
+    ("bad_words", ["Paris"]), ("use_beam_search", True), ("truncate_prompt_tokens", 10), ("prompt_logprobs", 1),
+    ("echo", True), ("chat_template", "{{ messages }}"), ("chat_template_kwargs", {"tools": []}),
+])
+def test_fields_that_would_change_the_output_and_are_not_served_are_400s_naming_them(server, field, value):
+    """Found by a client probe: these were accepted and ignored (logged once per process), answering as if unsent."""
+    r = httpx.post(server.base_url + "/v1/chat/completions", timeout=30,
+                   json={"messages": HELLO, "max_tokens": 2, field: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    harmless = {"modalities": ["text"], "add_generation_prompt": True, "functions": [], "bad_words": []}
+    if field in harmless:  # what clients send by default
+        r = httpx.post(server.base_url + "/v1/chat/completions", timeout=30,
+                       json={"messages": HELLO, "max_tokens": 2, field: harmless[field]})
+        assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options"),
+    ({"messages": HELLO + [{"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}}]},
+     "messages.1.assistant.function_call"),  # the role names the message kind, as in every error
+])
+def test_nested_fields_that_are_not_served_are_400s_naming_them(server, body, param):
+    r = httpx.post(server.base_url + "/v1/chat/completions", timeout=30, json={"messages": HELLO, "max_tokens": 2, **body})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

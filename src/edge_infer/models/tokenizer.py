@@ -286,7 +286,7 @@ class Tokenizer:
     ) -> tuple[str, list[int]]:
         """(rendered text, token ids) of a conversation.
 
-        Special-token strings inside ``messages`` and ``tools`` are masked with
+        Special-token strings inside ``messages``, ``tools`` and the template variables are masked with
         markers no user can guess before rendering; the rendered text is split
         at the template's own special tokens (tokenizers splits there too, so
         each piece is tokenized as it would be in the whole), and each piece is
@@ -301,7 +301,8 @@ class Tokenizer:
         mask = lambda s: pattern.sub(lambda m: masks[m.group(0)], s)  # noqa: E731
         unmasked = {m: s for s, m in masks.items()}
         unmask = lambda s: re.sub(f"\ue000{nonce}\\d+\ue001", lambda m: unmasked[m.group(0)], s)  # noqa: E731
-        rendered = self.apply_chat_template(_map_strings(messages, mask), tools=_map_strings(tools, mask), **kwargs)
+        rendered = self.apply_chat_template(_map_strings(messages, mask), tools=_map_strings(tools, mask),
+                                            **_map_strings(kwargs, mask))
         text = unmask(rendered)
         if nonce in text:
             raise InvalidRequestError(

@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from edge_infer.engine.frontend import PreparedPrompt
 from edge_infer.engine.media_gate import MediaSlots
@@ -22,7 +22,7 @@ from edge_infer.engine.sampling_params import SamplingParams, StructuredOutputsP
 from edge_infer.engine.streams import RequestStream, StreamEvent
 from edge_infer.engine.frontend import Frontend
 from edge_infer.server.errors import APIError
-from edge_infer.server.protocol import PromptTokensDetails, SamplingFields, Usage
+from edge_infer.server.protocol import PromptTokensDetails, ResponseFormat, SamplingFields, Usage
 
 if TYPE_CHECKING:
     from edge_infer.server.text_service import TextService
@@ -52,8 +52,19 @@ def build_params(frontend: Frontend, req: SamplingFields, max_tokens: int | None
     bias = {int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None
     return frontend.default_params(
         **overrides, n=req.n, stop=req.stop, ignore_eos=req.ignore_eos, max_tokens=max_tokens, logprobs=logprobs,
-        structured_outputs=structured, logit_bias=bias,
+        structured_outputs=structured, logit_bias=bias, min_tokens=req.min_tokens or 0,
+        stop_token_ids=req.stop_token_ids, include_stop_str_in_output=req.include_stop_str_in_output,
+        skip_special_tokens=req.skip_special_tokens,
     )
+
+
+def response_format_schema(fmt: ResponseFormat | None) -> dict[str, Any] | None:
+    """The JSON schema response_format holds the output to (any object for json_object); None for text."""
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_schema" and fmt.json_schema.schema_ is not None:
+        return fmt.json_schema.schema_
+    return {"type": "object"}
 
 
 def token_text(frontend: Frontend, token_id: int) -> str:

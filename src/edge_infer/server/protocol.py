@@ -34,6 +34,8 @@ MAX_CHOICES = 1024  # guided_choice strings
 MAX_LOGIT_BIAS = 1024
 MAX_PROMPT_TOKEN_IDS = 1 << 20
 TOKEN_ID_KEY = re.compile(r"[0-9]{1,10}")  # a logit_bias key: vocabularies stay far below 10**10
+# Chat template variables edge-infer sets from the request, which chat_template_kwargs may not override.
+TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "continue_final_message", "documents"})
 
 
 def at_most(limit: int, what: str) -> BeforeValidator:
@@ -134,6 +136,81 @@ Stop = Union[Annotated[str, Field(min_length=1)], Annotated[list[Annotated[str, 
 
 class StreamOptions(_Request):
     include_usage: bool = False
+    continuous_usage_stats: bool = Field(False, description="not served (vLLM's usage in every chunk): must be false")
+
+    @model_validator(mode="after")
+    def _check_usage(self) -> "StreamOptions":
+        if self.continuous_usage_stats:
+            raise ValueError("continuous_usage_stats is not served; include_usage gives the usage in the last chunk")
+        return self
+
+
+class StructuredOutputs(_Request):
+    """vLLM's structured_outputs object (its newer name for the guided_* fields): exactly one of them."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=MAX_CHOICES),
+                      at_most(MAX_CHOICES, "choice strings")] | None = None
+    grammar: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> "StructuredOutputs":
+        if len(self.given) != 1:
+            raise ValueError("takes exactly one of json, json_object, regex, choice and grammar")
+        return self
+
+    @property
+    def given(self) -> dict[str, Any]:
+        return {name: value for name, value in (("json", self.json_), ("json_object", self.json_object or None),
+                                                ("regex", self.regex), ("choice", self.choice),
+                                                ("grammar", self.grammar)) if value is not None}
+
+
+class NotServed:
+    """Fields of OpenAI's and vLLM's that would change the output and that edge-infer does not serve, with what to
+    do instead: declared on the requests, so that sending one is a 400 naming it (an undeclared field is ignored
+    and logged: clients send newer, harmless ones). A value in ``harmless`` (the field's default) passes."""
+
+    def __init__(self, advice: str, harmless: tuple = (None, False)):
+        self.advice, self.harmless = advice, harmless
+
+    def check(self, name: str, value: Any) -> None:
+        if not any(value == h and type(value) is type(h) for h in self.harmless):
+            raise ValueError(f"{name} is not served by edge-infer; {self.advice}")
+
+
+def refuse_not_served(fields: dict[str, NotServed]) -> Any:
+    """A field validator refusing ``fields`` (declared as ``Any = None``) when sent with a value that matters."""
+
+    def check(cls: Any, value: Any, info: Any) -> Any:
+        fields[info.field_name].check(info.field_name, value)
+        return value
+
+    return field_validator(*fields)(classmethod(check))
+
+
+SAMPLING_NOT_SERVED = {
+    "bad_words": NotServed("ban their tokens with logit_bias -100", (None, [])),
+    "allowed_token_ids": NotServed("ban the other tokens with logit_bias -100"),
+    "use_beam_search": NotServed("sample n choices instead"),
+    "truncate_prompt_tokens": NotServed("a prompt over max_model_len is refused, never cut; shorten it"),
+    "logits_processors": NotServed("use logit_bias or structured output", (None, [])),
+    "prompt_logprobs": NotServed("/v1/completions with echo and logprobs gives the prompt's logprobs"),
+}
+CHAT_NOT_SERVED = {
+    "functions": NotServed("send them as tools", (None, [])),
+    "function_call": NotServed("send tool_choice"),
+    "modalities": NotServed("the output is text; speech is POST /v1/audio/speech", (None, ["text"])),
+    "audio": NotServed("the output is text; speech is POST /v1/audio/speech"),
+    "continue_final_message": NotServed("the reply is a new assistant turn"),
+    "add_generation_prompt": NotServed("the reply is a new assistant turn", (None, True)),
+    "echo": NotServed("the response holds the reply alone"),
+    "chat_template": NotServed("the checkpoint's chat template renders every request"),
+    "documents": NotServed("put them in the messages"),
+}
 
 
 class SamplingFields(_TopRequest):
@@ -166,6 +243,21 @@ class SamplingFields(_TopRequest):
                              at_most(MAX_CHOICES, "guided_choice strings")] | None = Field(
         None, description="the output is exactly one of these strings")
     guided_grammar: str | None = Field(None, description="a grammar the output must match: Lark (llguidance) or GBNF")
+    structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's newer form of the guided_* fields")
+    # vLLM's sampling extras
+    min_tokens: int | None = Field(None, ge=0, description="end-of-sequence and stop tokens are held off until this many")
+    stop_token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=MAX_LOGIT_BIAS),
+                              at_most(MAX_LOGIT_BIAS, "stop_token_ids")] | None = None
+    include_stop_str_in_output: bool = Field(False, description="a stop string that ended the output stays in it")
+    skip_special_tokens: bool = Field(True, description="false: special tokens appear in the text")
+    bad_words: Any = None
+    allowed_token_ids: Any = None
+    use_beam_search: Any = None
+    truncate_prompt_tokens: Any = None
+    logits_processors: Any = None
+    prompt_logprobs: Any = None
+
+    _not_served = refuse_not_served(SAMPLING_NOT_SERVED)
 
     @field_validator("logit_bias")
     @classmethod
@@ -180,10 +272,17 @@ class SamplingFields(_TopRequest):
     def _check_common(self) -> "SamplingFields":
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed with stream=true")
-        if len(self.guided) > 1:
-            raise ValueError(f"at most one of guided_json, guided_regex, guided_choice and guided_grammar; got "
-                             f"{', '.join(self.guided)}")
+        given = [f"guided_{name}" for name in ("json", "regex", "choice", "grammar") if getattr(self, f"guided_{name}")
+                 is not None] + (["structured_outputs"] if self.structured_outputs is not None else [])
+        if len(given) > 1:
+            raise ValueError(f"at most one of guided_json, guided_regex, guided_choice, guided_grammar and "
+                             f"structured_outputs; got {', '.join(given)}")
         return self
+
+    @property
+    def guided_field(self) -> str:
+        """The field that gave ``guided``, as the request named it."""
+        return "structured_outputs" if self.structured_outputs is not None else f"guided_{next(iter(self.guided))}"
 
     @property
     def prompt_count(self) -> int:
@@ -192,7 +291,10 @@ class SamplingFields(_TopRequest):
 
     @property
     def guided(self) -> dict[str, Any]:
-        """The guided_* fields given, by their structured-output name (json, regex, choice, grammar)."""
+        """The guided_* fields or structured_outputs given, by their structured-output name (json, json_object,
+        regex, choice, grammar)."""
+        if self.structured_outputs is not None:
+            return self.structured_outputs.given
         return {name: value for name in ("json", "regex", "choice", "grammar")
                 if (value := getattr(self, f"guided_{name}")) is not None}
 
@@ -298,6 +400,9 @@ class AssistantMessage(_Request):
     content: Content | None = None
     tool_calls: Annotated[list[ToolCall], Field(fail_fast=True)] | None = None
     name: str | None = None
+    function_call: Any = None
+
+    _not_served = refuse_not_served({"function_call": NotServed("send the call in tool_calls")})
 
 
 class ToolMessage(_Request):
@@ -382,6 +487,28 @@ class ChatCompletionRequest(SamplingFields):
     mm_processor_kwargs: dict[str, Any] | None = Field(
         None, description='vLLM\'s preprocessing options: {"use_audio_in_video": false} leaves a video\'s sound out '
                           "(Qwen2.5-Omni; in by default)")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description='variables for the chat template, as vLLM takes them (Qwen3: {"enable_thinking": false})')
+    functions: Any = None
+    function_call: Any = None
+    modalities: Any = None
+    audio: Any = None
+    continue_final_message: Any = None
+    add_generation_prompt: Any = None
+    echo: Any = None
+    chat_template: Any = None
+    documents: Any = None
+
+    _chat_not_served = refuse_not_served(CHAT_NOT_SERVED)
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _own_variables(cls, kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+        taken = sorted(set(kwargs or ()) & TEMPLATE_VARIABLES)
+        if taken:
+            raise ValueError(f"{', '.join(taken)} {'is' if len(taken) == 1 else 'are'} set by edge-infer from the request "
+                             f"itself; leave {'it' if len(taken) == 1 else 'them'} out")
+        return kwargs
 
     @property
     def has_media(self) -> bool:
@@ -394,7 +521,7 @@ class ChatCompletionRequest(SamplingFields):
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
         if self.guided and self.response_format is not None and self.response_format.type != "text":
-            raise ValueError(f"response_format and guided_{next(iter(self.guided))} both constrain the output; send one")
+            raise ValueError(f"response_format and {self.guided_field} both constrain the output; send one")
         if isinstance(self.tool_choice, NamedToolChoice) or self.tool_choice == "required":
             if not self.tools:
                 raise ValueError("tool_choice names a tool or requires one, but no tools are given")
@@ -441,6 +568,7 @@ PromptField = Annotated[Union[
 
 class CompletionRequest(SamplingFields):
     prompt: PromptField
+    response_format: ResponseFormat | None = Field(None, description="as on chat (vLLM takes it here too)")
     max_tokens: int | None = Field(16, ge=0, description="0: only score the prompt (with echo and logprobs)")
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = Field(False, description="the prompt before the completion; with logprobs, the prompt's logprobs too")
@@ -453,6 +581,8 @@ class CompletionRequest(SamplingFields):
             raise ValueError("suffix (insertion) is not supported by edge-infer; remove it")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of is not supported by edge-infer; use n")
+        if self.guided and self.response_format is not None and self.response_format.type != "text":
+            raise ValueError(f"response_format and {self.guided_field} both constrain the output; send one")
         return self
 
     @property

@@ -21,7 +21,8 @@ from edge_infer.engine.frontend import PreparedPrompt
 from edge_infer.engine.grammar import MAX_JSON_DEPTH, nesting_depth
 from edge_infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from edge_infer.server.errors import APIError
-from edge_infer.server.generation import Generation, Sample, TokenLogprob, build_params, token_text
+from edge_infer.server.generation import (Generation, Sample, TokenLogprob, build_params, response_format_schema,
+                                          token_text)
 from edge_infer.server.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -130,7 +131,7 @@ def prepare(service: TextService, req: ChatCompletionRequest) -> ChatJob:
         named = req.tool_choice.function.name if isinstance(req.tool_choice, NamedToolChoice) else None
         tools = [t.model_dump(exclude_none=True) for t in req.tools if named is None or t.function.name == named]
     prompt = frontend.prepare_chat(template_messages(req), req.mm_processor_kwargs, tools=tools or None,
-                                   add_generation_prompt=True)
+                                   add_generation_prompt=True, **(req.chat_template_kwargs or {}))
     top = (req.top_logprobs or 0) if req.logprobs else None
     params = build_params(frontend, req, req.output_limit, top, output_constraint(service, req, tools))
     return ChatJob(req, prompt, params, tools)
@@ -143,7 +144,7 @@ def output_constraint(service: TextService, req: ChatCompletionRequest,
     is no content for response_format to shape); otherwise the content (in response_format's JSON when asked)
     or calls, at most one without parallel_tool_calls, strict tools' arguments held to their parameters. Without
     tools, response_format's JSON alone."""
-    content = _content_schema(req)
+    content = response_format_schema(req.response_format)
     required = req.tool_choice == "required" or isinstance(req.tool_choice, NamedToolChoice)
     single = req.parallel_tool_calls is False
     strict = any(t["function"].get("strict") for t in tools)
@@ -160,16 +161,6 @@ def output_constraint(service: TextService, req: ChatCompletionRequest,
     tags_are_tokens = all(tokenizer.token_to_id(tag) is not None for tag in (START_TAG, END_TAG))
     return StructuredOutputsParams(grammar=hermes_calls_grammar(tools, required, not single, tags_are_tokens,
                                                                 content))
-
-
-def _content_schema(req: ChatCompletionRequest) -> dict[str, Any] | None:
-    """The JSON schema response_format holds the content to (any object for json_object); None for text."""
-    fmt = req.response_format
-    if fmt is None or fmt.type == "text":
-        return None
-    if fmt.type == "json_schema" and fmt.json_schema.schema_ is not None:
-        return fmt.json_schema.schema_
-    return {"type": "object"}
 
 
 class ChoiceBuilder:

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from typing import AbstractSet, AsyncIterator
 
 from edge_infer.engine.frontend import PreparedPrompt
-from edge_infer.engine.sampling_params import SamplingParams
+from edge_infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from edge_infer.server.errors import APIError
-from edge_infer.server.generation import Generation, Sample, TextOffsets, TokenLogprob, build_params, token_text
+from edge_infer.server.generation import (Generation, Sample, TextOffsets, TokenLogprob, build_params,
+                                          response_format_schema, token_text)
 from edge_infer.server.protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Usage
 from edge_infer.server.text_service import TextService
 from edge_infer.server.streaming import sse, sse_done, sse_error
@@ -26,7 +27,9 @@ class CompletionJob:
 
 def prepare(service: TextService, req: CompletionRequest) -> CompletionJob:
     prompts = [service.frontend.prepare(prompt) for prompt in req.prompts]
-    params = build_params(service.frontend, req, req.max_tokens, req.logprobs)
+    schema = response_format_schema(req.response_format)
+    params = build_params(service.frontend, req, req.max_tokens, req.logprobs,
+                          None if schema is None else StructuredOutputsParams(json=schema))
     if req.echo and req.logprobs is not None:  # an echoed prompt comes with its logprobs (what evaluators score)
         params = params.clone(prompt_logprobs=req.logprobs)
     return CompletionJob(req, prompts, params)
