@@ -1,6 +1,8 @@
 """End-to-end: every error status, in the OpenAI error shape, and none of them disturbs other requests."""
 from __future__ import annotations
 
+import gzip
+
 import httpx
 import openai
 import pytest
@@ -134,3 +136,25 @@ def test_full_admission_queue_is_429_with_retry_after(guarded):
             assert_error(r, 429, "queue")
             assert int(r.headers["Retry-After"]) >= 1
     assert f"edge_infer_admission_rejections_total {statuses.count(429)}.0" in httpx.get(guarded.base_url + "/metrics").text
+
+
+@pytest.mark.parametrize("headers, body, status, says", [
+    ({"Content-Type": "text/plain"}, b'{"prompt": "hi"}', 415, "Content-Type: application/json"),
+    ({"Content-Type": "application/x-www-form-urlencoded"}, b"prompt=hi", 415, "Content-Type: application/json"),
+    ({"Content-Type": "application/json", "Content-Encoding": "gzip"}, gzip.compress(b'{"prompt": "hi"}'), 415,
+     "uncompressed"),
+    ({"Content-Type": "application/json", "Content-Encoding": "br"}, b'{"prompt": "hi"}', 415, "uncompressed"),
+    ({"Content-Type": "application/json"}, b'{"prompt": "\xff\xfe"}', 400, "not UTF-8"),
+    ({"Content-Type": "application/json"}, b"", 400, "body is empty"),
+])
+def test_a_body_the_server_cannot_read_says_what_to_send(server, headers, body, status, says):
+    """Found by a client probe: a form, a gzip body and invalid UTF-8 got "Input should be a valid dictionary" or
+    "There was an error parsing the body" (and a br-encoded body was read as plain)."""
+    r = httpx.post(server.base_url + "/v1/completions", content=body, headers=headers, timeout=30)
+    assert r.status_code == status and says in r.json()["error"]["message"], r.text
+    assert post(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 2}).status_code == 200
+
+
+def test_two_tools_of_one_name_are_refused(server):
+    tool = {"type": "function", "function": {"name": "f"}}
+    assert_error(post(server, "/v1/chat/completions", {"messages": HELLO, "tools": [tool, tool]}), 400, "named 'f'")

@@ -101,6 +101,9 @@ def _without_union_noise(errors: Sequence[dict[str, Any]]) -> list[dict[str, Any
     return [err for err in errors if not noise(err)]
 
 
+UNPARSED_BODY = "There was an error parsing the body"  # FastAPI's words (fastapi.routing)
+
+
 def validation_error(errors: Sequence[dict[str, Any]]) -> APIError:
     if errors and errors[0].get("type") == "json_invalid":
         # FastAPI puts the character offset where a field name belongs.
@@ -108,6 +111,8 @@ def validation_error(errors: Sequence[dict[str, Any]]) -> APIError:
         offset = errors[0].get("loc", ("body", "?"))[-1]
         return APIError(400, f"the request body is not valid JSON ({ctx.get('error', 'decode error')} at character {offset})",
                         code="invalid_json")
+    if errors and errors[0].get("type") == "missing" and tuple(errors[0].get("loc", ())) == ("body",):
+        return APIError(400, "the request body is empty; send a JSON object", code="invalid_json")
     errors = _without_union_noise(errors) or errors
     lines = []
     for err in errors[:MAX_LISTED_ERRORS]:
@@ -132,6 +137,10 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         error = getattr(exc, "error", None)  # http.BodyRefused carries its own
+        if error is None and exc.status_code == 400 and exc.detail == UNPARSED_BODY:
+            # what FastAPI says of a body json.loads raised on with something else than a syntax error
+            error = APIError(400, "the request body could not be read as JSON: it is not UTF-8 text, or it nests "
+                                  "deeper than the JSON parser goes (about 1,000 levels)", code="invalid_json")
         if error is None:
             error = APIError(exc.status_code, str(exc.detail), code="body_too_large" if exc.status_code == 413 else None,
                              headers=getattr(exc, "headers", None))

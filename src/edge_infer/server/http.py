@@ -2,7 +2,7 @@
 
 ``base_app`` builds a FastAPI app that loads the served models in the
 background and closes them at exit, with OpenAI-shaped error handlers,
-request counting, the body limits (size 413, in flight 429, time 408), a catch-all that turns any
+request counting, the body limits (size 413, in flight 429, time 408) and format (JSON, uncompressed: 415), a catch-all that turns any
 unexpected error into a well-formed 500, and the API-key check;
 ``EventStream`` is a streamed response that releases its requests however
 the response ends; ``unless_disconnected`` races work against the client
@@ -237,6 +237,31 @@ class BodyLimit:
             self.in_flight -= cost
 
 
+class BodyFormat:
+    """Refuse a body the routes would misread, with what to send instead (415): one in another media type than
+    JSON (curl's -d sends a form), or compressed (Content-Encoding: the routes read bytes as they come)."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "PATCH"):
+            headers = dict(scope.get("headers") or [])
+            encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip().lower()
+            kind = headers.get(b"content-type", b"application/json").decode("latin-1").partition(";")[0].strip().lower()
+            if encoding != "identity":
+                await _send_error(send, APIError(415, f"the body is sent with Content-Encoding: {encoding[:40]}, which "
+                                                 "edge-infer does not decode; send it uncompressed",
+                                                 code="unsupported_encoding", headers=CLOSE))
+                return
+            if kind != "application/json" and not kind.endswith("+json"):
+                await _send_error(send, APIError(415, f"the body is sent as {kind[:60] or 'no type'}; send JSON with "
+                                                 "Content-Type: application/json", code="unsupported_media_type",
+                                                 headers=CLOSE))
+                return
+        await self.app(scope, receive, send)
+
+
 class RequestCounter:
     """ASGI middleware counting responses by path and status (it never touches the body)."""
 
@@ -341,6 +366,7 @@ def base_app(services: Sequence[Any], metrics: Any, loader: Callable[[], Awaitab
     install_handlers(app)
     # Outermost last: the counter sees every status, the 413s and the catch-all's 500s included.
     app.add_middleware(CatchAll)
+    app.add_middleware(BodyFormat)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, max_in_flight=settings.bodies_in_flight,
                        max_items=settings.max_body_items, cost=BodyCost.measured(), timeout_s=settings.body_timeout_s)
     app.add_middleware(RequestCounter, metrics=metrics)

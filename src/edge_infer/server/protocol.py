@@ -501,6 +501,15 @@ class ChatCompletionRequest(SamplingFields):
 
     _chat_not_served = refuse_not_served(CHAT_NOT_SERVED)
 
+    @field_validator("tools")
+    @classmethod
+    def _unique_names(cls, tools: list[ToolDefinition] | None) -> list[ToolDefinition] | None:
+        names = [t.function.name for t in tools or []]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"more than one tool is named {twice[0]!r}; a call names its tool, so names are unique")
+        return tools
+
     @field_validator("chat_template_kwargs")
     @classmethod
     def _own_variables(cls, kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
