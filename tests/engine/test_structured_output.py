@@ -183,3 +183,19 @@ def test_a_checked_grammar_is_not_checked_again(monkeypatch):
     assert compile_grammar(spec) == spec.grammar and len(checks) == 1
     with pytest.raises(InvalidRequestError, match="not usable"):  # and a bad one is refused by the first check
         checked_grammar(StructuredOutputsParams(grammar="start: (((("))
+
+
+def test_a_deep_schema_is_walked_once_a_level(monkeypatch):
+    """closed_objects walked each object's properties twice, 2**depth walks in all: 45 levels of nested objects
+    held the preparation thread for minutes (found by a review)."""
+    from edge_infer.engine import grammar
+
+    calls = []
+    walk = grammar._closed
+    monkeypatch.setattr(grammar, "_closed", lambda schema: calls.append(1) or walk(schema))
+    schema = {"type": "string"}
+    for _ in range(45):
+        schema = {"type": "object", "properties": {"a": schema}}
+    closed = grammar.closed_objects(schema)
+    assert len(calls) < 10 * 45  # a few walks a level
+    assert closed["additionalProperties"] is False and closed["properties"]["a"]["additionalProperties"] is False

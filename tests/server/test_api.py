@@ -318,13 +318,15 @@ def test_chat_template_kwargs_reach_the_template(server):
     ("audio", {"voice": "alloy", "format": "wav"}), ("add_generation_prompt", False), ("continue_final_message", True),
     ("bad_words", ["Paris"]), ("use_beam_search", True), ("truncate_prompt_tokens", 10), ("prompt_logprobs", 1),
     ("echo", True), ("chat_template", "{{ messages }}"), ("chat_template_kwargs", {"tools": []}),
+    ("chat_template_kwargs", {"bos_token": "x"}), ("chat_template_kwargs", {"mm_processor_kwargs": {}}),
 ])
 def test_fields_that_would_change_the_output_and_are_not_served_are_400s_naming_them(server, field, value):
     """Found by a client probe: these were accepted and ignored (logged once per process), answering as if unsent."""
     r = httpx.post(server.base_url + "/v1/chat/completions", timeout=30,
                    json={"messages": HELLO, "max_tokens": 2, field: value})
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
-    harmless = {"modalities": ["text"], "add_generation_prompt": True, "functions": [], "bad_words": []}
+    harmless = {"modalities": ["text"], "add_generation_prompt": True, "functions": [], "bad_words": [],
+                "function_call": "none", "documents": []}
     if field in harmless:  # what clients send by default
         r = httpx.post(server.base_url + "/v1/chat/completions", timeout=30,
                        json={"messages": HELLO, "max_tokens": 2, field: harmless[field]})
@@ -339,3 +341,10 @@ def test_fields_that_would_change_the_output_and_are_not_served_are_400s_naming_
 def test_nested_fields_that_are_not_served_are_400s_naming_them(server, body, param):
     r = httpx.post(server.base_url + "/v1/chat/completions", timeout=30, json={"messages": HELLO, "max_tokens": 2, **body})
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_a_chat_template_kwarg_cannot_hide_the_template_s_functions(server):
+    """A review found raise_exception=1 made a template's error call a 500 ('int' object is not callable)."""
+    r = httpx.post(server.base_url + "/v1/chat/completions", timeout=30, json={
+        "messages": HELLO, "max_tokens": 2, "chat_template_kwargs": {"raise_exception": 1}})
+    assert r.status_code == 400 and "raise_exception" in r.json()["error"]["message"], r.text

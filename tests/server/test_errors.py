@@ -146,12 +146,17 @@ def test_full_admission_queue_is_429_with_retry_after(guarded):
     ({"Content-Type": "application/json", "Content-Encoding": "br"}, b'{"prompt": "hi"}', 415, "uncompressed"),
     ({"Content-Type": "application/json"}, b'{"prompt": "\xff\xfe"}', 400, "not UTF-8"),
     ({"Content-Type": "application/json"}, b"", 400, "body is empty"),
+    ({}, b'{"prompt": "Hello", "max_tokens": 2}', 200, ""),  # no type at all (requests' data=): read as JSON
+    ({"Content-Type": "Application/JSON; charset=UTF-8"}, b'{"prompt": "Hello", "max_tokens": 2}', 200, ""),
 ])
 def test_a_body_the_server_cannot_read_says_what_to_send(server, headers, body, status, says):
     """Found by a client probe: a form, a gzip body and invalid UTF-8 got "Input should be a valid dictionary" or
     "There was an error parsing the body" (and a br-encoded body was read as plain)."""
     r = httpx.post(server.base_url + "/v1/completions", content=body, headers=headers, timeout=30)
-    assert r.status_code == status and says in r.json()["error"]["message"], r.text
+    assert r.status_code == status, r.text
+    if status != 200:
+        error = r.json()["error"]
+        assert says in error["message"] and error["type"] == "invalid_request_error", r.text
     assert post(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 2}).status_code == 200
 
 

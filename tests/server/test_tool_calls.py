@@ -178,6 +178,17 @@ def test_without_parallel_tool_calls_a_second_call_is_dropped_and_reported(front
     assert len([tc for c in streamed if c["choices"] for tc in c["choices"][0]["delta"].get("tool_calls", [])]) == 1
 
 
+def test_calls_answer_a_response_format_request_without_a_format_report(frontend):
+    """Calls answer instead of the JSON content; the blank lines around them are no invalid JSON (a review found
+    the stream's report said so)."""
+    body = {**ASK, "response_format": {"type": "json_object"}}
+    with client_for(frontend, "\n" + HERMES.split("\n", 1)[1] + "\n\n") as client:
+        choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+        final = stream_chunks(client, body)[-1]["choices"][0]
+    assert choice["message"]["tool_calls"] and "edge_infer" not in choice
+    assert "edge_infer" not in final or "response_format" not in final["edge_infer"]
+
+
 def test_a_request_s_grammar_is_checked_once_before_its_samples_start(frontend):
     """Each sample of n gets the grammar checked while the request was prepared (engine/grammar.CheckedGrammar)."""
     from edge_infer.engine.grammar import CheckedGrammar

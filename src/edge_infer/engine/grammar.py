@@ -64,15 +64,23 @@ def closed_objects(schema: Any) -> Any:
     return _closed(schema)
 
 
+_VALUES = ("const", "enum", "default", "examples")  # JSON values, not schemas: left as they are
+_SCHEMAS_BY_NAME = ("properties", "$defs", "definitions", "patternProperties")  # name -> schema
+
+
 def _closed(schema: Any) -> Any:
     if isinstance(schema, list):
         return [_closed(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: _closed(v) if k not in ("const", "enum", "default", "examples") else v for k, v in schema.items()}
-    for key in ("properties", "$defs", "definitions", "patternProperties"):
-        if isinstance(schema.get(key), dict):
-            out[key] = {name: _closed(sub) for name, sub in schema[key].items()}
+    out = {}
+    for key, value in schema.items():  # each member walked once: twice a level is 2**depth walks
+        if key in _VALUES:
+            out[key] = value
+        elif key in _SCHEMAS_BY_NAME and isinstance(value, dict):
+            out[key] = {name: _closed(sub) for name, sub in value.items()}
+        else:
+            out[key] = _closed(value)
     if "properties" in schema and "additionalProperties" not in schema and "patternProperties" not in schema:
         out["additionalProperties"] = False
     return out

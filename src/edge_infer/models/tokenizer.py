@@ -37,11 +37,11 @@ def _token_text(value: Any) -> str | None:
 
 
 def _map_strings(value: Any, fn: Callable[[str], str]) -> Any:
-    """``value`` (messages or tools: dicts, lists, strings) with ``fn`` applied to every string in it."""
+    """``value`` (messages or tools: dicts, lists, strings) with ``fn`` applied to every string in it, keys included."""
     if isinstance(value, str):
         return fn(value)
-    if isinstance(value, dict):
-        return {k: _map_strings(v, fn) for k, v in value.items()}
+    if isinstance(value, dict):  # keys too: a template may render them (a tool's property names)
+        return {fn(k) if isinstance(k, str) else k: _map_strings(v, fn) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_map_strings(v, fn) for v in value]
     return value
@@ -266,6 +266,10 @@ class Tokenizer:
             )
         from jinja2 import TemplateError
 
+        shadowed = sorted(set(kwargs) & set(self._template.environment.globals))
+        if shadowed:  # a variable would hide the template's own function (raise_exception, namespace, ...)
+            raise InvalidRequestError(f"the chat template variable {shadowed[0]!r} names one of the template's own "
+                                      "functions; leave it out")
         try:
             return self._template.render(
                 messages=messages,

@@ -249,6 +249,8 @@ class BodyFormat:
             headers = dict(scope.get("headers") or [])
             encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip().lower()
             kind = headers.get(b"content-type", b"application/json").decode("latin-1").partition(";")[0].strip().lower()
+            if b"content-type" not in headers:  # requests.post(url, data=...) sends none: read the body as JSON
+                scope = {**scope, "headers": [*(scope.get("headers") or []), (b"content-type", b"application/json")]}
             if encoding != "identity":
                 await _send_error(send, APIError(415, f"the body is sent with Content-Encoding: {encoding[:40]}, which "
                                                  "edge-infer does not decode; send it uncompressed",

@@ -34,8 +34,11 @@ MAX_CHOICES = 1024  # guided_choice strings
 MAX_LOGIT_BIAS = 1024
 MAX_PROMPT_TOKEN_IDS = 1 << 20
 TOKEN_ID_KEY = re.compile(r"[0-9]{1,10}")  # a logit_bias key: vocabularies stay far below 10**10
-# Chat template variables edge-infer sets from the request, which chat_template_kwargs may not override.
-TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "continue_final_message", "documents"})
+# Chat template variables edge-infer sets (from the request, the checkpoint, or its own options to the rendering),
+# which chat_template_kwargs may not override; the template's own functions are refused where it renders.
+TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "continue_final_message", "documents",
+                                "bos_token", "eos_token", "pad_token", "unk_token", "mm_processor_kwargs",
+                                "specials_in_content"})
 
 
 def at_most(limit: int, what: str) -> BeforeValidator:
@@ -136,7 +139,7 @@ Stop = Union[Annotated[str, Field(min_length=1)], Annotated[list[Annotated[str, 
 
 class StreamOptions(_Request):
     include_usage: bool = False
-    continuous_usage_stats: bool = Field(False, description="not served (vLLM's usage in every chunk): must be false")
+    continuous_usage_stats: bool | None = Field(None, description="not served (vLLM's usage in every chunk): false")
 
     @model_validator(mode="after")
     def _check_usage(self) -> "StreamOptions":
@@ -182,6 +185,9 @@ class NotServed:
             raise ValueError(f"{name} is not served by edge-infer; {self.advice}")
 
 
+NOT_SERVED_FIELD = Field(None, description="not served: a 400 unless absent or its default")
+
+
 def refuse_not_served(fields: dict[str, NotServed]) -> Any:
     """A field validator refusing ``fields`` (declared as ``Any = None``) when sent with a value that matters."""
 
@@ -202,14 +208,14 @@ SAMPLING_NOT_SERVED = {
 }
 CHAT_NOT_SERVED = {
     "functions": NotServed("send them as tools", (None, [])),
-    "function_call": NotServed("send tool_choice"),
+    "function_call": NotServed("send tool_choice", (None, "none")),
     "modalities": NotServed("the output is text; speech is POST /v1/audio/speech", (None, ["text"])),
     "audio": NotServed("the output is text; speech is POST /v1/audio/speech"),
     "continue_final_message": NotServed("the reply is a new assistant turn"),
     "add_generation_prompt": NotServed("the reply is a new assistant turn", (None, True)),
     "echo": NotServed("the response holds the reply alone"),
     "chat_template": NotServed("the checkpoint's chat template renders every request"),
-    "documents": NotServed("put them in the messages"),
+    "documents": NotServed("put them in the messages", (None, [])),
 }
 
 
@@ -250,12 +256,12 @@ class SamplingFields(_TopRequest):
                               at_most(MAX_LOGIT_BIAS, "stop_token_ids")] | None = None
     include_stop_str_in_output: bool = Field(False, description="a stop string that ended the output stays in it")
     skip_special_tokens: bool = Field(True, description="false: special tokens appear in the text")
-    bad_words: Any = None
-    allowed_token_ids: Any = None
-    use_beam_search: Any = None
-    truncate_prompt_tokens: Any = None
-    logits_processors: Any = None
-    prompt_logprobs: Any = None
+    bad_words: Any = NOT_SERVED_FIELD
+    allowed_token_ids: Any = NOT_SERVED_FIELD
+    use_beam_search: Any = NOT_SERVED_FIELD
+    truncate_prompt_tokens: Any = NOT_SERVED_FIELD
+    logits_processors: Any = NOT_SERVED_FIELD
+    prompt_logprobs: Any = NOT_SERVED_FIELD
 
     _not_served = refuse_not_served(SAMPLING_NOT_SERVED)
 
@@ -277,12 +283,10 @@ class SamplingFields(_TopRequest):
         if len(given) > 1:
             raise ValueError(f"at most one of guided_json, guided_regex, guided_choice, guided_grammar and "
                              f"structured_outputs; got {', '.join(given)}")
+        fmt = getattr(self, "response_format", None)  # both endpoints take it
+        if given and fmt is not None and fmt.type != "text":
+            raise ValueError(f"response_format and {given[0]} both constrain the output; send one")
         return self
-
-    @property
-    def guided_field(self) -> str:
-        """The field that gave ``guided``, as the request named it."""
-        return "structured_outputs" if self.structured_outputs is not None else f"guided_{next(iter(self.guided))}"
 
     @property
     def prompt_count(self) -> int:
@@ -400,7 +404,7 @@ class AssistantMessage(_Request):
     content: Content | None = None
     tool_calls: Annotated[list[ToolCall], Field(fail_fast=True)] | None = None
     name: str | None = None
-    function_call: Any = None
+    function_call: Any = NOT_SERVED_FIELD
 
     _not_served = refuse_not_served({"function_call": NotServed("send the call in tool_calls")})
 
@@ -489,15 +493,15 @@ class ChatCompletionRequest(SamplingFields):
                           "(Qwen2.5-Omni; in by default)")
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description='variables for the chat template, as vLLM takes them (Qwen3: {"enable_thinking": false})')
-    functions: Any = None
-    function_call: Any = None
-    modalities: Any = None
-    audio: Any = None
-    continue_final_message: Any = None
-    add_generation_prompt: Any = None
-    echo: Any = None
-    chat_template: Any = None
-    documents: Any = None
+    functions: Any = NOT_SERVED_FIELD
+    function_call: Any = NOT_SERVED_FIELD
+    modalities: Any = NOT_SERVED_FIELD
+    audio: Any = NOT_SERVED_FIELD
+    continue_final_message: Any = NOT_SERVED_FIELD
+    add_generation_prompt: Any = NOT_SERVED_FIELD
+    echo: Any = NOT_SERVED_FIELD
+    chat_template: Any = NOT_SERVED_FIELD
+    documents: Any = NOT_SERVED_FIELD
 
     _chat_not_served = refuse_not_served(CHAT_NOT_SERVED)
 
@@ -515,8 +519,8 @@ class ChatCompletionRequest(SamplingFields):
     def _own_variables(cls, kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
         taken = sorted(set(kwargs or ()) & TEMPLATE_VARIABLES)
         if taken:
-            raise ValueError(f"{', '.join(taken)} {'is' if len(taken) == 1 else 'are'} set by edge-infer from the request "
-                             f"itself; leave {'it' if len(taken) == 1 else 'them'} out")
+            raise ValueError(f"{', '.join(taken)} {'is' if len(taken) == 1 else 'are'} set by edge-infer; leave "
+                             f"{'it' if len(taken) == 1 else 'them'} out")
         return kwargs
 
     @property
@@ -529,8 +533,6 @@ class ChatCompletionRequest(SamplingFields):
     def _check_chat(self) -> "ChatCompletionRequest":
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
-        if self.guided and self.response_format is not None and self.response_format.type != "text":
-            raise ValueError(f"response_format and {self.guided_field} both constrain the output; send one")
         if isinstance(self.tool_choice, NamedToolChoice) or self.tool_choice == "required":
             if not self.tools:
                 raise ValueError("tool_choice names a tool or requires one, but no tools are given")
@@ -590,8 +592,6 @@ class CompletionRequest(SamplingFields):
             raise ValueError("suffix (insertion) is not supported by edge-infer; remove it")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of is not supported by edge-infer; use n")
-        if self.guided and self.response_format is not None and self.response_format.type != "text":
-            raise ValueError(f"response_format and {self.guided_field} both constrain the output; send one")
         return self
 
     @property

@@ -91,12 +91,12 @@ def _content(content: UserContent | None) -> str | list[dict[str, Any]]:
 
 def _arguments(arguments: str) -> Any:
     """Templates render arguments as JSON themselves: give them the object when it is one (and not nested so
-    deeply that rendering it would recurse past Python's limit: then the text, as sent)."""
+    deeply that the conversation around it would pass MAX_JSON_DEPTH: then the text, as sent)."""
     try:
         value = json.loads(arguments)
     except (json.JSONDecodeError, RecursionError):
         return arguments
-    return value if isinstance(value, dict) and nesting_depth(value) <= MAX_JSON_DEPTH else arguments
+    return value if isinstance(value, dict) and nesting_depth(value) <= MAX_JSON_DEPTH // 2 else arguments
 
 
 def template_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -192,6 +192,7 @@ class ChoiceBuilder:
         new = []
         for index, call in calls:
             if index and self.job.request.parallel_tool_calls is False:  # a format no grammar holds to one call
+                recoveries = [r for r in recoveries if r.call_index != index]  # its repairs went with it
                 recoveries.append(Recovery(None, f"call {index + 1} ({call.name}) while parallel_tool_calls is false",
                                            "dropped it", False))
                 continue
@@ -218,7 +219,7 @@ class ChoiceBuilder:
                 for r in self.recoveries
             ]
         fmt = self.job.request.response_format
-        if fmt is not None and fmt.type != "text" and not (self.calls and not content):  # calls, not content
+        if fmt is not None and fmt.type != "text" and not (self.calls and not content.strip()):  # calls, no content
             rep.response_format = check_json_output(content, fmt.type)
             self.service.metrics.format_checks.labels(str(rep.response_format.valid).lower()).inc()
         label = self.job.tool_choice_label

@@ -261,9 +261,10 @@ class ToolCallExtractor:
 
     def _close(self, body: str, missing_end: str | None, out: ToolEvents, cut_off: bool = False) -> None:
         result = self.parser.parse_block(body)
-        if result.call is None or (cut_off and result.fixes):
+        unfinished = cut_off and any(problem.startswith("unterminated") for problem, _ in result.fixes)
+        if result.call is None or unfinished:
             out.content += START_TAG + body + ("" if missing_end else END_TAG)
-            problem = ("the call was cut off by max_tokens before it was complete" if result.call is not None
+            problem = ("the call was cut off by max_tokens before it was complete" if unfinished or cut_off
                        else result.error or "unparseable tool call")
             rec = Recovery(None, problem, "kept the text as message content", False)
             out.recoveries.append(rec)
