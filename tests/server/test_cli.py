@@ -68,3 +68,18 @@ def test_the_server_process_never_loads_torch(server):
     model = client.models.list().data[0].id
     assert client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=2).choices
     assert "libtorch" not in Path(f"/proc/{server.proc.pid}/maps").read_text()
+
+
+def test_plan_takes_serve_s_body_flags_by_their_whole_names(served_model):
+    """A review found `plan --max-body-bytes N` read as --max-body-bytes-in-flight (argparse's abbreviations) and
+    planned half the bodies serve then admitted (serve takes twice --max-body-bytes in flight)."""
+    def plan(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "edge_infer.cli", "plan", str(served_model), "--max-model-len", "512",
+                               "--server", "--json", *flags], capture_output=True, text=True, timeout=120)
+
+    by_body = json.loads(plan("--max-body-bytes", str(64 << 20)).stdout)["steady_bytes"]
+    by_flight = json.loads(plan("--max-body-bytes-in-flight", str(128 << 20)).stdout)["steady_bytes"]
+    default = json.loads(plan().stdout)["steady_bytes"]
+    assert by_body == by_flight > default
+    short = plan("--max-body", "4096")
+    assert short.returncode == 2 and "unrecognized arguments: --max-body" in short.stderr

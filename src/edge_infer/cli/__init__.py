@@ -27,10 +27,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="edge-infer", description="Inference and serving on edge machines.")
+    # No abbreviations: `plan --max-body-bytes` once read as another flag that `serve` also has, planning other
+    # memory than serve then took.
+    parser = argparse.ArgumentParser(prog="edge-infer", description="Inference and serving on edge machines.",
+                                     allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
-        sp = sub.add_parser(name, help=help_text, description=help_text)
+        sp = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
         if name == command:
             importlib.import_module(module).configure(sp)
     return parser

@@ -20,9 +20,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server", action="store_true",
                         help="plan as `edge-infer serve` runs it: the server's process and its request bodies in flight "
                              "(default: as the library, LLM or LocalTextEngine, runs it)")
-    parser.add_argument("--max-body-bytes-in-flight", type=int, default=2 * DEFAULT_MAX_BODY_BYTES,
-                        help="with --server: the serve flag of that name (default: twice the default --max-body-bytes, "
-                             f"{2 * DEFAULT_MAX_BODY_BYTES >> 20} MiB)")
+    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                        help=f"with --server: the serve flag of that name (default {DEFAULT_MAX_BODY_BYTES >> 20} MiB)")
+    parser.add_argument("--max-body-bytes-in-flight", type=int, default=None,
+                        help="with --server: the serve flag of that name (default, as there: twice --max-body-bytes)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -38,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         cpu = profile(args.cpu) if args.cpu else None
-        served = dict(frontend="server", body_bytes_in_flight=args.max_body_bytes_in_flight) if args.server else {}
+        in_flight = args.max_body_bytes_in_flight or 2 * args.max_body_bytes  # serve's rule
+        served = dict(frontend="server", body_bytes_in_flight=in_flight) if args.server else {}
         plan = plan_text_session(resolve_model(args.model), available_bytes=args.available_bytes, cpu=cpu,
                                  **served, **engine_settings(args))
     except (EdgeInferError, ValueError) as exc:
