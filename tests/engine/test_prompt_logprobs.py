@@ -90,6 +90,17 @@ def test_preemption_does_not_score_the_prompt_twice(hf_checkpoints):
         assert [d.token_id for d in together[rid]] == [d.token_id for d in alone[rid]]
 
 
+def test_the_worker_lets_the_scores_go_once_sent(hf_checkpoints):
+    """~1 KB a prompt token at 20 alternatives, held for the whole request before (a probe measured +61 MiB in a
+    worker scoring 32 prompts of 2,000 tokens), and in no plan item."""
+    core = engine(hf_checkpoints["llama"])
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, prompt_logprobs=TOP)
+    assert core.add_request(EngineRequest("a", PROMPT, params)) is None
+    while not any(d.prompt_logprobs for d in core.step()):
+        pass
+    assert core.sequences["a"].prompt_logprobs == [] and core.has_work()  # sent, let go, still generating
+
+
 def test_llm_returns_vllms_prompt_logprobs_shape(tiny_model):
     with LLM(tiny_model, max_model_len=128, max_num_seqs=2, worker="thread") as llm:
         out = llm.generate("The quick brown fox", SamplingParams(max_tokens=1, prompt_logprobs=2))[0]

@@ -425,7 +425,7 @@ class EngineCore:
         prompt_logprobs = None  # sent once, when every prompt token is scored (not for an unfinished prefill)
         scored = seq.prompt_logprobs is not None and len(seq.prompt_logprobs) == len(seq.prompt_token_ids) - 1
         if scored and not seq.prompt_logprobs_sent:
-            prompt_logprobs, seq.prompt_logprobs_sent = seq.prompt_logprobs, True
+            prompt_logprobs, seq.prompt_logprobs, seq.prompt_logprobs_sent = seq.prompt_logprobs, [], True
         return TokenDelta(
             request_id=seq.request_id,
             token_id=None if tok is None else tok.token_id,

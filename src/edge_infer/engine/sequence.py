@@ -38,7 +38,8 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: int | None = None
     # Asked-for prompt logprobs of tokens 1.. (token 0 has none), filled as prefill computes them; recompute
-    # after preemption does not score them again. Sent with the request's first delta.
+    # after preemption does not score them again. Sent with the request's first delta, and then let go (a list of
+    # tuples, ~1 KB a prompt token at 20 alternatives, that no plan item holds for the rest of the request).
     prompt_logprobs: list[TokenLogprobs] | None = None
     prompt_logprobs_sent: bool = False
     # Prefix caching: the hash chain of the full blocks' tokens (tokens only append, so it only grows), how many
@@ -108,7 +109,7 @@ class Sequence:
 
     def prompt_targets(self, start: int, end: int) -> range:
         """Positions in ``start..end`` whose output scores a prompt token not yet scored."""
-        if self.prompt_logprobs is None:
+        if self.prompt_logprobs is None or self.prompt_logprobs_sent:
             return range(0)
         return range(max(start, len(self.prompt_logprobs)), min(end, len(self.prompt_token_ids) - 1))
 
