@@ -189,7 +189,8 @@ NOT_SERVED_FIELD = Field(None, description="not served: a 400 unless absent or i
 
 
 def refuse_not_served(fields: dict[str, NotServed]) -> Any:
-    """A field validator refusing ``fields`` (declared as ``Any = None``) when sent with a value that matters."""
+    """A field validator refusing ``fields`` (declared ``Any = NOT_SERVED_FIELD``) when sent with a value that
+    matters."""
 
     def check(cls: Any, value: Any, info: Any) -> Any:
         fields[info.field_name].check(info.field_name, value)
