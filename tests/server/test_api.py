@@ -49,6 +49,25 @@ def test_chat_stream_equals_non_stream_at_temperature_0(server, tokenizer):
     assert full.usage.total_tokens == prompt_tokens + full.usage.completion_tokens
 
 
+def test_streamed_logprobs_equal_the_whole_response_s_with_several_choices(server):
+    """A stream sends each token's logprobs once and lets them go (generation.Sample.take_logprobs): the choices'
+    events interleave, and each chunk still carries its own tokens' logprobs."""
+    client = server.client()
+    args = dict(model=model_name(server), messages=HELLO, max_tokens=12, temperature=1.0, seed=5, n=3, logprobs=True,
+                top_logprobs=2, extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(**args)
+    streamed = {i: [] for i in range(3)}
+    for c in client.chat.completions.create(stream=True, **args):
+        for choice in c.choices:
+            streamed[choice.index] += choice.logprobs.content if choice.logprobs else []
+    for choice in whole.choices:
+        got, want = streamed[choice.index], choice.logprobs.content
+        assert [(t.token, [a.token for a in t.top_logprobs]) for t in got] == \
+            [(t.token, [a.token for a in t.top_logprobs]) for t in want] and len(got) == 12
+        # another batch composition: the same values up to the order of fp32 sums
+        assert all(abs(a.logprob - b.logprob) < 1e-4 for a, b in zip(got, want))
+
+
 def test_stream_ends_with_done(server):
     body = {"messages": HELLO, "max_tokens": 3, "stream": True}
     with httpx.stream("POST", server.base_url + "/v1/chat/completions", json=body, timeout=60) as r:

@@ -307,7 +307,7 @@ async def stream(service: TextService, job: ChatJob, gen: Generation) -> AsyncIt
         if event.kind == "token":
             text, calls = b.feed(event.text)
             contents[s.index] += text
-            new_logprobs = s.logprobs[len(s.logprobs) - len(event.token_ids):] if req.logprobs and event.token_ids else []
+            new_logprobs = s.take_logprobs() if req.logprobs and event.token_ids else []
             if text or calls or new_logprobs:
                 yield chunk(ChatChunkChoice(
                     index=s.index, delta=ChatDelta(content=text or None, tool_calls=_tool_deltas(calls)),

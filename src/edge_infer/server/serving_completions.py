@@ -139,7 +139,7 @@ async def stream(service: TextService, job: CompletionJob, gen: Generation) -> A
         if event.kind == "token":
             logprobs = None
             if req.logprobs is not None and event.token_ids:
-                logprobs = completion_logprobs(service, s.logprobs[len(s.logprobs) - len(event.token_ids):], offsets[s.index])
+                logprobs = completion_logprobs(service, s.take_logprobs(), offsets[s.index])
             if event.text or logprobs is not None:
                 yield chunk(CompletionChoice(index=s.index, text=event.text, logprobs=logprobs, finish_reason=None))
         elif event.kind == "finished" or (event.kind == "cancelled" and gen.cancel_reason is None):
