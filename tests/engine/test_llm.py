@@ -117,6 +117,22 @@ def test_a_command_that_cannot_be_sent_fails_in_the_caller_and_the_engine_keeps_
     assert llm.generate("still fine", SamplingParams(max_tokens=3, **GREEDY))[0].finish_reason == "length"
 
 
+def test_a_long_prompt_list_goes_to_the_worker_as_it_has_room(llm):
+    """generate() keeps at most 2 x max_num_seqs samples in the worker (what runs and as much again queued): a list of
+    thousands of long prompts never sits whole in its queue, which no plan item holds. All are checked before any
+    runs, and each gets its own answer, in order."""
+    prompts = [f"prompt number {i}" for i in range(30)]
+    params = [SamplingParams(max_tokens=3, **GREEDY)] * 29 + [SamplingParams(max_tokens=3, n=3, seed=7, **GREEDY)]
+    before = llm.core_stats.generated_tokens
+    with pytest.raises(InvalidRequestError, match="max_model_len"):
+        llm.generate([*prompts, {"prompt_token_ids": [5] * 300}], SamplingParams(max_tokens=3))
+    outs = llm.generate(prompts, params)
+    assert [o.prompt for o in outs] == prompts and [len(o.outputs) for o in outs] == [1] * 29 + [3]
+    assert all(len(c.token_ids) == 3 for o in outs for c in o.outputs)
+    assert llm.core_stats.generated_tokens == before + 32 * 3  # the refused list ran nothing
+    assert llm.core_stats.num_waiting_peak <= 2 * 4  # max_num_seqs=4; all 30 were queued at once before
+
+
 def test_kv_budget_is_allocated_exactly(tiny_model):
     budget = 3_000_000
     with LLM(tiny_model, max_model_len=256, kv_cache_memory_bytes=budget, worker="thread") as llm:

@@ -214,6 +214,7 @@ class EngineCore:
         self._attach_media(seq, req.media, req.mrope_positions, req.mrope_delta)
         self.sequences[req.request_id] = seq
         self.scheduler.add(seq)
+        self.stats.num_waiting_peak = max(self.stats.num_waiting_peak, len(self.scheduler.waiting))
         if seq.media:
             self.stats.media_sequences += 1
             self.stats.media_sequences_peak = max(self.stats.media_sequences_peak, self.stats.media_sequences)

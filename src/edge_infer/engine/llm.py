@@ -154,11 +154,12 @@ class LLM:
         return list(sampling_params)
 
     def _run(self, prompts: Sequence[PreparedPrompt | RenderedChat], sampling_params, use_tqdm: bool) -> list[RequestOutput]:
-        """Every prompt's samples, run in the worker. Prompts without media go to the worker at once (all checked
-        first, so that a bad one raises before any runs); prompts with media go in order, each with its media
-        loaded only then, while fewer than max_num_seqs sequences hold media there (engine/media_gate.py says
-        why). A prompt whose media fail to load or check raises when its turn comes; the samples still running
-        are aborted."""
+        """Every prompt's samples, run in the worker. All prompts are checked first (a bad one raises before any
+        runs), then go to the worker in order as it has room: at most 2 x max_num_seqs samples there at once (what
+        runs and as much again queued, so the scheduler never starves), and of those at most max_num_seqs holding
+        media (engine/media_gate.py says why), each prompt's media loaded only when it goes. Without the window a
+        list of 4,000 long prompts sat whole in the worker's queue, outside every plan item. A prompt whose media
+        fail to load or check raises when its turn comes; the samples still running are aborted."""
         from tqdm import tqdm
 
         params = self._params_for(sampling_params, len(prompts))
@@ -167,11 +168,12 @@ class LLM:
         batch_id = self._counter
         self._counter += 1
         layout = [[f"{batch_id}-{i}-{k}" for k in range(p.n)] for i, p in enumerate(params)]
-        ready = {i: self._requests(prompt, params[i], layout[i]) for i, prompt in enumerate(prompts)
-                 if not _has_media(prompt)}
-        with_media = deque(i for i in range(len(prompts)) if i not in ready)
-        for i in with_media:
-            check_media_sequences(params[i].n, window)
+        media = [_has_media(prompt) for prompt in prompts]
+        checked = {i: self._requests(prompt, params[i], layout[i]) for i, prompt in enumerate(prompts) if not media[i]}
+        for i in range(len(prompts)):
+            if media[i]:
+                check_media_sequences(params[i].n, window)
+        queue = deque(range(len(prompts)))
         sent: list[PreparedPrompt | None] = [None] * len(prompts)  # each prompt's text and ids, for its output
         samples: dict[str, RequestFold] = {}
         pending: set[str] = set()
@@ -179,16 +181,14 @@ class LLM:
         arrival = time.time()
         bar = tqdm(total=sum(map(len, layout)), desc="generating", unit="sample", disable=not use_tqdm)
         try:
-            for i, requests in ready.items():
-                sent[i] = self._start(prompts[i], params[i], layout[i], requests, samples)
-                pending.update(layout[i])
-            while with_media or pending:
-                while with_media and len(holding) + params[with_media[0]].n <= window:
-                    i = with_media.popleft()
-                    sent[i] = self._start(prompts[i], params[i], layout[i], None, samples)
+            while queue or pending:
+                while queue and _has_room(params[queue[0]].n, len(pending), len(holding), window, media[queue[0]]):
+                    i = queue.popleft()
+                    sent[i] = self._start(prompts[i], params[i], layout[i], checked.pop(i, None), samples)
                     prompts[i] = sent[i]  # no reference to its media left here
                     pending.update(layout[i])
-                    holding.update(layout[i])
+                    if media[i]:
+                        holding.update(layout[i])
                 self._receive(samples, pending, holding, bar)
         except BaseException:
             if pending:
@@ -265,6 +265,13 @@ class LLM:
 
 def _has_media(prompt: PreparedPrompt | RenderedChat) -> bool:
     return bool(prompt.parts if isinstance(prompt, RenderedChat) else prompt.media)
+
+
+def _has_room(n: int, pending: int, holding: int, window: int, media: bool) -> bool:
+    """Whether a prompt of ``n`` samples may go to the worker now (LLM._run's window); one alone always may."""
+    if media and holding + n > window:
+        return False
+    return pending == 0 or pending + n <= 2 * window
 
 
 def _logprob_entry(token_id: int, logprobs: tuple[float, list[tuple[int, float]]]) -> dict[int, Logprob]:
