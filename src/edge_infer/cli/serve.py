@@ -25,7 +25,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from edge_infer.engine.cli_args import add_engine_args, engine_settings
 from edge_infer.media.sources import ALLOWED_DIR_FLAG, MAX_BYTES_FLAG, REMOTE_FLAG, MediaPolicy
@@ -34,6 +34,8 @@ from edge_infer.server.limits import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIM
                                      DEFAULT_MAX_BODY_ITEMS, DEFAULT_SEND_TIMEOUT_S)
 
 if TYPE_CHECKING:  # pragma: no cover
+    from edge_infer.memory.ledger import Reservation
+    from edge_infer.memory.plan import TextPlan
     from edge_infer.server.service import ServeSettings
 
 API_KEY_ENV = "EDGE_INFER_API_KEY"
@@ -146,7 +148,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         services = [] if speech_only else [_text_service(args, shared)]
         if speech_only or args.speech:
-            services.append(_speech_service(args, shared, args.model if speech_only else args.speech))
+            beside = [] if speech_only else [_booked(services[0].frontend.plan, args.model)]
+            services.append(_speech_service(args, shared, args.model if speech_only else args.speech, beside))
     except DeployRefused as exc:
         print(exc.plan.render(), file=sys.stderr)
         print("error: the pipeline does not fit; lower a stage's reservation (nothing was started)", file=sys.stderr)
@@ -203,7 +206,16 @@ def media_policy(args: argparse.Namespace) -> MediaPolicy:
                        timeout_s=args.media_timeout_s)
 
 
-def _speech_service(args: argparse.Namespace, shared: Any, model: str | None) -> Any:
+def _booked(plan: TextPlan, model: str) -> Reservation:
+    """The text model's steady plan as a reservation in the speech pipeline's ledger: one process, one free memory."""
+    from edge_infer.memory.ledger import Reservation
+
+    return Reservation(owner=f"text model {Path(model).name} (--kv-cache-memory-bytes, --max-num-seqs, --quantization)",
+                       pool="ram", device="cpu", **plan.ledger_items())
+
+
+def _speech_service(args: argparse.Namespace, shared: Any, model: str | None,
+                    beside: Sequence[Reservation] = ()) -> Any:
     from edge_infer.runtime.config import load_deploy_config
     from edge_infer.runtime.config_problems import DeployConfigError
     from edge_infer.server.speech_service import SpeechService
@@ -232,7 +244,7 @@ def _speech_service(args: argparse.Namespace, shared: Any, model: str | None) ->
             if speech_only else None
         pipeline = SpeechPipeline.for_checkpoint(model, args.stage_overrides, flags)
     name = args.served_model_name if speech_only and args.served_model_name else Path(pipeline.model or "speech").name
-    service = SpeechService(pipeline, _settings(args, name), args.max_input_chars, shared=shared, plans_bodies=speech_only,
+    service = SpeechService(pipeline, _settings(args, name), args.max_input_chars, shared=shared, beside=beside,
                             restart=_restart_policy(args))
     print(service.omni.plan.render(), file=sys.stderr)
     return service

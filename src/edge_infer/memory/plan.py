@@ -103,6 +103,13 @@ class TextPlan:
     def peak_bytes(self) -> int:
         return max(self.steady_bytes, self.load_peak_bytes)
 
+    def ledger_items(self) -> dict[str, int]:
+        """The steady state as a shared-RAM ledger's items (memory/ledger.py): the weights, the KV cache, the
+        process, and the rest (activations, RoPE tables, request bodies, a thinker's media and encodes) as buffers."""
+        weights, kv, runtime = self.weight_bytes, self.item("kv cache"), self.item("runtime overhead")
+        return dict(weights_bytes=weights, kv_bytes=kv, runtime_bytes=runtime,
+                    buffers_bytes=self.steady_bytes - weights - kv - runtime)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model,

@@ -7,12 +7,14 @@ payload), books all of them against the pools of the machine profile, and
 refuses the deploy when a pool is overrun or a stage is placed on a device the
 machine lacks. Nothing is loaded. Served over HTTP, the server's request
 bodies are booked too (``body_bytes_in_flight``, its
-``--max-body-bytes-in-flight``).
+``--max-body-bytes-in-flight``), and so is what else the process holds
+(``beside``: serve's text model beside a speech pipeline), so that two plans
+never each count the same free memory.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from edge_infer.memory.device import MachineProfile, machine_profile
 from edge_infer.memory.ledger import ITEMS, Reservation, SharedRamLedger, format_bytes
@@ -64,6 +66,7 @@ class DeployPlan:
     pools: list[PoolPlan] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     server: Reservation | None = None  # the HTTP server's request bodies in flight, when served
+    beside: list[Reservation] = field(default_factory=list)  # the rest of the process (a text model served beside)
 
     @property
     def admitted(self) -> bool:
@@ -81,6 +84,7 @@ class DeployPlan:
             "stages": [s.to_dict() for s in self.stages],
             "pools": [p.to_dict() for p in self.pools],
             "server": self.server.to_dict() if self.server else None,
+            "beside": [r.to_dict() for r in self.beside],
         }
 
     def render(self) -> str:
@@ -90,9 +94,9 @@ class DeployPlan:
             [s.label, s.device, s.reservation.pool, *(format_bytes(getattr(s.reservation, i)) for i in ITEMS), format_bytes(s.reservation.total_bytes)]
             for s in self.stages
         ]
-        if self.server:
-            rows.append([self.server.owner, self.server.device, self.server.pool,
-                         *(format_bytes(getattr(self.server, i)) for i in ITEMS), format_bytes(self.server.total_bytes)])
+        for other in ([self.server] if self.server else []) + self.beside:
+            rows.append([other.owner, other.device, other.pool, *(format_bytes(getattr(other, i)) for i in ITEMS),
+                         format_bytes(other.total_bytes)])
         widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows)]
         line = lambda cells: "  ".join(str(c).ljust(w) if i < 3 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
         out = [f"deploy plan: {self.config_source} on machine profile '{self.profile.name}' ({self.profile.source})", line(cols)]
@@ -122,10 +126,12 @@ def resolve_reservation(stage: StageConfig) -> tuple[ReservationPlan, tuple[str,
 
 
 def plan_deploy(config: DeployConfig, profile: MachineProfile | str | None = None,
-                body_bytes_in_flight: int = 0) -> DeployPlan:
+                body_bytes_in_flight: int = 0, beside: Sequence[Reservation] = ()) -> DeployPlan:
     machine = machine_profile(profile)
-    plan = DeployPlan(config.source, machine)
+    plan = DeployPlan(config.source, machine, beside=list(beside))
     ledger = SharedRamLedger(machine.pools)
+    for other in beside:
+        ledger.record(other)
     if body_bytes_in_flight:
         from edge_infer.memory.sizing import request_bodies_bytes  # measured per-byte cost; heavier imports
 
@@ -169,6 +175,7 @@ def plan_deploy(config: DeployConfig, profile: MachineProfile | str | None = Non
             owners = [f"stages {', '.join(ids)}" if len(ids) > 1 else f"stage {ids[0]}"] if ids else []
             if plan.server and plan.server.pool == usage.pool.name:
                 owners.append("the server's request bodies (--max-body-bytes-in-flight)")
+            owners += [other.owner for other in beside if other.pool == usage.pool.name]
             who = " and ".join(owners) + (" together overrun" if len(ids) + len(owners) > 2 else " overruns")
             plan.reasons.append(
                 f"{who} {usage.describe(devices)}; lower a stage's reservation "

@@ -29,6 +29,7 @@ import numpy as np
 from edge_infer.engine.media_gate import MediaGate
 from edge_infer.engine.media_prompt import has_media_parts
 from edge_infer.memory.device import MachineProfile
+from edge_infer.memory.ledger import Reservation
 from edge_infer.runtime.config import DeployConfig, load_deploy_config
 from edge_infer.runtime.contracts import Payload, validate
 from edge_infer.runtime.deploy_plan import DeployPlan, plan_deploy
@@ -119,15 +120,17 @@ class AsyncOmni:
         stage_overrides: str | dict[str, Any] | None = None,
         profile: str | os.PathLike[str] | MachineProfile | None = None,
         body_bytes_in_flight: int = 0,
+        beside: Sequence[Reservation] = (),
     ):
-        """``body_bytes_in_flight``: served over HTTP, the server's --max-body-bytes-in-flight, booked in the plan."""
+        """``body_bytes_in_flight``: served over HTTP, the server's --max-body-bytes-in-flight, booked in the plan;
+        ``beside``: what else this process holds (serve's text model beside a speech pipeline), booked too."""
         if isinstance(deploy_config, DeployConfig):
             if stage_overrides:
                 raise ValueError("stage_overrides apply while loading a file; pass the deploy config as a path")
             self.config = deploy_config
         else:
             self.config = load_deploy_config(deploy_config, stage_overrides)
-        self.plan = plan_deploy(self.config, profile, body_bytes_in_flight)
+        self.plan = plan_deploy(self.config, profile, body_bytes_in_flight, beside)
         if not self.plan.admitted:
             raise DeployRefused(self.plan)
         self._sources = {sid: load_executor(executor_target(self.config.stage(sid).executor)).input_contracts for sid in self.config.source_stages}

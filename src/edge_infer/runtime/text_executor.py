@@ -93,20 +93,12 @@ class TextEngineExecutor(StageExecutor):
         from edge_infer.memory.plan import TOWER_ITEMS, WEIGHT_ITEMS
 
         plan = _plan(stage)
-        weights, kv, runtime = plan.weight_bytes, plan.item("kv cache"), plan.item("runtime overhead")
-        # the rest of the steady state: activations, RoPE tables, a thinker's media and encodes
-        buffers = plan.steady_bytes - weights - kv - runtime
+        items = plan.ledger_items()
         engine = plan.engine_config
         if engine is not None and not engine.load_encoders:  # an encoder stage runs the towers: none of theirs here
-            weights -= plan.items_bytes(TOWER_ITEMS & WEIGHT_ITEMS)
-            buffers -= plan.items_bytes(TOWER_ITEMS - WEIGHT_ITEMS)
-        return ReservationPlan(
-            weights_bytes=weights,
-            kv_bytes=kv,
-            buffers_bytes=buffers,
-            runtime_bytes=runtime,
-            max_payload_bytes=4 * MAX_TEXT_CHUNK_CHARS,
-        )
+            items["weights_bytes"] -= plan.items_bytes(TOWER_ITEMS & WEIGHT_ITEMS)
+            items["buffers_bytes"] -= plan.items_bytes(TOWER_ITEMS - WEIGHT_ITEMS)
+        return ReservationPlan(**items, max_payload_bytes=4 * MAX_TEXT_CHUNK_CHARS)
 
     def start(self, stage: StageConfig) -> None:
         from edge_infer.engine.core import EngineCore

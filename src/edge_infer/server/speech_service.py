@@ -12,8 +12,9 @@ import os
 import signal
 import unicodedata
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
+from edge_infer.memory.ledger import Reservation
 from edge_infer.models.qwen3_tts.config import load_config
 from edge_infer.models.qwen3_tts.prompt import VoiceRequest, prompt_length, resolve_language
 from edge_infer.models.qwen3_tts.tokenizer import TextTokenizer
@@ -49,11 +50,13 @@ class SpeechService(Service):
     unit = "requests"
 
     def __init__(self, pipeline: SpeechPipeline, settings: ServeSettings, max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
-                 shared: SharedMetrics | None = None, plans_bodies: bool = True, restart: RestartPolicy = RestartPolicy()):
-        """``plans_bodies``: the request bodies in flight are this plan's (False beside a text model, whose plan has
-        them)."""
+                 shared: SharedMetrics | None = None, beside: Sequence[Reservation] = (),
+                 restart: RestartPolicy = RestartPolicy()):
+        """``beside``: what the process holds besides this pipeline (a text model served on the same port, whose plan
+        holds the request bodies in flight too), booked in the same ledger."""
         # Plans the deploy: raises DeployRefused before anything starts.
-        omni = AsyncOmni(pipeline.config, body_bytes_in_flight=settings.bodies_in_flight if plans_bodies else 0)
+        omni = AsyncOmni(pipeline.config, body_bytes_in_flight=0 if beside else settings.bodies_in_flight,
+                         beside=beside)
         talker = pipeline.config.stage(pipeline.talker_stage)
         names = {s.stage_id: s.name or f"stage{s.stage_id}" for s in pipeline.config.stages}
         super().__init__(settings, SpeechMetrics(shared or SharedMetrics(), omni.plan, names), talker.engine.max_num_seqs,
