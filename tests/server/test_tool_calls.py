@@ -112,6 +112,31 @@ def test_tool_call_in_the_message_and_in_the_stream(frontend, parser, text):
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+CALL = HERMES.split("\n", 1)[1]
+
+
+@pytest.mark.parametrize("text, content", [
+    ("\n" + CALL + "\n\n" + CALL.replace("Paris", "Rome") + "\n", None),
+    (CALL + "\n", None),
+    ("Sure.\n\n" + CALL + "\n", "Sure.\n\n\n"),
+    ("\n" + CALL + "\n\nDone.", "\n\n\nDone."),
+    ("\n\n", "\n\n"),
+], ids=["blank-lines-around-calls", "blank-line-after-a-call", "text-then-a-call", "a-call-then-text", "no-call"])
+def test_the_stream_s_content_is_the_message_s(frontend, text, content):
+    """Blank lines beside calls are no content (the message's is null); a stream sent them as content deltas, so
+    clients (openai's stream helpers, langchain-openai) read a content of "\n" beside the calls. Text still streams
+    before the call, with the whitespace the message has."""
+    with client_for(frontend, text) as client:
+        message = client.post("/v1/chat/completions", json=ASK).json()["choices"][0]["message"]
+        chunks = stream_chunks(client, ASK)
+    assert message["content"] == content
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("content") or "" for d in deltas) == (content or "")
+    if content and content.startswith("Sure."):
+        first_call = next(i for i, d in enumerate(deltas) if d.get("tool_calls"))
+        assert "".join(d.get("content") or "" for d in deltas[:first_call]) == content[:-1]
+
+
 def test_malformed_call_is_recovered_reported_and_counted(frontend):
     broken = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"'  # cut off: no braces, no end tag
     with client_for(frontend, broken) as client:

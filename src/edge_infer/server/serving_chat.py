@@ -174,19 +174,35 @@ class ChoiceBuilder:
         self.extractor = ToolCallExtractor(self.parser) if self.parser else None
         self.calls: list[ToolCall] = []
         self.recoveries: list[Recovery] = []
+        self._blank = ""  # the content so far while it is all whitespace: held until it is known to be content
+        self._shown = False  # content other than whitespace came: the rest is shown as it comes
 
     def feed(self, text: str) -> tuple[str, list[tuple[int, ToolCall]]]:
         """Content to show and new tool calls from a piece of output text."""
         if self.extractor is None:
             return text, []
         events = self.extractor.feed(text)
-        return events.content, self._add(events.calls, events.recoveries)
+        calls = self._add(events.calls, events.recoveries)
+        return self._show(events.content, end=False), calls
 
     def finish(self) -> tuple[str, list[tuple[int, ToolCall]]]:
         if self.extractor is None:
             return "", []
         events = self.extractor.finish(cut_off=self.sample.finish_reason == "length")
-        return events.content, self._add(events.calls, events.recoveries)
+        calls = self._add(events.calls, events.recoveries)
+        return self._show(events.content, end=True), calls
+
+    def _show(self, content: str, end: bool) -> str:
+        """Content as a stream may send it: a message whose content is only whitespace beside its calls has none
+        (``complete``), so whitespace is held until text follows, or the output ends without calls."""
+        if self._shown:
+            return content
+        self._blank += content
+        if not (self._blank.strip() or (end and not self.calls)):
+            return ""
+        self._shown = True
+        content, self._blank = self._blank, ""
+        return content
 
     def _add(self, calls: list[tuple[int, ParsedCall]], recoveries: list[Recovery]) -> list[tuple[int, ToolCall]]:
         new = []
