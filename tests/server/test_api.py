@@ -367,3 +367,26 @@ def test_a_chat_template_kwarg_cannot_hide_the_template_s_functions(server):
     r = httpx.post(server.base_url + "/v1/chat/completions", timeout=30, json={
         "messages": HELLO, "max_tokens": 2, "chat_template_kwargs": {"raise_exception": 1}})
     assert r.status_code == 400 and "raise_exception" in r.json()["error"]["message"], r.text
+
+
+def test_every_response_carries_a_request_id(server):
+    """As OpenAI's do: the openai client shows it on a response and on an error, for the user to quote. A
+    gateway's own X-Request-Id is echoed when it is short and plain; anything else gets a new id."""
+    import openai
+
+    client = server.client()
+    raw = client.chat.completions.with_raw_response.create(model=model_name(server), messages=HELLO, max_tokens=2)
+    first = raw.headers["x-request-id"]
+    assert first.startswith("req_") and raw.parse()._request_id == first
+    again = client.chat.completions.with_raw_response.create(model=model_name(server), messages=HELLO, max_tokens=2)
+    assert again.headers["x-request-id"] != first
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=model_name(server), messages=HELLO, max_tokens=-1)
+    assert refused.value.request_id.startswith("req_")
+    ours = client.with_options(default_headers={"X-Request-Id": "gateway-7f3a:1"})
+    assert ours.models.with_raw_response.list().headers["x-request-id"] == "gateway-7f3a:1"
+    for hostile in ("a" * 129, "two words", "é"):
+        got = httpx.get(server.base_url + "/health", headers={"X-Request-Id": hostile.encode()}).headers["x-request-id"]
+        assert got.startswith("req_")
+    assert httpx.post(server.base_url + "/v1/completions", content=b"x=1",
+                      headers={"Content-Type": "application/x-www-form-urlencoded"}).headers["x-request-id"]

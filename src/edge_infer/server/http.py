@@ -2,8 +2,8 @@
 
 ``base_app`` builds a FastAPI app that loads the served models in the
 background and closes them at exit, with OpenAI-shaped error handlers,
-request counting, the body limits (size 413, in flight 429, time 408) and format (JSON, uncompressed: 415), a catch-all that turns any
-unexpected error into a well-formed 500, and the API-key check;
+request counting, an ``x-request-id`` on every response, the body limits (size 413, in flight 429, time 408) and format
+(JSON, uncompressed: 415), a catch-all that turns any unexpected error into a well-formed 500, and the API-key check;
 ``EventStream`` is a streamed response that releases its requests however
 the response ends; ``unless_disconnected`` races work against the client
 going away.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import secrets
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
@@ -68,6 +69,40 @@ class _QuietBrokenStream(logging.Filter):
 _QUIET_BROKEN_STREAM = _QuietBrokenStream()
 
 
+# A request id the client chose is echoed when it is short and plain (it goes into logs and headers as it is).
+CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def request_id(scope: dict) -> str:
+    """The id RequestId gave this request (for log lines), or "-" outside it."""
+    return scope.get("edge_infer.request_id", "-")
+
+
+class RequestId:
+    """ASGI middleware: every response carries ``x-request-id``, as OpenAI's do (the openai client shows it as a
+    response's ``_request_id`` and an error's ``request_id``), and the server's log lines about the request name
+    it. It is the client's own ``X-Request-Id`` when that is short and plain (a gateway's or a tracer's id), or a
+    new ``req_`` id."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
+        rid = given if CLIENT_REQUEST_ID.fullmatch(given) else f"req_{secrets.token_hex(16)}"
+        header = (b"x-request-id", rid.encode())
+
+        async def send_with_id(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), header]}
+            await send(message)
+
+        await self.app({**scope, "edge_infer.request_id": rid}, receive, send_with_id)
+
+
 class CatchAll:
     """ASGI middleware: an exception nothing else handled becomes a 500 in the OpenAI shape, sent as a
     normal response, so the connection stays usable (keep-alive) and the status is counted as 500. Once the
@@ -89,14 +124,16 @@ class CatchAll:
             await self.app(scope, receive, noted)
         except Exception as exc:
             if noted.status is None:
-                log.exception("unexpected error serving %s %s", scope.get("method"), scope.get("path"), exc_info=exc)
+                log.exception("unexpected error serving %s %s (%s)", scope.get("method"), scope.get("path"),
+                              request_id(scope), exc_info=exc)
                 await _send_error(send, APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error"))
                 return
             # Mid-body. Starlette wraps an error its handlers know ("Caught handled exception, but response already
             # started"): name the error itself, with a traceback only when it is not one edge-infer raises on purpose.
             cause = exc.__cause__ if isinstance(exc, RuntimeError) and exc.__cause__ is not None else exc
-            log.error("%s %s: the response was cut mid-body (%s: %s)", scope.get("method"), scope.get("path"),
-                      type(cause).__name__, cause, exc_info=None if isinstance(cause, EdgeInferError) else cause)
+            log.error("%s %s (%s): the response was cut mid-body (%s: %s)", scope.get("method"), scope.get("path"),
+                      request_id(scope), type(cause).__name__, cause,
+                      exc_info=None if isinstance(cause, EdgeInferError) else cause)
             raise BrokenStream(str(cause)) from exc
 
 
@@ -366,10 +403,11 @@ def base_app(services: Sequence[Any], metrics: Any, loader: Callable[[], Awaitab
     settings = services[0].settings
     app = FastAPI(title="edge-infer", version=__version__, lifespan=lifespan)
     install_handlers(app)
-    # Outermost last: the counter sees every status, the 413s and the catch-all's 500s included.
+    # Outermost last: the counter sees every status, the 413s and the catch-all's 500s included; every one has an id.
     app.add_middleware(CatchAll)
     app.add_middleware(BodyFormat)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, max_in_flight=settings.bodies_in_flight,
                        max_items=settings.max_body_items, cost=BodyCost.measured(), timeout_s=settings.body_timeout_s)
     app.add_middleware(RequestCounter, metrics=metrics)
+    app.add_middleware(RequestId)
     return app, [Depends(api_key_check(settings.api_key))]
