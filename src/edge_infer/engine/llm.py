@@ -156,10 +156,11 @@ class LLM:
     def _run(self, prompts: Sequence[PreparedPrompt | RenderedChat], sampling_params, use_tqdm: bool) -> list[RequestOutput]:
         """Every prompt's samples, run in the worker. All prompts are checked first (a bad one raises before any
         runs), then go to the worker in order as it has room: at most 2 x max_num_seqs samples there at once (what
-        runs and as much again queued, so the scheduler never starves), and of those at most max_num_seqs holding
-        media (engine/media_gate.py says why), each prompt's media loaded only when it goes. Without the window a
-        list of 4,000 long prompts sat whole in the worker's queue, outside every plan item. A prompt whose media
-        fail to load or check raises when its turn comes; the samples still running are aborted."""
+        runs and as much again queued, so the scheduler never starves; a prompt of more samples goes alone), and of
+        those at most max_num_seqs holding media (engine/media_gate.py says why), each prompt's media loaded only
+        when it goes. Without the window a list of 4,000 long prompts sat whole in the worker's queue, outside every
+        plan item. A prompt whose media fail to load or check raises when its turn comes; the samples still running
+        are aborted."""
         from tqdm import tqdm
 
         params = self._params_for(sampling_params, len(prompts))
@@ -184,9 +185,9 @@ class LLM:
             while queue or pending:
                 while queue and _has_room(params[queue[0]].n, len(pending), len(holding), window, media[queue[0]]):
                     i = queue.popleft()
+                    pending.update(layout[i])  # before any is sent: an interrupt meanwhile still aborts them
                     sent[i] = self._start(prompts[i], params[i], layout[i], checked.pop(i, None), samples)
                     prompts[i] = sent[i]  # no reference to its media left here
-                    pending.update(layout[i])
                     if media[i]:
                         holding.update(layout[i])
                 self._receive(samples, pending, holding, bar)

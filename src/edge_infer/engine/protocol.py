@@ -184,7 +184,8 @@ class TokenDelta:
 class CoreStats:
     num_waiting: int = 0
     num_running: int = 0
-    num_waiting_peak: int = 0  # the most queued at once since the core started (LLM.generate keeps it <= 2 x max_num_seqs)
+    # the most queued at once since the core started (LLM.generate: at most 2 x max_num_seqs, or one prompt's n)
+    num_waiting_peak: int = 0
     kv_blocks_total: int = 0
     kv_blocks_used: int = 0
     num_preemptions: int = 0
