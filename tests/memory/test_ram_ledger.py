@@ -136,6 +136,15 @@ def test_plan_command_prints_the_table_and_exits_by_admission(tmp_path, capsys):
     args.json, args.server, args.max_body_bytes_in_flight = False, True, 32 << 20  # plan --server: as serve books it
     assert run_deploy_plan(args) == 0
     assert "server: request bodies" in capsys.readouterr().out
+    from edge_infer.cli import main
+    from edge_infer.memory.ledger import format_bytes
+    from edge_infer.memory.sizing import request_bodies_bytes
+
+    # From the command line, --server alone books serve's default: twice --max-body-bytes (it booked nothing).
+    assert main(["plan", "--deploy-config", path, "--profile", "laptop", "--available-bytes", str(64 * GiB),
+                 "--server"]) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("server: request bodies")]
+    assert format_bytes(request_bodies_bytes(2 * (16 << 20))) in row
     args.deploy_config = str(tmp_path / "missing.yaml")
     assert run_deploy_plan(args) == 2
     assert "not found" in capsys.readouterr().err

@@ -264,3 +264,34 @@ def test_retirement_that_times_out_keeps_draining_then_stops_the_old_worker(loop
     assert omni.worker_pids()[0] != old
     assert wait_until(lambda: not psutil.pid_exists(old) or psutil.Process(old).status() == psutil.STATUS_ZOMBIE)
     assert omni.health().healthy
+
+
+def test_a_worker_replaced_while_draining_must_fit_beside_what_else_the_process_holds(loop_thread, tmp_path):
+    """The deploy plan books what it is told the process holds besides the stages (serve's text model beside a speech
+    pipeline), and so does the ledger a replacement is checked against: the old and the new worker must fit beside
+    it too, not only beside each other. Room for the stages, the text model and no replacement: refused, clearly."""
+    from edge_infer.memory.device import DeviceProfile, MachineProfile, MemoryPool
+    from edge_infer.memory.ledger import Reservation
+    from edge_infer.runtime.deploy_plan import plan_deploy
+    from edge_infer.runtime.config import load_deploy_config
+
+    path = write_config(tmp_path, PIPELINE)
+    stages = plan_deploy(load_deploy_config(path)).stages
+    capacity = sum(s.reservation.total_bytes for s in stages) + stages[0].reservation.total_bytes + (1 << 20)
+    profile = MachineProfile("tight", (MemoryPool("ram", capacity, capacity),), (DeviceProfile("cpu", True, "ram"),),
+                             source="test")
+    text = Reservation(owner="text model t", pool="ram", device="cpu", weights_bytes=2 << 20)
+
+    async def replace(omni):
+        await omni.start()
+        try:
+            return await omni.retire_worker(0, replace=True)
+        finally:
+            await omni.shutdown()
+
+    alone = loop_thread.run(replace(AsyncOmni(path, profile=profile)))
+    assert alone.new_pid is not None
+    beside = AsyncOmni(path, profile=profile, beside=[text])
+    assert beside.plan.admitted and beside.plan.beside == [text]
+    with pytest.raises(RuntimeError, match=r"cannot replace .* while its worker drains: .*text model t"):
+        loop_thread.run(replace(beside))

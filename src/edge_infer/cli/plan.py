@@ -28,6 +28,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.max_body_bytes_in_flight is None:
+        args.max_body_bytes_in_flight = 2 * args.max_body_bytes  # serve's rule
     if args.deploy_config:
         from edge_infer.cli.plan_deploy import run_deploy_plan
 
@@ -39,8 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         cpu = profile(args.cpu) if args.cpu else None
-        in_flight = args.max_body_bytes_in_flight or 2 * args.max_body_bytes  # serve's rule
-        served = dict(frontend="server", body_bytes_in_flight=in_flight) if args.server else {}
+        served = dict(frontend="server", body_bytes_in_flight=args.max_body_bytes_in_flight) if args.server else {}
         plan = plan_text_session(resolve_model(args.model), available_bytes=args.available_bytes, cpu=cpu,
                                  **served, **engine_settings(args))
     except (EdgeInferError, ValueError) as exc:

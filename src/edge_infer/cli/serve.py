@@ -25,7 +25,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from edge_infer.engine.cli_args import add_engine_args, engine_settings
 from edge_infer.media.sources import ALLOWED_DIR_FLAG, MAX_BYTES_FLAG, REMOTE_FLAG, MediaPolicy
@@ -34,9 +34,9 @@ from edge_infer.server.limits import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIM
                                      DEFAULT_MAX_BODY_ITEMS, DEFAULT_SEND_TIMEOUT_S)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from edge_infer.memory.ledger import Reservation
     from edge_infer.memory.plan import TextPlan
     from edge_infer.server.service import ServeSettings
+    from edge_infer.tts.deploy import SpeechPipeline
 
 API_KEY_ENV = "EDGE_INFER_API_KEY"
 # uvicorn's own deadline for responses after SIGTERM, beyond our grace period (which cancels them first).
@@ -146,13 +146,21 @@ def run(args: argparse.Namespace) -> int:
     shared = SharedMetrics()
     speech_only = bool(args.deploy_config) or bool(args.model and is_qwen3_tts_checkpoint(args.model))
     try:
-        services = [] if speech_only else [_text_service(args, shared)]
-        if speech_only or args.speech:
-            beside = [] if speech_only else [_booked(services[0].frontend.plan, args.model)]
-            services.append(_speech_service(args, shared, args.model if speech_only else args.speech, beside))
+        if speech_only:
+            services = [_speech_service(args, shared, _speech_pipeline(args, args.model))]
+        else:
+            # Beside a speech model, the text model's KV cache is sized from what the speech stages leave, and the
+            # speech plan books the text model's: one process, one free memory, counted once.
+            pipeline = _speech_pipeline(args, args.speech) if args.speech else None
+            services = [_text_service(args, shared, pipeline)]
+            if pipeline is not None:
+                services.append(_speech_service(args, shared, pipeline, services[0].frontend.plan))
     except DeployRefused as exc:
         print(exc.plan.render(), file=sys.stderr)
-        print("error: the pipeline does not fit; lower a stage's reservation (nothing was started)", file=sys.stderr)
+        hint = (" or give the text model less (--kv-cache-memory-bytes, --max-num-seqs, --max-model-len, "
+                "--quantization)") if exc.plan.beside else ""
+        print(f"error: the pipeline does not fit; lower a stage's reservation{hint} (nothing was started)",
+              file=sys.stderr)
         return 1
     except (DeployConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -171,18 +179,37 @@ def _settings(args: argparse.Namespace, name: str, **kind_settings: Any) -> "Ser
     )
 
 
-def _text_service(args: argparse.Namespace, shared: Any) -> Any:
+def _text_service(args: argparse.Namespace, shared: Any, speech: SpeechPipeline | None = None) -> Any:
+    """The text model's service, planned against the free memory the ``speech`` pipeline beside it leaves."""
     from edge_infer.engine.frontend import Frontend
     from edge_infer.server.text_service import TextService
     from edge_infer.server.tool_parsers import detect_parser
 
+    from edge_infer.errors import PlanRefusedError
+
+    planning: dict[str, Any] = {}
+    if speech is not None:
+        from edge_infer.hardware.memory import available_memory_bytes
+        from edge_infer.runtime.deploy_plan import plan_deploy
+
+        free = available_memory_bytes()
+        speech_bytes = sum(stage.reservation.total_bytes for stage in plan_deploy(speech.config).stages)
+        planning["available_bytes"] = max(0, free - speech_bytes)
     # A refused plan or a bad checkpoint is reported by edge_infer.cli in one line (nothing loaded).
-    frontend = Frontend.create(args.model, frontend="server", body_bytes_in_flight=args.max_body_bytes_in_flight,
-                               **engine_settings(args))
+    try:
+        frontend = Frontend.create(args.model, frontend="server", body_bytes_in_flight=args.max_body_bytes_in_flight,
+                                   **engine_settings(args), **planning)
+    except PlanRefusedError as exc:
+        if speech is None:
+            raise
+        raise PlanRefusedError(f"{exc}\nthe speech model beside it (--speech) reserves {speech_bytes / 2**20:,.1f} MiB "
+                               f"of the {free / 2**20:,.1f} MiB available; the text model is planned in the rest",
+                               exc.plan) from None
     frontend.media_policy = media_policy(args)
     plan = frontend.plan
+    after = " (after the speech pipeline's)" if speech is not None else ""
     print(f"memory plan: steady {plan.steady_bytes / 2**20:,.1f} MiB, load peak {plan.load_peak_bytes / 2**20:,.1f} MiB, "
-          f"{plan.available_bytes / 2**20:,.1f} MiB available: admitted", file=sys.stderr)
+          f"{plan.available_bytes / 2**20:,.1f} MiB available{after}: admitted", file=sys.stderr)
     template = frontend.tokenizer.chat_template if frontend.tokenizer else None
     settings = _settings(
         args, args.served_model_name or Path(plan.model).name,
@@ -206,19 +233,11 @@ def media_policy(args: argparse.Namespace) -> MediaPolicy:
                        timeout_s=args.media_timeout_s)
 
 
-def _booked(plan: TextPlan, model: str) -> Reservation:
-    """The text model's steady plan as a reservation in the speech pipeline's ledger: one process, one free memory."""
-    from edge_infer.memory.ledger import Reservation
-
-    return Reservation(owner=f"text model {Path(model).name} (--kv-cache-memory-bytes, --max-num-seqs, --quantization)",
-                       pool="ram", device="cpu", **plan.ledger_items())
-
-
-def _speech_service(args: argparse.Namespace, shared: Any, model: str | None,
-                    beside: Sequence[Reservation] = ()) -> Any:
+def _speech_pipeline(args: argparse.Namespace, model: str | None) -> SpeechPipeline:
+    """The speech pipeline: ``--deploy-config``'s, or the bundled one on checkpoint ``model`` (served alone, it takes
+    the engine flags; beside a text model, whose flags they are, its stages keep their defaults)."""
     from edge_infer.runtime.config import load_deploy_config
     from edge_infer.runtime.config_problems import DeployConfigError
-    from edge_infer.server.speech_service import SpeechService
     from edge_infer.tts.deploy import EngineFlags, SpeechPipeline
 
     speech_only = model == args.model
@@ -229,21 +248,33 @@ def _speech_service(args: argparse.Namespace, shared: Any, model: str | None,
         if args.model:
             raise ValueError("give a checkpoint directory or --deploy-config (whose stages name their model), not both")
         try:
-            pipeline = SpeechPipeline.from_config(load_deploy_config(args.deploy_config, args.stage_overrides))
+            return SpeechPipeline.from_config(load_deploy_config(args.deploy_config, args.stage_overrides))
         except ValueError as exc:
             if isinstance(exc, DeployConfigError):
                 raise
             raise ValueError(f"{exc}. serve --deploy-config serves speech pipelines; run other pipelines (such as "
                              "thinker_encoder, chat with media) through edge_infer.Omni or AsyncOmni "
                              "(docs/deploy-config.md)") from None
-    else:
-        # Beside a text model, the engine flags are the text model's: the speech stages keep their defaults.
-        flags = EngineFlags(dtype=args.dtype, max_num_seqs=args.max_num_seqs, num_threads=args.num_threads,
-                            max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens,
-                            kv_cache_memory_bytes=args.kv_cache_memory_bytes, quantization=args.quantization) \
-            if speech_only else None
-        pipeline = SpeechPipeline.for_checkpoint(model, args.stage_overrides, flags)
-    name = args.served_model_name if speech_only and args.served_model_name else Path(pipeline.model or "speech").name
+    flags = EngineFlags(dtype=args.dtype, max_num_seqs=args.max_num_seqs, num_threads=args.num_threads,
+                        max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens,
+                        kv_cache_memory_bytes=args.kv_cache_memory_bytes, quantization=args.quantization) \
+        if speech_only else None
+    return SpeechPipeline.for_checkpoint(model, args.stage_overrides, flags)
+
+
+def _speech_service(args: argparse.Namespace, shared: Any, pipeline: SpeechPipeline,
+                    text: TextPlan | None = None) -> Any:
+    """The speech model's service; beside a ``text`` model, whose steady plan its deploy plan books."""
+    from edge_infer.memory.device import detect_machine
+    from edge_infer.memory.ledger import Reservation
+    from edge_infer.server.speech_service import SpeechService
+
+    beside = []
+    if text is not None:
+        pool = detect_machine().device("cpu").pool or "ram"
+        beside.append(Reservation(owner=f"text model {Path(text.model).name}", pool=pool, device="cpu",
+                                  **text.ledger_items()))
+    name = args.served_model_name if text is None and args.served_model_name else Path(pipeline.model or "speech").name
     service = SpeechService(pipeline, _settings(args, name), args.max_input_chars, shared=shared, beside=beside,
                             restart=_restart_policy(args))
     print(service.omni.plan.render(), file=sys.stderr)

@@ -177,6 +177,8 @@ class Orchestrator:
 
     async def start(self) -> None:
         self.swept_stale = sweep_stale_pipelines()
+        for other in ([self.plan.server] if self.plan.server else []) + self.plan.beside:
+            self.ledger.record(other)  # a worker replaced while its old one drains must fit beside these too
         for slot in self.slots.values():
             self.ledger.record(self._reservation(slot, 0))
         for slot in self.slots.values():
