@@ -19,6 +19,10 @@ class ContextLengthError(InvalidRequestError):
     ``context_length_exceeded``, as OpenAI's does, which clients such as langchain-openai act on)."""
 
 
+class GrammarLimitError(InvalidRequestError):
+    """A structured-output spec past llguidance's parser limits (the server's 400 says ``grammar_limit``)."""
+
+
 class MediaError(InvalidRequestError):
     """A request's image, audio or video cannot be read, or is over a limit; the message names the part.
 

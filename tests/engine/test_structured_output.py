@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edge_infer import LLM, SamplingParams, StructuredOutputsParams
+from edge_infer.engine.grammar import CheckedGrammar, compile_grammar, grammar_text
 from edge_infer.engine.protocol import GRAMMAR_DEAD_END
 from edge_infer.errors import InvalidRequestError
 
@@ -166,6 +167,33 @@ def test_a_grammar_that_cannot_be_completed_ends_with_a_dead_end_not_a_hang(llm)
         assert out.finish_reason == GRAMMAR_DEAD_END and out.text == "x"
     [empty] = generate(llm, StructuredOutputsParams(grammar="start: A\nA: /a+/ & /b+/"))
     assert empty.finish_reason == GRAMMAR_DEAD_END and empty.token_ids == []
+
+
+def _objects(n: int) -> dict:
+    return {"anyOf": [{"type": "object", "properties": {"k": {"const": i}}, "required": ["k"]} for i in range(n)]}
+
+
+def test_a_spec_beyond_llguidance_s_parser_limits_is_refused_naming_the_limit():
+    """3,000 object alternatives passed the check (validate_grammar, a matcher, its first mask) and ended the request
+    after its first token with grammar_dead_end: llguidance's max_items_in_row (2,000) is met only on the "{"."""
+    compile_grammar(StructuredOutputsParams(json=_objects(2000)))
+    compile_grammar(StructuredOutputsParams(json={"enum": [f"v{i}" for i in range(3000)]}))  # one lexeme: no limit
+    for schema in (_objects(2001), {"type": "object", "properties": {"x": _objects(2001)}, "required": ["x"]}):
+        with pytest.raises(InvalidRequestError,
+                           match=r"parser limits \(Parser Error: Current row has 200[12] items; max is 2000.*at most 2,000"):
+            compile_grammar(StructuredOutputsParams(json=schema))
+
+
+def test_a_parser_limit_met_mid_output_is_an_error_naming_it_not_a_dead_end(llm):
+    unchecked = CheckedGrammar(grammar=grammar_text(StructuredOutputsParams(json=_objects(3000))))  # past the check
+    out = llm.chat(ASK, SamplingParams(max_tokens=20, structured_outputs=unchecked))[0]
+    assert out.outputs[0].finish_reason == "error" and "max is 2000" in out.error and "at most 2,000" in out.error
+
+
+def test_thousands_of_choices_are_one_lexeme(llm):
+    choices = [f"c{i}" for i in range(3000)]
+    for out in generate(llm, StructuredOutputsParams(choice=choices), n=2, max_tokens=20):
+        assert out.finish_reason == "stop" and out.text in choices
 
 
 def test_a_checked_grammar_is_not_checked_again(monkeypatch):

@@ -26,7 +26,7 @@ import torch
 
 from edge_infer.config import EngineConfig
 from edge_infer.models.layers.kv_cache import KVCache, KVLayout
-from edge_infer.engine.grammar import GrammarMatchers
+from edge_infer.engine.grammar import GrammarMatchers, matcher_failure
 from edge_infer.engine.protocol import (
     GRAMMAR_DEAD_END, CoreStats, EngineRequest, MediaInput, ReadyInfo, TokenDelta, media_problem, mrope_positions,
     request_problem,
@@ -352,6 +352,10 @@ class EngineCore:
             if seq.credits is not None:
                 seq.credits -= 1
             reason = self._finish_reason(seq, tok.token_id)
+            if reason == GRAMMAR_DEAD_END and (problem := matcher_failure(seq.grammar)):
+                log.warning("%s: %s", seq.request_id, seq.grammar.get_error())
+                out.append(self._fail(seq, problem))
+                continue
             if reason == "stop":
                 seq.stop_reason = tok.token_id
             out.append(self._delta(seq, tok, finished=False) if reason is None else self._finish(seq, reason, tok))
@@ -392,14 +396,15 @@ class EngineCore:
                 # llguidance then allows only EOS; ending here keeps that EOS out of the output
                 log.warning("%s: the grammar allows no token after %d generated (%s)", seq.request_id,
                             len(seq.output_token_ids), seq.grammar.get_error() or "empty mask")
-                out.append(self._finish(seq, GRAMMAR_DEAD_END))
+                problem = matcher_failure(seq.grammar)  # a parser limit, not a dead end: the client is told which
+                out.append(self._fail(seq, problem) if problem else self._finish(seq, GRAMMAR_DEAD_END))
             else:
                 live[seq.request_id] = mask
         return live
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         if seq.grammar is not None and not seq.grammar.consume_token(token):
-            return GRAMMAR_DEAD_END  # only a token the mask allowed is sampled: the matcher itself failed
+            return GRAMMAR_DEAD_END  # only a token the mask allowed is sampled: the matcher itself failed (a limit)
         if token in seq.stop_ids:  # the sampler masks them until min_tokens is reached
             return "stop"
         if seq.grammar is not None and seq.grammar.is_stopped():  # complete, and nothing may follow

@@ -17,13 +17,15 @@ on the first constrained request; the memory plan counts it all the same.
 """
 from __future__ import annotations
 
+import functools
 import json
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edge_infer.engine.protocol import GRAMMAR_LIMIT
 from edge_infer.engine.sampling_params import StructuredOutputsParams
-from edge_infer.errors import InvalidRequestError
+from edge_infer.errors import GrammarLimitError, InvalidRequestError
 
 if TYPE_CHECKING:
     import llguidance
@@ -118,8 +120,10 @@ def grammar_text(spec: StructuredOutputsParams) -> str:
     if spec.regex is not None:
         return LLMatcher.grammar_from_regex(spec.regex)
     if spec.choice is not None:
-        # Lark string literals take JSON's escapes, so any text (quotes, newlines, non-ASCII) is spelled exactly.
-        return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in spec.choice))
+        # Lark string literals take JSON's escapes, so any text (quotes, newlines, non-ASCII) is spelled exactly. One
+        # terminal (a lexeme), not one rule per choice: the parser would follow every choice at once, and more than
+        # llguidance's 2,000 (PARSER_LIMIT_HINT) ended the request after its first token.
+        return LLMatcher.grammar_from_lark("start: CHOICE\nCHOICE: " + " | ".join(json.dumps(c) for c in spec.choice))
     grammar = spec.grammar or ""
     if "::=" in grammar:  # GBNF, as llama.cpp's grammars are written
         from llguidance.gbnf_to_lark import gbnf_to_lark
@@ -156,7 +160,79 @@ def compile_grammar(spec: StructuredOutputsParams) -> str:
     if problem:
         raise InvalidRequestError(f"the {spec.kind.replace('_', ' ')} for structured output is not usable: "
                                   f"{problem.strip()}")
+    if problem := parser_limit_problem(grammar):
+        raise GrammarLimitError(f"the {spec.kind.replace('_', ' ')} for structured output is beyond llguidance's "
+                                f"parser limits ({problem}); {PARSER_LIMIT_HINT}")
     return grammar
+
+
+# What a grammar beyond llguidance's parser limits (ParserLimits: max_items_in_row 2,000, step_max_items 50,000)
+# usually is, and what to do. The limits stay llguidance's: they bound each step's work, and a right-recursive
+# grammar under max_items_in_row 4,000 took 12 times the time of 2,000 (122 ms steps).
+PARSER_LIMIT_HINT = ("the parser follows at most 2,000 alternatives at one point of the output: give each anyOf, oneOf "
+                     "or enum of objects or arrays (nested ones multiply) at most 2,000, or use a string enum, which "
+                     "has no such limit")
+PROBE_BYTES = 64  # how far the check walks into the output
+_STRUCTURAL = b'"{[:,]}0123456789-tfn'  # tried first, and walked: the walk closes strings and opens values
+
+
+class _ByteTokens:
+    """A tokenizer of the 256 bytes (and an end): what llguidance needs to walk a grammar without the model's."""
+
+    eos_token_id, bos_token_id = 256, None
+    tokens = [bytes([b]) for b in range(256)] + [b""]
+    special_token_ids = [256]
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        return list(text if isinstance(text, bytes) else text.encode())
+
+
+@functools.cache
+def _byte_tokenizer() -> "llguidance.LLTokenizer":
+    from llguidance import LLTokenizer, TokenizerWrapper
+
+    return LLTokenizer(TokenizerWrapper(_ByteTokens()))
+
+
+def parser_limit_problem(grammar: str) -> str:
+    """llguidance's words if ``grammar`` meets a parser limit on a short walk into its output, else "". A limit
+    is met only when the parser gets somewhere (validate_grammar, building a matcher and its first mask all pass):
+    3,000 object alternatives fail on the "{" that opens one, which ended the request after one token. So the
+    check walks PROBE_BYTES bytes, a byte at a time, and tries each byte allowed on the way (all of them where few
+    are, the structural ones in free text). A limit met off that walk still ends the request (matcher_failure)."""
+    from llguidance import LLMatcher
+
+    matcher = LLMatcher(_byte_tokenizer(), grammar, log_level=0)
+    if matcher.is_error():  # a grammar naming the model's special tokens: the worker's matcher checks it
+        return ""
+    for _ in range(PROBE_BYTES):
+        mask = matcher.compute_bitmask()
+        allowed = [b for b in range(256) if mask[b >> 3] >> (b & 7) & 1]
+        if matcher.is_error() or not allowed or matcher.is_stopped():
+            return _limit_error(matcher)
+        tried = allowed if len(allowed) <= 32 else [b for b in allowed if b in _STRUCTURAL] + [allowed[0], allowed[-1]]
+        for byte in tried:
+            if not (branch := matcher.deep_copy()).consume_token(byte):
+                return _limit_error(branch)
+        matcher.consume_token(next((b for b in _STRUCTURAL if b in allowed), allowed[0]))
+    return ""
+
+
+
+def _limit_error(matcher: "llguidance.LLMatcher") -> str:
+    """The first line of ``matcher``'s error when it is a limit, not a dead end (nothing can continue the output:
+    GRAMMAR_DEAD_END). Both stop as "InternalError"; a dead end's first line is its reason, a limit's says which
+    (verbose_errors: the lines after it show the parser's state and the grammar)."""
+    first = (matcher.get_error().strip().splitlines() or [""])[0] if matcher.is_error() else ""
+    return "" if first in ("", "NoExtension", "NoExtensionBias") else first
+
+
+def matcher_failure(matcher: "llguidance.LLMatcher") -> str | None:
+    """Why a request's matcher failed mid-output, for the client, when llguidance hit a limit; None when the grammar
+    only allows no further token (GRAMMAR_DEAD_END)."""
+    if problem := _limit_error(matcher):
+        return f"{GRAMMAR_LIMIT} ({problem}); {PARSER_LIMIT_HINT}"
+    return None
 
 
 class GrammarMatchers:

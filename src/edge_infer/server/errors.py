@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from edge_infer.errors import ContextLengthError, EngineDeadError, InvalidRequestError, MediaError
+from edge_infer.errors import ContextLengthError, EngineDeadError, GrammarLimitError, InvalidRequestError, MediaError
 from edge_infer.server.protocol import PROMPT_FORMS, ErrorInfo, ErrorResponse
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,8 @@ def from_exception(exc: Exception) -> APIError:
         return APIError(400, str(exc), code="invalid_media")
     if isinstance(exc, ContextLengthError):
         return APIError(400, str(exc), code="context_length_exceeded")
+    if isinstance(exc, GrammarLimitError):
+        return APIError(400, str(exc), code="grammar_limit")
     if isinstance(exc, InvalidRequestError):
         return APIError(400, str(exc))
     if isinstance(exc, EngineDeadError):
