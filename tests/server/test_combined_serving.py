@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from .serverutil import ServerProcess
@@ -33,7 +34,12 @@ def test_one_process_serves_a_text_and_a_speech_model(served_model):
         assert metrics["edge_infer_requests_total{path=/v1/chat/completions,status=200}"] == 1
         # A text model's name on the speech route is not a model that route serves.
         wrong = httpx.post(both.base_url + "/v1/audio/speech", json={"model": served_model.name, "voice": "ryan", "input": "x"})
-        assert wrong.status_code == 404 and wrong.json()["error"]["code"] == "model_not_found"
+        assert wrong.status_code == 404 and wrong.json()["error"]["code"] == "not_a_speech_model"
+        assert "send it to /v1/chat/completions" in wrong.json()["error"]["message"]
+        with pytest.raises(openai.NotFoundError, match="is this server's speech model: send it to /v1/audio/speech"):
+            client.chat.completions.create(model=TINY_TTS.name, messages=[{"role": "user", "content": "Hi"}])
+        other = httpx.post(both.base_url + "/v1/audio/speech", json={"model": "nope", "voice": "ryan", "input": "x"})
+        assert other.status_code == 404 and other.json()["error"]["code"] == "model_not_found"
 
 
 def test_a_text_and_a_speech_model_share_one_free_memory(served_model, monkeypatch, capsys):

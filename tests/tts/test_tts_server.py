@@ -80,6 +80,36 @@ def test_audio_streams_while_the_request_runs_and_a_disconnect_cancels_it(server
     assert server.metrics()['edge_infer_request_finish_total{reason=cancelled}'] >= 1
 
 
+def test_greedy_over_http_is_greedy_in_every_codebook(server) -> None:
+    """The residual codebooks sample unless subtalker_temperature is 0: the field was read by the Python API and
+    dropped over HTTP (any value gave the same audio, and temperature 0 alone was not reproducible)."""
+    body = dict(input="Greedy.", response_format="pcm", max_tokens=8, ignore_eos=True, temperature=0)
+    greedy = [speech(server, subtalker_temperature=0, **body).content for _ in range(2)]
+    assert greedy[0] == greedy[1]
+    assert speech(server, subtalker_temperature=1.5, seed=1, **body).content != greedy[0]
+    refused = speech(server, subtalker_temperature="hot", **body)
+    assert refused.status_code == 400 and "subtalker_temperature" in refused.text
+    speech(server, made_up_field=1, **body)
+    assert "ignoring request fields edge-infer does not know: made_up_field" in server.output()
+
+
+def test_a_client_gone_before_the_first_audio_is_cancelled_quietly(server) -> None:
+    """Closing the events while their cancelled read still unwound raised in a task nobody awaited: a traceback
+    ("Task exception was never retrieved") in the log for every such disconnect. The request still ends."""
+    import socket
+
+    body = json.dumps({"voice": "ryan", "input": "A long one.", "max_tokens": 400, "ignore_eos": True,
+                       "response_format": "flac"}).encode()
+    host, port = server.base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as raw:
+        raw.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        wait_until(lambda: server.metrics()["edge_infer_requests_in_flight"] == 1, "the request to start")
+    wait_until(lambda: server.metrics()["edge_infer_requests_in_flight"] == 0, "the disconnected request to end")
+    wait_until(lambda: httpx.get(server.base_url + "/health").json()["stages"][0]["inflight"] == 0, "the abort")
+    assert "never retrieved" not in server.output() and "already running" not in server.output()
+
+
 def test_the_plan_books_the_request_bodies_in_flight(server) -> None:
     """A speech model served alone: its deploy plan holds the server's bodies in flight (2 x --max-body-bytes)."""
     from edge_infer.memory.ledger import format_bytes
@@ -121,6 +151,7 @@ def test_mp3_and_opus_carry_the_same_speech_lossily(server, fmt, media_type, flo
     ({"input": "hi", "response_format": "aac"}, "response_format", "wav, pcm, flac, mp3, opus"),
     ({"input": "hi", "response_format": "mp3", "stream_format": "sse"}, "stream_format", "use stream_format audio for mp3"),
     ({"input": "\u200b \ufeff\u200d"}, "input", "input is empty"),  # zero-width characters speak nothing
+    ({"input": "\x00\x01\u0301\ue000"}, "input", "input is empty"),  # nor control, lone combining, private ones
     ({"input": "hi", "instructions": "calm " * 200_000}, "instructions", "instructions has 1000000 characters"),
     ({"input": "hi", "language": "klingon"}, "language", "english"),
     ({"input": "hi", "response_format": "flac", "stream_format": "sse"}, "stream_format", "flac"),
@@ -129,7 +160,7 @@ def test_bad_requests_are_400_with_the_reason(server, body, param, fragment) -> 
     response = httpx.post(server.base_url + "/v1/audio/speech", json={"voice": "ryan", **body}, timeout=30)
     assert response.status_code == 400
     error = response.json()["error"]
-    assert error["param"] == param and fragment in error["message"]
+    assert error["param"] == param and fragment in error["message"] and error["code"]  # a code to act on
 
 
 def test_an_unknown_model_is_404_model_not_found(server) -> None:
@@ -155,16 +186,25 @@ def test_metrics_report_ttfp_rtf_and_stage_times(server) -> None:
 
 
 def test_a_stopped_stage_is_unhealthy_within_seconds_and_healthy_again_when_continued(server) -> None:
+    """A request the silence ends, and one sent during it, are 503 engine_unresponsive, as /health says; not
+    engine_dead with "restart the server" (the server restarts a stage itself)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     talker = httpx.get(server.base_url + "/health").json()["stages"][0]["pid"]
-    os.kill(talker, signal.SIGSTOP)
-    try:
-        wait_until(lambda: httpx.get(server.base_url + "/health").status_code == 503, "health to report the silence")
-        health = httpx.get(server.base_url + "/health").json()
-        assert health["status"] == "engine_unresponsive" and "no heartbeat" in health["detail"]
-        response = speech(server, input="Anyone there?")
-        assert response.status_code == 503 and response.json()["error"]["code"] == "engine_unresponsive"
-    finally:
-        os.kill(talker, signal.SIGCONT)
+    with ThreadPoolExecutor(1) as pool:
+        inflight = pool.submit(speech, server, input="Long.", response_format="flac", max_tokens=400, ignore_eos=True)
+        wait_until(lambda: httpx.get(server.base_url + "/health").json()["stages"][0]["inflight"] == 1, "a request")
+        os.kill(talker, signal.SIGSTOP)
+        try:
+            wait_until(lambda: httpx.get(server.base_url + "/health").status_code == 503, "health to report the silence")
+            health = httpx.get(server.base_url + "/health").json()
+            assert health["status"] == "engine_unresponsive" and "no heartbeat" in health["detail"]
+            response = speech(server, input="Anyone there?")
+            assert response.status_code == 503 and response.json()["error"]["code"] == "engine_unresponsive"
+            ended = inflight.result().json()["error"]
+            assert ended["code"] == "engine_unresponsive" and "restarts it" in ended["message"]
+        finally:
+            os.kill(talker, signal.SIGCONT)
     wait_until(lambda: httpx.get(server.base_url + "/health").status_code == 200, "health to recover")
     assert speech(server, input="Back.", max_tokens=4, ignore_eos=True).status_code == 200
 

@@ -71,6 +71,8 @@ def build_app(services: Sequence[Service], loader: Callable[[], Awaitable[None]]
         services[0].check_model(model_id)  # raises the 404 naming what is served
 
     for service in services:
+        service.neighbours = {other.settings.served_model_name: (other.kind, KIND_PATHS[other.kind][0])
+                              for other in services if other is not service}
         app.include_router(ROUTERS[service.kind](service, auth))
     served = {s.kind for s in services}
     for kind, paths in KIND_PATHS.items():

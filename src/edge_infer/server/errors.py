@@ -73,7 +73,8 @@ def from_exception(exc: Exception) -> APIError:
     if isinstance(exc, InvalidRequestError):
         return APIError(400, str(exc))
     if isinstance(exc, EngineDeadError):
-        return APIError(503, f"the engine worker is down ({exc}); restart the server", code="engine_dead")
+        return APIError(503, f"the engine worker is down ({exc}); the server restarts it unless --no-restart is set: "
+                             "retry shortly", code="engine_dead")
     log.exception("unexpected error while serving a request", exc_info=exc)
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error")
 

@@ -212,7 +212,7 @@ class Generation:
         if not errors:
             return None
         if not self.service.engine.healthy:
-            return APIError(503, f"the engine worker is down: {errors[0]}", code="engine_dead")
+            return self.service.engine_failed(f"the engine worker is down: {errors[0]}")
         if errors[0].startswith(GRAMMAR_LIMIT):  # the request's spec met a limit off the check's walk
             return APIError(400, errors[0], code="grammar_limit")
         return APIError(500, f"generation failed: {errors[0]}")

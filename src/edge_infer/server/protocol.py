@@ -9,6 +9,7 @@ being ignored.
 """
 from __future__ import annotations
 
+import logging
 import re
 import time
 from typing import Annotated, Any, ClassVar, Literal, Union
@@ -18,6 +19,8 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Fie
 
 from edge_infer.engine.grammar import MAX_JSON_DEPTH
 from edge_infer.engine.media_prompt import MEDIA_PARTS
+
+log = logging.getLogger(__name__)
 
 # n samples of one prompt; more is never admitted on an edge box anyway.
 MAX_N = 16
@@ -54,9 +57,22 @@ def at_most(limit: int, what: str) -> BeforeValidator:
 
 
 class _Request(BaseModel):
-    # Unknown fields are tolerated (clients send newer ones) and logged by the server. Types are strict, as
-    # OpenAI's are: "max_tokens": "4" or "stream": "yes" is a 400, not a guess.
+    # Unknown fields are tolerated (clients send newer ones) and logged by the server (UnknownFields). Types are
+    # strict, as OpenAI's are: "max_tokens": "4" or "stream": "yes" is a 400, not a guess.
     model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
+
+
+class UnknownFields:
+    """A route's log of the request fields it does not know: each named once, as a warning (they change nothing)."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def note(self, body: BaseModel) -> None:
+        new = set(body.model_extra or ()) - self.seen
+        if new:
+            self.seen |= new
+            log.warning("ignoring request fields edge-infer does not know: %s", ", ".join(sorted(new)))
 
 
 def body_problem(value: Any) -> str | None:

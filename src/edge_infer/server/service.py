@@ -106,6 +106,8 @@ class Service:
         self.live: set[LiveRequest] = set()
         # Set by the CLI: stop the server with an exit code (the model cannot serve any more).
         self.on_fatal: Callable[[int, str], None] | None = None
+        # Set by build_app: the other models this server serves, by name: (their kind, the route to send them to).
+        self.neighbours: dict[str, tuple[str, str]] = {}
         self.restart_policy = restart
         self.restarting = False
         self._restarts: deque[float] = deque()  # monotonic times of restarts in the current window
@@ -155,6 +157,15 @@ class Service:
         """``ok``, or the engine's trouble as /health and error codes name it."""
         return "ok" if self.down_reason() is None else "engine_dead"
 
+    def engine_failed(self, what: str) -> APIError:
+        """The 503 for a request that a failing engine (or pipeline stage) ended: coded as /health names the trouble
+        (dead, unresponsive, restarting), saying what happens next."""
+        status = self.health_status
+        then = ("the server restarts it: retry shortly" if self.restart_policy.enabled
+                else "restarts are off (--no-restart): the server stops")
+        return APIError(503, f"{what}; {then}", code=status if status != "ok" else "engine_dead",
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
+
     async def close(self) -> None:
         raise NotImplementedError
 
@@ -173,6 +184,10 @@ class Service:
             raise APIError(503, down, code=self.health_status, headers={"Retry-After": str(RETRY_AFTER_S)})
 
     def check_model(self, name: str | None) -> None:
+        if name is not None and name in self.neighbours:  # another model of this server, of another kind
+            kind, path = self.neighbours[name]
+            raise APIError(404, f"model {name!r} is this server's {kind} model: send it to {path}; this route serves "
+                                f"{self.settings.served_model_name!r}", param="model", code=f"not_a_{self.kind}_model")
         if name is not None and name != self.settings.served_model_name:
             raise APIError(
                 404, f"model {name!r} is not served here; this server serves {self.settings.served_model_name!r} (GET /v1/models)",

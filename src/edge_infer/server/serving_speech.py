@@ -78,7 +78,7 @@ class SpeechRun:
             else:
                 self._end("error")
                 if not self.service.healthy():
-                    raise APIError(503, f"a pipeline stage died: {event.error}; restart the server", code="engine_dead")
+                    raise self.service.engine_failed(f"a pipeline stage failed the request: {event.error}")
                 raise APIError(500, f"the speech pipeline failed the request: {event.error}")
 
     def _end(self, outcome: str) -> None:
@@ -95,7 +95,13 @@ class SpeechRun:
         """The response ended (or never started): abort whatever is still running."""
         if self.outcome is None:
             self._end("cancelled")
-        asyncio.ensure_future(self.events.aclose())  # AsyncOmni.generate aborts an unfinished request on close
+        asyncio.ensure_future(self._close_events())
+
+    async def _close_events(self) -> None:
+        try:
+            await self.events.aclose()  # AsyncOmni.generate aborts an unfinished request on close
+        except RuntimeError:  # a client gone before the first audio: its cancelled __anext__ is still unwinding
+            await self.service.omni.abort(self.request_id)
 
 
 def _b64(data: bytes) -> str:

@@ -33,6 +33,10 @@ class SpeechRequest(_TopRequest):
     top_k: int | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
     repetition_penalty: float | None = Field(default=None, gt=0, le=2)
+    # the residual codebooks (the code predictor): without them temperature 0 left these sampling
+    subtalker_temperature: float | None = Field(default=None, ge=0, le=2)
+    subtalker_top_k: int | None = Field(default=None, ge=0)
+    subtalker_top_p: float | None = Field(default=None, gt=0, le=1)
     max_tokens: int | None = Field(default=None, ge=1)
     ignore_eos: bool = False
 

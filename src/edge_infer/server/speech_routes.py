@@ -7,6 +7,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from edge_infer.server.http import CLIENT_CLOSED, ClientGone, EventStream, unless_disconnected
+from edge_infer.server.protocol import UnknownFields
 from edge_infer.server.responses import ERROR_RESPONSES
 from edge_infer.server.serving_speech import SpeechRun, audio_body, sse_body, whole_audio
 from edge_infer.server.speech_protocol import SpeechRequest, VoiceList
@@ -19,6 +20,7 @@ AUDIO_RESPONSE = {"content": {t: {} for t in (*MEDIA_TYPES.values(), MEDIA_TYPE)
 
 def speech_router(service: SpeechService, auth: list[Any]) -> APIRouter:
     router = APIRouter()
+    unknown_fields = UnknownFields()
 
     @router.get("/v1/audio/voices", dependencies=auth, response_model=VoiceList, responses=ERROR_RESPONSES)
     async def voices() -> VoiceList:
@@ -28,6 +30,7 @@ def speech_router(service: SpeechService, auth: list[Any]) -> APIRouter:
     async def speech(body: SpeechRequest, request: Request) -> Response:
         service.check_ready()
         service.check_model(body.model)
+        unknown_fields.note(body)
         job = service.prepare(body)
         ticket = service.admit()
         run = SpeechRun(service, job)

@@ -33,7 +33,8 @@ from edge_infer.tts.planning import DEFAULT_MAX_MODEL_LEN
 log = logging.getLogger(__name__)
 # OpenAI's limit for /v1/audio/speech.
 DEFAULT_MAX_INPUT_CHARS = 4096
-_SAMPLING_FIELDS = ("seed", "temperature", "top_k", "top_p", "repetition_penalty", "max_tokens")
+_SAMPLING_FIELDS = ("seed", "temperature", "top_k", "top_p", "repetition_penalty", "subtalker_temperature",
+                    "subtalker_top_k", "subtalker_top_p", "max_tokens")
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,13 @@ class SpeechJob:
     response_format: str
     stream_format: str
     input_tokens: int
+
+
+def _silent(ch: str) -> bool:
+    """Nothing to speak: whitespace, control, format (zero-width), private or unassigned characters, and combining
+    marks with nothing to combine with."""
+    category = unicodedata.category(ch)
+    return category[0] in "CZ" or category in ("Mn", "Me") or ch.isspace()
 
 
 class SpeechService(Service):
@@ -140,7 +148,7 @@ class SpeechService(Service):
                            param="response_format", code="unsupported_format")
         if body.stream_format == "sse" and fmt not in STREAMABLE:
             raise APIError(400, f"stream_format sse carries {' or '.join(STREAMABLE)} chunks, not {fmt}; "
-                           f"use stream_format audio for {fmt}", param="stream_format")
+                           f"use stream_format audio for {fmt}", param="stream_format", code="unsupported_format")
         text = body.input
         for field, value in (("input", text), ("instructions", body.instructions or "")):
             # before anything is read character by character or tokenized: that runs on the event loop (megabytes
@@ -149,8 +157,9 @@ class SpeechService(Service):
                 raise APIError(400, f"{field} has {len(value)} characters; this server takes at most "
                                f"{self.max_input_chars} (--max-input-chars); shorten it", param=field,
                                code="input_too_long")
-        if not any(not ch.isspace() and unicodedata.category(ch) != "Cf" for ch in text):  # zero-width ones too
-            raise APIError(400, "input is empty: give the text to speak", param="input", code="empty_input")
+        if all(_silent(ch) for ch in text):
+            raise APIError(400, "input is empty: give the text to speak (it has no letter, digit, punctuation or "
+                           "symbol)", param="input", code="empty_input")
         voice = body.voice.lower()
         if voice not in self.config.talker.speakers:
             raise APIError(400, f"unknown voice {body.voice!r}; this model's voices: {', '.join(self.voices)} "
@@ -161,7 +170,7 @@ class SpeechService(Service):
             raise APIError(400, str(exc), param="language", code="unknown_language") from None
         if body.instructions and self.config.model_size == "0b6":
             raise APIError(400, "the 0.6B CustomVoice checkpoints do not take style instructions; leave instructions out",
-                           param="instructions")
+                           param="instructions", code="unsupported_instructions")
         ids = self.tokenizer.assistant_ids(text)
         instruct_ids = self.tokenizer.instruct_ids(body.instructions) if body.instructions else None
         positions = prompt_length(self.config, VoiceRequest(ids, voice, body.language, instruct_ids))
@@ -177,7 +186,7 @@ class SpeechService(Service):
         try:
             SpeechParams.parse(params)
         except ValueError as exc:
-            raise APIError(400, str(exc)) from None
+            raise APIError(400, str(exc), code="invalid_parameter") from None
         return SpeechJob(text, params, fmt, body.stream_format, input_tokens=len(ids))
 
     # -- life cycle ------------------------------------------------------------------

@@ -10,7 +10,6 @@ is not served.
 """
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -20,23 +19,15 @@ from edge_infer.server import serving_chat, serving_completions
 from edge_infer.server.generation import Generation
 from edge_infer.server.http import CLIENT_CLOSED, ClientGone, EventStream, unless_disconnected
 from edge_infer.server.protocol import (
-    ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse, SamplingFields,
+    ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse, SamplingFields, UnknownFields,
 )
 from edge_infer.server.responses import ERROR_RESPONSES, STREAM_RESPONSE
 from edge_infer.server.text_service import TextService
 
-log = logging.getLogger(__name__)
-
 
 def text_router(service: TextService, auth: list[Any]) -> APIRouter:
     router = APIRouter()
-    unknown_fields: set[str] = set()
-
-    def note_unknown_fields(body: SamplingFields) -> None:
-        extra = set(body.model_extra or ()) - unknown_fields
-        if extra:
-            unknown_fields.update(extra)
-            log.warning("ignoring request fields edge-infer does not know: %s", ", ".join(sorted(extra)))
+    unknown_fields = UnknownFields()
 
     async def prepare_and_start(request: Request, body: SamplingFields, prepare: Any) -> tuple[Any, Generation, Any]:
         """The prepared job, its started generation and its admission ticket. Admitted first, so that a full
@@ -57,7 +48,7 @@ def text_router(service: TextService, auth: list[Any]) -> APIRouter:
     async def respond(request: Request, body: SamplingFields, prepare: Any, module: Any) -> Response:
         service.check_ready()
         service.check_model(body.model)
-        note_unknown_fields(body)
+        unknown_fields.note(body)
         try:
             job, gen, ticket = await prepare_and_start(request, body, prepare)
         except ClientGone:
