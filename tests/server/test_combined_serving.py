@@ -63,8 +63,8 @@ def test_a_text_and_a_speech_model_share_one_free_memory(served_model, monkeypat
         return args
 
     big_kv = ("--kv-cache-memory-bytes", str(64 << 20))
-    pipeline = serve._speech_pipeline(serve_args(*big_kv), str(TINY_TTS))
-    speech_bytes = sum(s.reservation.total_bytes for s in plan_deploy(pipeline.config).stages)
+    pipeline = serve.speech_pipeline(serve_args(*big_kv), str(TINY_TTS))
+    speech_bytes = plan_deploy(pipeline.config).stages_bytes
     text = serve._text_service(serve_args(*big_kv), SharedMetrics()).frontend.plan
     available = speech_bytes + text.steady_bytes - (32 << 20)
     assert max(text.peak_bytes, speech_bytes) < available  # either fits alone
@@ -86,3 +86,11 @@ def test_a_text_and_a_speech_model_share_one_free_memory(served_model, monkeypat
     assert speech.omni.plan.admitted and text.frontend.plan.available_bytes == available - speech_bytes
     assert [r.owner for r in speech.omni.plan.beside] == [f"text model {served_model.name}"]
     assert "after the speech pipeline's" in capsys.readouterr().err
+
+    # edge-infer plan --speech shows the same, before serve is run.
+    plan = ["plan", str(served_model), "--speech", str(TINY_TTS), "--max-num-seqs", "2", "--available-bytes",
+            str(available)]
+    assert main([*plan, *big_kv]) == 1
+    assert main(plan) == 0
+    out = capsys.readouterr().out
+    assert f"of {available / 2**20:,.1f} MiB)" in out and f"text model {served_model.name}" in out and "ADMITTED" in out

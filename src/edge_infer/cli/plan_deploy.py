@@ -15,7 +15,7 @@ from edge_infer.runtime.config import DeployConfigError, load_deploy_config
 from edge_infer.runtime.deploy_plan import plan_deploy
 
 
-def _with_available(profile: MachineProfile, available_bytes: int) -> MachineProfile:
+def with_available(profile: MachineProfile, available_bytes: int) -> MachineProfile:
     """Plan against a given amount of free memory in every pool (``--available-bytes``)."""
     pools = tuple(
         dataclasses.replace(p, available_bytes=available_bytes, total_bytes=max(p.total_bytes, available_bytes), source=f"--available-bytes {available_bytes}")
@@ -33,7 +33,7 @@ def run_deploy_plan(args: argparse.Namespace) -> int:
         return 2
     available = getattr(args, "available_bytes", None)
     if available is not None:
-        profile = _with_available(profile, available)
+        profile = with_available(profile, available)
     served = getattr(args, "server", False)
     plan = plan_deploy(config, profile, args.max_body_bytes_in_flight if served else 0)
     print(json.dumps(plan.to_dict(), indent=2) if getattr(args, "json", False) else plan.render())

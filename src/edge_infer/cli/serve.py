@@ -34,6 +34,7 @@ from edge_infer.server.limits import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIM
                                      DEFAULT_MAX_BODY_ITEMS, DEFAULT_SEND_TIMEOUT_S)
 
 if TYPE_CHECKING:  # pragma: no cover
+    from edge_infer.memory.ledger import Reservation
     from edge_infer.memory.plan import TextPlan
     from edge_infer.server.service import ServeSettings
     from edge_infer.tts.deploy import SpeechPipeline
@@ -147,11 +148,11 @@ def run(args: argparse.Namespace) -> int:
     speech_only = bool(args.deploy_config) or bool(args.model and is_qwen3_tts_checkpoint(args.model))
     try:
         if speech_only:
-            services = [_speech_service(args, shared, _speech_pipeline(args, args.model))]
+            services = [_speech_service(args, shared, speech_pipeline(args, args.model))]
         else:
             # Beside a speech model, the text model's KV cache is sized from what the speech stages leave, and the
             # speech plan books the text model's: one process, one free memory, counted once.
-            pipeline = _speech_pipeline(args, args.speech) if args.speech else None
+            pipeline = speech_pipeline(args, args.speech) if args.speech else None
             services = [_text_service(args, shared, pipeline)]
             if pipeline is not None:
                 services.append(_speech_service(args, shared, pipeline, services[0].frontend.plan))
@@ -193,7 +194,7 @@ def _text_service(args: argparse.Namespace, shared: Any, speech: SpeechPipeline 
         from edge_infer.runtime.deploy_plan import plan_deploy
 
         free = available_memory_bytes()
-        speech_bytes = sum(stage.reservation.total_bytes for stage in plan_deploy(speech.config).stages)
+        speech_bytes = plan_deploy(speech.config).stages_bytes
         planning["available_bytes"] = max(0, free - speech_bytes)
     # A refused plan or a bad checkpoint is reported by edge_infer.cli in one line (nothing loaded).
     try:
@@ -233,7 +234,7 @@ def media_policy(args: argparse.Namespace) -> MediaPolicy:
                        timeout_s=args.media_timeout_s)
 
 
-def _speech_pipeline(args: argparse.Namespace, model: str | None) -> SpeechPipeline:
+def speech_pipeline(args: argparse.Namespace, model: str | None) -> SpeechPipeline:
     """The speech pipeline: ``--deploy-config``'s, or the bundled one on checkpoint ``model`` (served alone, it takes
     the engine flags; beside a text model, whose flags they are, its stages keep their defaults)."""
     from edge_infer.runtime.config import load_deploy_config
@@ -262,18 +263,21 @@ def _speech_pipeline(args: argparse.Namespace, model: str | None) -> SpeechPipel
     return SpeechPipeline.for_checkpoint(model, args.stage_overrides, flags)
 
 
+def text_model_reservation(plan: TextPlan) -> Reservation:
+    """A text model's steady plan as a reservation in a speech pipeline's ledger (on this machine's CPU pool)."""
+    from edge_infer.memory.device import detect_machine
+    from edge_infer.memory.ledger import Reservation
+
+    pool = detect_machine().device("cpu").pool or "ram"
+    return Reservation(owner=f"text model {Path(plan.model).name}", pool=pool, device="cpu", **plan.ledger_items())
+
+
 def _speech_service(args: argparse.Namespace, shared: Any, pipeline: SpeechPipeline,
                     text: TextPlan | None = None) -> Any:
     """The speech model's service; beside a ``text`` model, whose steady plan its deploy plan books."""
-    from edge_infer.memory.device import detect_machine
-    from edge_infer.memory.ledger import Reservation
     from edge_infer.server.speech_service import SpeechService
 
-    beside = []
-    if text is not None:
-        pool = detect_machine().device("cpu").pool or "ram"
-        beside.append(Reservation(owner=f"text model {Path(text.model).name}", pool=pool, device="cpu",
-                                  **text.ledger_items()))
+    beside = [] if text is None else [text_model_reservation(text)]
     name = args.served_model_name if text is None and args.served_model_name else Path(pipeline.model or "speech").name
     service = SpeechService(pipeline, _settings(args, name), args.max_input_chars, shared=shared, beside=beside,
                             restart=_restart_policy(args))

@@ -75,6 +75,11 @@ class DeployPlan:
     def stage(self, stage_id: int) -> StagePlan:
         return next(s for s in self.stages if s.stage_id == stage_id)
 
+    @property
+    def stages_bytes(self) -> int:
+        """What the stages reserve, all pools together (not the server's bodies or what is beside them)."""
+        return sum(s.reservation.total_bytes for s in self.stages)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "config": self.config_source,
