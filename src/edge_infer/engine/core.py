@@ -26,10 +26,10 @@ import torch
 
 from edge_infer.config import EngineConfig
 from edge_infer.models.layers.kv_cache import KVCache, KVLayout
-from edge_infer.engine.grammar import GrammarMatchers, matcher_failure
+from edge_infer.engine.grammar import GrammarMatchers, met_limit
 from edge_infer.engine.protocol import (
-    GRAMMAR_DEAD_END, CoreStats, EngineRequest, MediaInput, ReadyInfo, TokenDelta, media_problem, mrope_positions,
-    request_problem,
+    GRAMMAR_DEAD_END, GRAMMAR_LIMIT, CoreStats, EngineRequest, MediaInput, ReadyInfo, TokenDelta, media_problem,
+    mrope_positions, request_problem,
 )
 from edge_infer.engine.runner import ModelRunner
 from edge_infer.engine.sampler import SampledToken, sample_row
@@ -352,10 +352,6 @@ class EngineCore:
             if seq.credits is not None:
                 seq.credits -= 1
             reason = self._finish_reason(seq, tok.token_id)
-            if reason == GRAMMAR_DEAD_END and (problem := matcher_failure(seq.grammar)):
-                log.warning("%s: %s", seq.request_id, seq.grammar.get_error())
-                out.append(self._fail(seq, problem))
-                continue
             if reason == "stop":
                 seq.stop_reason = tok.token_id
             out.append(self._delta(seq, tok, finished=False) if reason is None else self._finish(seq, reason, tok))
@@ -396,15 +392,17 @@ class EngineCore:
                 # llguidance then allows only EOS; ending here keeps that EOS out of the output
                 log.warning("%s: the grammar allows no token after %d generated (%s)", seq.request_id,
                             len(seq.output_token_ids), seq.grammar.get_error() or "empty mask")
-                problem = matcher_failure(seq.grammar)  # a parser limit, not a dead end: the client is told which
-                out.append(self._fail(seq, problem) if problem else self._finish(seq, GRAMMAR_DEAD_END))
+                out.append(self._finish(seq, GRAMMAR_LIMIT if met_limit(seq.grammar) else GRAMMAR_DEAD_END))
             else:
                 live[seq.request_id] = mask
         return live
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         if seq.grammar is not None and not seq.grammar.consume_token(token):
-            return GRAMMAR_DEAD_END  # only a token the mask allowed is sampled: the matcher itself failed (a limit)
+            # only a token the mask allowed is sampled: the matcher itself failed (a parser limit, as a rule)
+            log.warning("%s: the grammar took no token after %d generated (%s)", seq.request_id,
+                        len(seq.output_token_ids), seq.grammar.get_error())
+            return GRAMMAR_LIMIT if met_limit(seq.grammar) else GRAMMAR_DEAD_END
         if token in seq.stop_ids:  # the sampler masks them until min_tokens is reached
             return "stop"
         if seq.grammar is not None and seq.grammar.is_stopped():  # complete, and nothing may follow

@@ -18,12 +18,13 @@ on the first constrained request; the memory plan counts it all the same.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edge_infer.engine.protocol import GRAMMAR_LIMIT
 from edge_infer.engine.sampling_params import StructuredOutputsParams
 from edge_infer.errors import GrammarLimitError, InvalidRequestError
 
@@ -169,9 +170,9 @@ def compile_grammar(spec: StructuredOutputsParams) -> str:
 # What a grammar beyond llguidance's parser limits (ParserLimits: max_items_in_row 2,000, step_max_items 50,000)
 # usually is, and what to do. The limits stay llguidance's: they bound each step's work, and a right-recursive
 # grammar under max_items_in_row 4,000 took 12 times the time of 2,000 (122 ms steps).
-PARSER_LIMIT_HINT = ("the parser follows at most 2,000 alternatives at one point of the output: give each anyOf, oneOf "
-                     "or enum of objects or arrays (nested ones multiply) at most 2,000, or use a string enum, which "
-                     "has no such limit")
+PARSER_LIMIT_HINT = ("the parser follows at most 2,000 items at one point of the output: give anyOf, oneOf or enum "
+                     "fewer alternatives that are objects or arrays (nested ones multiply; keep well under 2,000), or "
+                     "use a string enum, which has no such limit")
 PROBE_BYTES = 64  # how far the check walks into the output
 _STRUCTURAL = b'"{[:,]}0123456789-tfn'  # tried first, and walked: the walk closes strings and opens values
 
@@ -194,12 +195,34 @@ def _byte_tokenizer() -> "llguidance.LLTokenizer":
     return LLTokenizer(TokenizerWrapper(_ByteTokens()))
 
 
+# Grammar digest -> what its walk found: a tool set's grammar, sent with every request, is walked once.
+_WALKED: dict[bytes, str] = {}
+_WALKED_MAX = 256
+_WALKED_LOCK = threading.Lock()
+
+
 def parser_limit_problem(grammar: str) -> str:
+    """llguidance's words if ``grammar`` meets a parser limit on a short walk into its output (_walk), else "";
+    remembered for the last _WALKED_MAX grammars (by digest: a large schema's text is not kept)."""
+    key = hashlib.blake2b(grammar.encode(), digest_size=16).digest()
+    with _WALKED_LOCK:
+        found = _WALKED.get(key)
+    if found is None:
+        found = _walk(grammar)
+        with _WALKED_LOCK:
+            if len(_WALKED) >= _WALKED_MAX:
+                del _WALKED[next(iter(_WALKED))]
+            _WALKED[key] = found
+    return found
+
+
+def _walk(grammar: str) -> str:
     """llguidance's words if ``grammar`` meets a parser limit on a short walk into its output, else "". A limit
     is met only when the parser gets somewhere (validate_grammar, building a matcher and its first mask all pass):
     3,000 object alternatives fail on the "{" that opens one, which ended the request after one token. So the
     check walks PROBE_BYTES bytes, a byte at a time, and tries each byte allowed on the way (all of them where few
-    are, the structural ones in free text). A limit met off that walk still ends the request (matcher_failure)."""
+    are, the structural ones in free text). A limit met off that walk ends the request with finish reason
+    GRAMMAR_LIMIT, its text kept."""
     from llguidance import LLMatcher
 
     matcher = LLMatcher(_byte_tokenizer(), grammar, log_level=0)
@@ -209,30 +232,20 @@ def parser_limit_problem(grammar: str) -> str:
         mask = matcher.compute_bitmask()
         allowed = [b for b in range(256) if mask[b >> 3] >> (b & 7) & 1]
         if matcher.is_error() or not allowed or matcher.is_stopped():
-            return _limit_error(matcher)
+            return met_limit(matcher)
         tried = allowed if len(allowed) <= 32 else [b for b in allowed if b in _STRUCTURAL] + [allowed[0], allowed[-1]]
         for byte in tried:
             if not (branch := matcher.deep_copy()).consume_token(byte):
-                return _limit_error(branch)
+                return met_limit(branch)
         matcher.consume_token(next((b for b in _STRUCTURAL if b in allowed), allowed[0]))
     return ""
 
 
-
-def _limit_error(matcher: "llguidance.LLMatcher") -> str:
-    """The first line of ``matcher``'s error when it is a limit, not a dead end (nothing can continue the output:
-    GRAMMAR_DEAD_END). Both stop as "InternalError"; a dead end's first line is its reason, a limit's says which
-    (verbose_errors: the lines after it show the parser's state and the grammar)."""
+def met_limit(matcher: "llguidance.LLMatcher") -> str:
+    """The first line of ``matcher``'s error when it met a parser limit (it says which, and the limit: "... max is
+    2000"), else "" (a dead end, whose first line is its reason: nothing can continue the output; or no error)."""
     first = (matcher.get_error().strip().splitlines() or [""])[0] if matcher.is_error() else ""
-    return "" if first in ("", "NoExtension", "NoExtensionBias") else first
-
-
-def matcher_failure(matcher: "llguidance.LLMatcher") -> str | None:
-    """Why a request's matcher failed mid-output, for the client, when llguidance hit a limit; None when the grammar
-    only allows no further token (GRAMMAR_DEAD_END)."""
-    if problem := _limit_error(matcher):
-        return f"{GRAMMAR_LIMIT} ({problem}); {PARSER_LIMIT_HINT}"
-    return None
+    return first if "max is" in first or "limit" in first.lower() else ""
 
 
 class GrammarMatchers:

@@ -21,9 +21,10 @@ from edge_infer.models.mrope import MediaLayout, layout_problem, rope_index
 
 # The finish reason of a request whose grammar allows no further token (none the tokenizer has can continue it).
 GRAMMAR_DEAD_END = "grammar_dead_end"
-# How the error of a request whose structured output met llguidance's parser limits mid-output begins (a client's
-# spec, not the engine: the server answers 400, code grammar_limit).
-GRAMMAR_LIMIT = "structured output stopped at llguidance's parser limits"
+# The finish reason of a request whose output met llguidance's parser limits (more than 2,000 alternatives at one
+# point: a right-recursive rule 2,000 items deep, or a wide anyOf the request's check did not reach); the text is
+# kept, as for a dead end, and the server's log says which limit.
+GRAMMAR_LIMIT = "grammar_limit"
 
 # One token's logprob and its top alternatives (token id, logprob).
 TokenLogprobs = tuple[float, list[tuple[int, float]]]

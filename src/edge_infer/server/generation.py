@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from edge_infer.engine.frontend import PreparedPrompt
 from edge_infer.engine.media_gate import MediaSlots
-from edge_infer.engine.protocol import GRAMMAR_LIMIT, TokenLogprobs
+from edge_infer.engine.protocol import TokenLogprobs
 from edge_infer.engine.grammar import checked_grammar
 from edge_infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from edge_infer.engine.streams import RequestStream, StreamEvent
@@ -213,8 +213,6 @@ class Generation:
             return None
         if not self.service.engine.healthy:
             return self.service.engine_failed(f"the engine worker is down: {errors[0]}")
-        if errors[0].startswith(GRAMMAR_LIMIT):  # the request's spec met a limit off the check's walk
-            return APIError(400, errors[0], code="grammar_limit")
         return APIError(500, f"generation failed: {errors[0]}")
 
     def _apply(self, s: Sample, event: StreamEvent) -> None:
