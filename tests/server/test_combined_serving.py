@@ -94,3 +94,20 @@ def test_a_text_and_a_speech_model_share_one_free_memory(served_model, monkeypat
     assert main(plan) == 0
     out = capsys.readouterr().out
     assert f"of {available / 2**20:,.1f} MiB)" in out and f"text model {served_model.name}" in out and "ADMITTED" in out
+
+
+def test_a_text_and_a_speech_model_of_one_name_each_serve_on_their_routes():
+    """`serve /a/model --speech /b/model` names both "model": each route must serve its own, not send the request to
+    the other's route (a model of another name and kind is pointed to its route)."""
+    from edge_infer.server.app import link_neighbours
+    from edge_infer.server.errors import APIError
+    from edge_infer.server.service import ServeSettings, Service
+
+    text, speech, other = (Service(ServeSettings(name), None, 1) for name in ("model", "model", "tts"))
+    text.kind, speech.kind, other.kind = "text", "speech", "speech"
+    link_neighbours([text, speech])
+    text.check_model("model")
+    speech.check_model("model")
+    link_neighbours([text, other])
+    with pytest.raises(APIError, match="is this server's speech model: send it to /v1/audio/speech"):
+        text.check_model("tts")

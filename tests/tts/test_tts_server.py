@@ -151,7 +151,7 @@ def test_mp3_and_opus_carry_the_same_speech_lossily(server, fmt, media_type, flo
     ({"input": "hi", "response_format": "aac"}, "response_format", "wav, pcm, flac, mp3, opus"),
     ({"input": "hi", "response_format": "mp3", "stream_format": "sse"}, "stream_format", "use stream_format audio for mp3"),
     ({"input": "\u200b \ufeff\u200d"}, "input", "input is empty"),  # zero-width characters speak nothing
-    ({"input": "\x00\x01\u0301\ue000"}, "input", "input is empty"),  # nor control, lone combining, private ones
+    ({"input": "\x00\x01\u0301"}, "input", "input is empty"),  # nor control or lone combining characters
     ({"input": "hi", "instructions": "calm " * 200_000}, "instructions", "instructions has 1000000 characters"),
     ({"input": "hi", "language": "klingon"}, "language", "english"),
     ({"input": "hi", "response_format": "flac", "stream_format": "sse"}, "stream_format", "flac"),

@@ -70,15 +70,23 @@ def build_app(services: Sequence[Service], loader: Callable[[], Awaitable[None]]
                 return card(service)
         services[0].check_model(model_id)  # raises the 404 naming what is served
 
+    link_neighbours(services)
     for service in services:
-        service.neighbours = {other.settings.served_model_name: (other.kind, KIND_PATHS[other.kind][0])
-                              for other in services if other is not service}
         app.include_router(ROUTERS[service.kind](service, auth))
     served = {s.kind for s in services}
     for kind, paths in KIND_PATHS.items():
         if kind not in served:
             _point_elsewhere(app, kind, paths, services)
     return app
+
+
+def link_neighbours(services: Sequence[Service]) -> None:
+    """Tell each service the other models this server serves (their kind and route), for a 404 that says where to
+    send a request; one of the same name is left out (each route serves its own model under it)."""
+    for service in services:
+        name = service.settings.served_model_name
+        service.neighbours = {other.settings.served_model_name: (other.kind, KIND_PATHS[other.kind][0])
+                              for other in services if other.settings.served_model_name != name}
 
 
 def _point_elsewhere(app: FastAPI, kind: str, paths: tuple[str, ...], services: list[Service]) -> None:

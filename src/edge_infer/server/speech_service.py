@@ -47,10 +47,9 @@ class SpeechJob:
 
 
 def _silent(ch: str) -> bool:
-    """Nothing to speak: whitespace, control, format (zero-width), private or unassigned characters, and combining
-    marks with nothing to combine with."""
-    category = unicodedata.category(ch)
-    return category[0] in "CZ" or category in ("Mn", "Me") or ch.isspace()
+    """Nothing to speak: whitespace, control and format (zero-width) characters, and combining marks (alone, with
+    nothing to combine with). Unassigned ones are not: they may be newer than this Python's Unicode tables."""
+    return unicodedata.category(ch) in ("Cc", "Cf", "Zs", "Zl", "Zp", "Mn", "Me") or ch.isspace()
 
 
 class SpeechService(Service):
