@@ -1,13 +1,15 @@
 """One process serves a text and a speech model (`serve TEXT --speech TTS`) behind one set of shared routes."""
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from .serverutil import ServerProcess
+from .serverutil import ServerProcess, wait_until
 
 pytestmark = pytest.mark.slow
 TINY_TTS = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_tts" / "tiny"
@@ -40,6 +42,18 @@ def test_one_process_serves_a_text_and_a_speech_model(served_model):
             client.chat.completions.create(model=TINY_TTS.name, messages=[{"role": "user", "content": "Hi"}])
         other = httpx.post(both.base_url + "/v1/audio/speech", json={"model": "nope", "voice": "ryan", "input": "x"})
         assert other.status_code == 404 and other.json()["error"]["code"] == "model_not_found"
+        # A stalled speech stage: the server is not healthy, the text model is (a balancer can ask per model).
+        talker = httpx.get(both.base_url + "/health", params={"model": TINY_TTS.name}).json()["stages"][0]["pid"]
+        os.kill(talker, signal.SIGSTOP)
+        try:
+            wait_until(lambda: httpx.get(both.base_url + "/health").status_code == 503, "the silence to show")
+            alone = httpx.get(both.base_url + "/health", params={"model": served_model.name})
+            assert alone.status_code == 200 and alone.json()["status"] == "ok"
+            speech = httpx.get(both.base_url + "/health", params={"model": TINY_TTS.name})
+            assert speech.status_code == 503 and speech.json()["status"] == "engine_unresponsive"
+            assert httpx.get(both.base_url + "/health", params={"model": "nope"}).status_code == 404
+        finally:
+            os.kill(talker, signal.SIGCONT)
 
 
 def test_a_text_and_a_speech_model_share_one_free_memory(served_model, monkeypatch, capsys):

@@ -36,7 +36,16 @@ def build_app(services: Sequence[Service], loader: Callable[[], Awaitable[None]]
 
     @app.get("/health", responses={503: {"description": "loading, shutting down, or a model's engine is dead, "
                                                        "unresponsive or restarting (see status and detail)"}})
-    async def health() -> JSONResponse:
+    async def health(model: str | None = None) -> JSONResponse:
+        """The server's health: 503 while any model is in trouble; ``?model=NAME``: that model's alone (a load
+        balancer in front of one of two models served together)."""
+        if model is not None:
+            service = next((s for s in services if s.settings.served_model_name == model), None)
+            if service is None:
+                services[0].check_model(model)  # raises the 404 naming what is served
+            status, detail, extra = service.health()
+            alone = {"status": status, **({"detail": detail} if status != "ok" else {}), **extra}
+            return JSONResponse(alone, status_code=200 if status == "ok" else 503)
         reports = {s.settings.served_model_name: s.health() for s in services}
         body: dict[str, Any] = {}
         for status, detail, extra in reports.values():  # the first model in trouble speaks for the server
