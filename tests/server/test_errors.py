@@ -120,6 +120,14 @@ def test_missing_or_wrong_api_key_is_401(guarded):
         guarded.client(api_key="wrong").models.list()
     assert guarded.client().models.list().data  # the right key works
     assert httpx.get(guarded.base_url + "/health").status_code == 200  # health and metrics need no key
+    # Before any body is read: a keyless client's 10 MB body, a form or a gzip body is a 401 (the body was read
+    # and parsed first, spending the budget of bodies in flight), and the header's scheme is Bearer's, any case.
+    for headers, body in (({}, b"[" * 10_000_000), ({"Content-Type": "text/plain"}, b"x"),
+                          ({"Content-Encoding": "gzip"}, b"x"), ({"Authorization": "Basic " + API_KEY}, b"{}")):
+        refused = httpx.post(guarded.base_url + "/v1/completions", content=body, headers=headers, timeout=60)
+        assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer", refused.text
+    lower = httpx.get(guarded.base_url + "/v1/models", headers={"Authorization": f"bearer {API_KEY}"})
+    assert lower.status_code == 200
 
 
 def test_full_admission_queue_is_429_with_retry_after(guarded):

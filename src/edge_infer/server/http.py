@@ -2,8 +2,10 @@
 
 ``base_app`` builds a FastAPI app that loads the served models in the
 background and closes them at exit, with OpenAI-shaped error handlers,
-request counting, an ``x-request-id`` on every response, the body limits (size 413, in flight 429, time 408) and format
-(JSON, uncompressed: 415), a catch-all that turns any unexpected error into a well-formed 500, and the API-key check;
+request counting, an ``x-request-id`` on every response, the API key (401
+before a body is read), the body limits (size 413, in flight 429, time 408)
+and format (JSON, uncompressed: 415), and a catch-all that turns any
+unexpected error into a well-formed 500;
 ``EventStream`` is a streamed response that releases its requests however
 the response ends; ``unless_disconnected`` races work against the client
 going away.
@@ -338,18 +340,46 @@ class EventStream(StreamingResponse):
             self.on_close()
 
 
+def api_key_problem(api_key: str | None, authorization: str | None) -> APIError | None:
+    """The 401 for a request whose ``Authorization`` header does not carry ``api_key`` (None: no key is needed)."""
+    if api_key is None:
+        return None
+    challenge = {"WWW-Authenticate": "Bearer"}
+    scheme, _, given = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        return APIError(401, "this server needs an API key: send 'Authorization: Bearer KEY'", code="missing_api_key",
+                        headers=challenge)
+    if not secrets.compare_digest(given.strip().encode(), api_key.encode()):
+        return APIError(401, "the API key is wrong", code="invalid_api_key", headers=challenge)
+    return None
+
+
+class ApiKey:
+    """ASGI middleware: the API routes (/v1/...) answer 401 before a body is read, checked or parsed, so a client
+    without the key cannot spend the budget of bodies in flight or the parser's time (FastAPI reads and parses a
+    body before a route's dependencies run)."""
+
+    def __init__(self, app: Any, api_key: str | None):
+        self.app = app
+        self.api_key = api_key
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if self.api_key is not None and scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            header = dict(scope.get("headers") or []).get(b"authorization")
+            if (error := api_key_problem(self.api_key, None if header is None else header.decode("latin-1"))):
+                await _send_error(send, error)
+                return
+        await self.app(scope, receive, send)
+
+
 def api_key_check(api_key: str | None) -> Callable[..., None]:
+    """The routes' dependency on the key: what the OpenAPI document shows (ApiKey has refused a request without it)."""
     bearer = HTTPBearer(auto_error=False, description="the server's --api-key, when it has one")
 
     async def check(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:  # no thread hop
-        if api_key is None:
-            return
-        challenge = {"WWW-Authenticate": "Bearer"}
-        if credentials is None:
-            raise APIError(401, "this server needs an API key: send 'Authorization: Bearer KEY'", code="missing_api_key",
-                           headers=challenge)
-        if not secrets.compare_digest(credentials.credentials.encode(), api_key.encode()):
-            raise APIError(401, "the API key is wrong", code="invalid_api_key", headers=challenge)
+        given = None if credentials is None else f"{credentials.scheme} {credentials.credentials}"
+        if (error := api_key_problem(api_key, given)) is not None:
+            raise error
 
     return check
 
@@ -408,6 +438,7 @@ def base_app(services: Sequence[Any], metrics: Any, loader: Callable[[], Awaitab
     app.add_middleware(BodyFormat)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, max_in_flight=settings.bodies_in_flight,
                        max_items=settings.max_body_items, cost=BodyCost.measured(), timeout_s=settings.body_timeout_s)
+    app.add_middleware(ApiKey, api_key=settings.api_key)
     app.add_middleware(RequestCounter, metrics=metrics)
     app.add_middleware(RequestId)
     return app, [Depends(api_key_check(settings.api_key))]
