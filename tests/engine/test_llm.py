@@ -109,6 +109,45 @@ def test_bad_requests_are_refused_clearly_and_the_engine_keeps_serving(llm):
     assert llm.generate("still fine", SamplingParams(max_tokens=3, **GREEDY))[0].finish_reason == "length"
 
 
+@pytest.mark.parametrize("field, value, says", [
+    ("seed", 2**64, r"seed must be in \[-2\*\*63, 2\*\*64 - 1\]"), ("seed", -(2**63) - 1, "seed must be in"),
+    ("seed", 1.5, "seed must be a whole number"), ("top_k", 2.5, "top_k must be a whole number"),
+    ("logprobs", 2.5, "logprobs must be a whole number"), ("max_tokens", 1.5, "max_tokens must be a whole number"),
+    ("n", True, "n must be a whole number"), ("repetition_penalty", float("nan"), "repetition_penalty must be a finite"),
+    ("temperature", "0.7", "temperature must be a number"),
+])
+def test_parameters_the_worker_cannot_take_are_refused_up_front(llm, field, value, says):
+    """A seed out of the generators' range took the engine worker down (EngineDeadError, the LLM unusable); a float
+    top_k failed in the sampler; a NaN penalty failed every step."""
+    with pytest.raises(InvalidRequestError, match=says):
+        SamplingParams(**{field: value})
+    assert llm.generate("still fine", SamplingParams(max_tokens=2, **GREEDY))[0].finish_reason == "length"
+
+
+def test_a_seed_at_the_top_of_the_range_seeds_all_n_samples(llm):
+    """Sample k is seeded seed + k modulo 2**64 (as the server does): seed 2**64 - 1 with n=2 took the worker down."""
+    import numpy as np
+
+    out = llm.generate("Hello", SamplingParams(max_tokens=4, n=2, seed=2**64 - 1, temperature=1.0, ignore_eos=True))[0]
+    again = llm.generate("Hello", SamplingParams(max_tokens=4, n=2, seed=2**64 - 1, temperature=1.0, ignore_eos=True))[0]
+    assert [o.token_ids for o in out.outputs] == [o.token_ids for o in again.outputs]
+    assert SamplingParams(seed=np.int64(3), top_k=np.int32(5)).top_k == 5  # numpy's whole numbers are whole numbers
+
+
+
+def test_a_seed_changed_after_its_check_fails_its_request_not_the_worker(llm):
+    from edge_infer.engine.protocol import AddRequest, Deltas
+
+    params = SamplingParams(seed=1, max_tokens=2)
+    params.seed = 2**70  # past SamplingParams' check, straight to the core (as LocalTextEngine's submit sends it)
+    llm._client.send(AddRequest(llm.frontend.request("bad-seed", llm.frontend.prepare("x"), params)))
+    deltas = []
+    while not any(d.finished for d in deltas):
+        deltas += [d for r in llm._client.receive(timeout_s=5.0) if isinstance(r, Deltas) for d in r.deltas]
+    assert "cannot seed a generator" in deltas[-1].error and deltas[-1].request_id == "bad-seed"
+    assert llm.generate("still fine", SamplingParams(max_tokens=2, **GREEDY))[0].finish_reason == "length"
+
+
 def test_a_command_that_cannot_be_sent_fails_in_the_caller_and_the_engine_keeps_serving(llm):
     """Commands are queued for a sender thread (a busy worker never blocks the caller); they are pickled before
     that, so what cannot be sent raises here instead of silently stopping every later command."""

@@ -200,6 +200,11 @@ class EngineCore:
         stop_ids = set(p.stop_token_ids or ())
         if not p.ignore_eos:
             stop_ids |= set(self.config.eos_token_ids)
+        try:  # SamplingParams checked the seed; one changed after that must not take the worker down
+            generator = torch.Generator().manual_seed(p.seed) if p.seed is not None else None
+        except (RuntimeError, TypeError, ValueError) as exc:
+            return TokenDelta(req.request_id, finished=True, finish_reason="error", num_prompt_tokens=n_prompt,
+                              error=f"seed {p.seed!r} cannot seed a generator ({exc}); use one in [-2**63, 2**64 - 1]")
         seq = Sequence(
             request_id=req.request_id,
             prompt_token_ids=list(req.prompt_token_ids),
@@ -207,7 +212,7 @@ class EngineCore:
             stop_ids=frozenset(stop_ids),
             credits=req.credits,
             arrival_time=req.arrival_time,
-            generator=torch.Generator().manual_seed(p.seed) if p.seed is not None else None,
+            generator=generator,
             prompt_logprobs=[] if p.prompt_logprobs is not None else None,
             grammar=None if req.grammar is None else self.grammars.start(req.grammar),
         )

@@ -213,8 +213,7 @@ class LLM:
 
     def _requests(self, prompt: PreparedPrompt, params: SamplingParams, ids: list[str]) -> list[EngineRequest]:
         """The engine requests of one prompt's n samples: distinct seeds when seeded, independent draws otherwise."""
-        return [self.frontend.request(rid, prompt, params.clone(n=1, seed=None if params.seed is None else params.seed + k))
-                for k, rid in enumerate(ids)]
+        return [self.frontend.request(rid, prompt, params.for_sample(k)) for k, rid in enumerate(ids)]
 
     def _receive(self, samples: dict[str, RequestFold], pending: set[str], holding: set[str], bar) -> None:
         """Apply the worker's deltas for a while (up to 1 s); finished samples leave ``pending`` and ``holding``."""

@@ -2,12 +2,18 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from edge_infer.errors import InvalidRequestError
 
 _GREEDY_EPS = 1e-5
+# torch generators take seeds in [-2**63, 2**64); a prompt's n samples take seed, seed + 1, ... modulo 2**64.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+_INT_FIELDS = ("n", "top_k", "min_tokens")
+_OPTIONAL_INT_FIELDS = ("seed", "max_tokens", "logprobs", "prompt_logprobs")
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 # OpenAI's bound on logit_bias values; at -100 a token is in effect banned, at 100 forced.
 LOGIT_BIAS_LIMIT = 100.0
 
@@ -72,6 +78,7 @@ class SamplingParams:
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        self._check_types()
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
@@ -81,6 +88,24 @@ class SamplingParams:
         if self.logit_bias is not None:
             self.logit_bias = {int(t): float(b) for t, b in self.logit_bias.items()}
         self.validate()
+
+    def _check_types(self) -> None:
+        """Counts are whole numbers (numpy's too) and knobs real numbers, as the engine worker takes them:
+        a float top_k or an out-of-range seed failed there, and the seed took the worker down."""
+        for name in _INT_FIELDS + _OPTIONAL_INT_FIELDS:
+            value = getattr(self, name)
+            if value is None and name in _OPTIONAL_INT_FIELDS:
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise InvalidRequestError(f"{name} must be a whole number, got {value!r}")
+            setattr(self, name, int(value))
+        for name in _FLOAT_FIELDS:  # their ranges (NaN and infinities out) are validate's
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise InvalidRequestError(f"{name} must be a number, got {value!r}")
+            setattr(self, name, float(value))
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise InvalidRequestError(f"seed must be in [-2**63, 2**64 - 1], got {self.seed}")
 
     def validate(self) -> None:
         def bad(msg: str) -> None:
@@ -102,8 +127,8 @@ class SamplingParams:
             bad(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
         if not -2 <= self.frequency_penalty <= 2:
             bad(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
-        if self.repetition_penalty <= 0:
-            bad(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            bad(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
         if self.min_tokens < 0:
             bad(f"min_tokens must be >= 0, got {self.min_tokens}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
@@ -126,6 +151,11 @@ class SamplingParams:
 
     def clone(self, **changes: Any) -> "SamplingParams":
         return replace(self, **changes)
+
+    def for_sample(self, k: int) -> "SamplingParams":
+        """The parameters of sample ``k`` of the n: one sample, seeded seed + k (in the generators' range), or
+        unseeded (an independent draw)."""
+        return self.clone(n=1, seed=None if self.seed is None else (self.seed + k) % (SEED_MAX + 1))
 
     @classmethod
     def field_names(cls) -> set[str]:

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
 # Undelivered events buffered per streamed sample; beyond that its decoding waits for the client.
 STREAM_BUFFER_CHUNKS = 64
-_SEED_SPACE = 2**64
 _ids = itertools.count()
 
 
@@ -134,8 +133,7 @@ class Generation:
         try:
             for p, prompt in enumerate(prompts):
                 for k in range(params.n):
-                    seed = None if params.seed is None else (params.seed + k) % _SEED_SPACE
-                    sub = params.clone(n=1, seed=seed)
+                    sub = params.for_sample(k)
                     rid = f"{self.id}-{p}-{k}"
                     s = engine.add_request(prompt, sub, request_id=rid, max_chunks=STREAM_BUFFER_CHUNKS if stream else None,
                                            media_slots=media)

@@ -19,14 +19,13 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Fie
 
 from edge_infer.engine.grammar import MAX_JSON_DEPTH
 from edge_infer.engine.media_prompt import MEDIA_PARTS
+from edge_infer.engine.sampling_params import SEED_MAX, SEED_MIN
 
 log = logging.getLogger(__name__)
 
 # n samples of one prompt; more is never admitted on an edge box anyway.
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
-# torch generators take seeds in [-2**63, 2**64); per-sample seeds are reduced modulo 2**64.
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 # Item counts a request may hold, checked before its items are validated: each costs ~0.5-1 KB validated whatever
 # its bytes ({"type":"text","text":""} is 25), and each bad one a validation error of as much. Above what a 96k-token
 # context holds (a message is at least ~6 tokens of chat template, a text part 2).

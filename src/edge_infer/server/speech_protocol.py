@@ -16,7 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from edge_infer.server.protocol import SEED_MAX, SEED_MIN, _Response, _TopRequest
+from edge_infer.engine.sampling_params import SEED_MAX, SEED_MIN
+from edge_infer.server.protocol import _Response, _TopRequest
 
 
 class SpeechRequest(_TopRequest):
