@@ -35,6 +35,50 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 120))
 
 
+def test_a_stream_its_consumer_drops_cancels_its_request(plan):
+    """A consumer task cancelled mid-stream, or a loop broken off and its stream let go: the request is cancelled
+    (it held its slot and KV blocks, or generated into the void, until an explicit cancel); a request of n samples
+    is refused (one stream is one sample: it silently gave one)."""
+    import gc
+
+    async def scenario():
+        engine = LocalTextEngine(plan)
+        await engine.start()
+        try:
+            session = engine.open_session()
+
+            async def read_some(rid_box: list) -> None:
+                rid, stream = await engine.submit(session, PROMPT, max_tokens=400, ignore_eos=True, max_chunks=4)
+                rid_box.append(rid)
+                async for _ in stream:
+                    await asyncio.sleep(3600)  # a consumer that stops reading, then is cancelled
+
+            boxes = [[], []]
+            tasks = [asyncio.ensure_future(read_some(box)) for box in boxes]
+            await asyncio.sleep(1.0)
+            await asyncio.gather(*[t for t in tasks if t.cancel()], return_exceptions=True)
+            del tasks  # their tracebacks hold the frames that held the streams
+            rid, stream = await engine.submit(session, PROMPT, max_tokens=400, ignore_eos=True)
+            async for _ in stream:
+                break  # broken off, and the stream let go
+            del stream
+            gc.collect()
+            deadline = time.monotonic() + 10
+            dropped = [box[0] for box in boxes] + [rid]
+            while not all(engine.records[r].finished for r in dropped) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert [engine.records[r].finish_reason for r in dropped] == ["abort"] * 3
+            _, again = await engine.submit(session, PROMPT, max_tokens=5, ignore_eos=True)
+            tokens, kinds = await collect(again)
+            assert len(tokens) == 5 and kinds[-1] == "finished"
+            with pytest.raises(InvalidRequestError, match="one sample"):
+                await engine.submit(session, PROMPT, max_tokens=5, n=2)
+        finally:
+            await engine.close()
+
+    run(scenario())
+
+
 def test_reliability_behaviours(plan):
     async def scenario():
         engine = LocalTextEngine(plan)

@@ -19,6 +19,7 @@ import itertools
 import logging
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
@@ -80,12 +81,19 @@ class RequestRecord:
 
 @dataclass
 class _Active:
-    stream: RequestStream
+    # Weak: a stream its consumer dropped (a loop broken off, a task cancelled) is collected, and its request
+    # cancelled (AsyncEngine._cancel_when_dropped); held strongly here, it kept generating, or held its slot, for nobody.
+    stream_ref: weakref.ref[RequestStream]
     fold: RequestFold
     record: RequestRecord
     uses_credits: bool
     media_slot: MediaSlot | None = None  # given back when the request ends
     abort_ack: asyncio.Future | None = None
+
+    @property
+    def stream_ended(self) -> bool:
+        stream = self.stream_ref()
+        return stream is None or stream.ended
 
 
 class AsyncEngine:
@@ -201,10 +209,26 @@ class AsyncEngine:
         stream = RequestStream(rid, max_chunks, lambda n, rid=rid: self._grant(rid, n))
         record = RequestRecord(rid, session_id, list(request.prompt_token_ids))
         self._remember(record)
-        self._active[rid] = _Active(stream, RequestFold.start(self.frontend.tokenizer, request.params), record,
-                                    max_chunks is not None, media_slots.take() if prompt.media else None)
+        self._active[rid] = _Active(weakref.ref(stream), RequestFold.start(self.frontend.tokenizer, request.params),
+                                    record, max_chunks is not None, media_slots.take() if prompt.media else None)
         self._client.send(AddRequest(request))
+        self._cancel_when_dropped(stream, rid)
         return stream
+
+    def _cancel_when_dropped(self, stream: RequestStream, request_id: str) -> None:
+        """Cancel the request once its consumer lets its stream go unfinished (it may be collected in any thread)."""
+        loop = self._loop
+
+        def dropped() -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._cancel_if_dropped, request_id)
+
+        weakref.finalize(stream, dropped)
+
+    def _cancel_if_dropped(self, request_id: str) -> None:
+        active = self._active.get(request_id)
+        if active is not None and active.stream_ref() is None:  # not a later request of the same id
+            self.cancel_nowait(request_id)
 
     def cancel_nowait(self, request_id: str) -> int | None:
         """The fence part of a cancel: end the stream now and tell the core.
@@ -218,7 +242,8 @@ class AsyncEngine:
         record = active.record
         record.cancelled = True
         record.finished, record.finish_reason, record.finished_at = True, "abort", time.time()
-        discarded = active.stream.cancel(StreamEvent("cancelled", request_id, finish_reason="abort"))
+        stream = active.stream_ref()
+        discarded = 0 if stream is None else stream.cancel(StreamEvent("cancelled", request_id, finish_reason="abort"))
         active.abort_ack = self._loop.create_future()
         try:
             self._client.send(AbortRequests([request_id]))
@@ -297,7 +322,7 @@ class AsyncEngine:
                 self._drop(delta.request_id)
             return
         # our own abort after a stop string (already reported): its ack, or the core's own finish before it
-        if delta.finish_reason == "abort" or active.stream.ended:
+        if delta.finish_reason == "abort" or active.stream_ended:
             if delta.finished:
                 self._drop(delta.request_id)
             return
@@ -336,13 +361,14 @@ class AsyncEngine:
             active.media_slot.release()
 
     def _emit(self, active: _Active, event: StreamEvent) -> None:
-        active.stream.push(event)
+        if (stream := active.stream_ref()) is not None:
+            stream.push(event)
         if self.on_event is not None:
             self.on_event(active.record.request_id, event)
 
     def _grant(self, request_id: str, n: int) -> None:
         active = self._active.get(request_id)
-        if active is None or not active.uses_credits or active.stream.ended or not self.healthy:
+        if active is None or not active.uses_credits or active.stream_ended or not self.healthy:
             return
         try:
             self._client.send(GrantCredits(request_id, n))

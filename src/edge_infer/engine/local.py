@@ -137,7 +137,8 @@ class LocalTextEngine:
         model's chat template; a multimodal model's may hold media parts,
         prepared on a thread so that other requests keep streaming). At most
         ``max_chunks`` undelivered events are buffered; generation of this
-        request waits for its consumer beyond that.
+        request waits for its consumer beyond that. A stream let go unfinished
+        (a consumer task cancelled, a loop broken off) cancels its request.
         """
         self._check_session(session)
         frontend = self._engine.frontend
@@ -157,6 +158,9 @@ class LocalTextEngine:
             else:
                 raise InvalidRequestError(f"prompt must be text, token ids or chat messages, not {type(prompt).__name__}")
             params = SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=ignore_eos, **sampling)
+            if params.n != 1:
+                raise InvalidRequestError(f"submit runs one sample (a stream is one sample), not n={params.n}: submit "
+                                          "once per sample, with seed, seed + 1, ... for distinct reproducible ones")
             stream = self._engine.add_request(prepared, params, request_id, max_chunks, session.session_id, slots)
         finally:
             if slots is not None:
