@@ -172,6 +172,27 @@ def test_a_long_prompt_list_goes_to_the_worker_as_it_has_room(llm):
     assert llm.core_stats.num_waiting_peak <= 2 * 4  # max_num_seqs=4; all 30 were queued at once before
 
 
+def test_calls_from_two_threads_each_get_their_own_answers(llm):
+    """Two threads on one LLM: each call read the worker's pipe and dropped the other's tokens (one got empty texts
+    with finish_reason stop, the other hung). A call now waits for the one running."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    params = SamplingParams(max_tokens=12, **GREEDY)
+    alone = [[o.outputs[0].token_ids for o in llm.generate([p] * 4, params)] for p in ("hello", "a story")]
+    with ThreadPoolExecutor(2) as pool:
+        both = list(pool.map(lambda p: llm.generate([p] * 4, params), ["hello", "a story"]))
+    assert [[o.outputs[0].token_ids for o in out] for out in both] == alone
+
+
+def test_a_closed_llm_says_so(tiny_model):
+    from edge_infer.errors import StaleSessionError
+
+    engine = LLM(tiny_model, max_model_len=128, worker="thread")
+    engine.close()
+    with pytest.raises(StaleSessionError, match="this LLM is closed"):
+        engine.generate("hi")
+
+
 def test_kv_budget_is_allocated_exactly(tiny_model):
     budget = 3_000_000
     with LLM(tiny_model, max_model_len=256, kv_cache_memory_bytes=budget, worker="thread") as llm:

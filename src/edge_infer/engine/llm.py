@@ -14,6 +14,7 @@ keeps it in this process, for tests and debugging).
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -26,6 +27,7 @@ from edge_infer.engine.outputs import CompletionOutput, Logprob, RequestMetrics,
 from edge_infer.engine.protocol import AbortRequests, AddRequest, CoreStats, Deltas, EngineRequest
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.engine.worker import CoreClient
+from edge_infer.errors import StaleSessionError
 from edge_infer.media.sources import MediaPolicy
 
 
@@ -73,6 +75,7 @@ class LLM:
         if media_policy is not None:
             self.frontend.media_policy = media_policy
         self._client = CoreClient(self.frontend.engine_config, mode=worker)
+        self._calls = threading.Lock()  # held by a call (_run): two at once each dropped the other's tokens
         self.ready = self._client.start(load_progress)
         self.core_stats = CoreStats()  # the worker's counters, as last reported
         self._counter = 0
@@ -154,6 +157,14 @@ class LLM:
         return list(sampling_params)
 
     def _run(self, prompts: Sequence[PreparedPrompt | RenderedChat], sampling_params, use_tqdm: bool) -> list[RequestOutput]:
+        """One call at a time reads the worker's pipe; a call from another thread waits its turn."""
+        if self._client is None:
+            raise StaleSessionError("this LLM is closed; create a new one")
+        with self._calls:
+            return self._run_window(prompts, sampling_params, use_tqdm)
+
+    def _run_window(self, prompts: Sequence[PreparedPrompt | RenderedChat], sampling_params,
+                    use_tqdm: bool) -> list[RequestOutput]:
         """Every prompt's samples, run in the worker. All prompts are checked first (a bad one raises before any
         runs), then go to the worker in order as it has room: at most 2 x max_num_seqs samples there at once (what
         runs and as much again queued, so the scheduler never starves; a prompt of more samples goes alone), and of
