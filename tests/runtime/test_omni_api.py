@@ -130,3 +130,34 @@ def test_workers_die_with_their_parent_and_take_their_segments(tmp_path):
     assert len(workers) == 2 and info["segments"]  # killed with shared buffers in flight
     assert wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in workers))
     assert wait_until(lambda: list_segments(info["prefix"]) == [])
+
+
+def test_an_interrupted_generate_aborts_its_requests_and_a_shut_down_omni_says_so(tmp_path):
+    """Ctrl-C in Omni.generate left its requests running on the loop thread: the next generate queued behind them
+    (17 s). Any exception in the waiting thread (a signal handler's, here) now cancels them. After shutdown, a call
+    names the state (it was "Event loop is closed", with a coroutine never awaited)."""
+    import threading
+
+    from edge_infer.errors import StaleSessionError
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(signum, frame):
+        raise Interrupted
+
+    path = write_config(tmp_path, "base_config: toy_text.yaml\n"
+                                  "stages: [{stage_id: 0, executor_options: {step_delay_s: 0.02}}]\n")
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        with Omni(path) as omni:
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+            with pytest.raises(Interrupted):
+                omni.generate([[1, 2]] * 4, sampling_params_list=[Sampling(max_tokens=500)])  # 10 s
+            assert wait_until(lambda: omni.health().stages[0].inflight == 0, timeout=5)  # aborted, not run out
+            (ok,) = omni.generate([1, 2], sampling_params_list=[Sampling(max_tokens=3)])
+            assert ok.status == "finished"
+        with pytest.raises(StaleSessionError, match="shut down"):
+            omni.generate([1, 2])
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

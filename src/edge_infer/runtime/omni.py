@@ -28,6 +28,7 @@ import numpy as np
 
 from edge_infer.engine.media_gate import MediaGate
 from edge_infer.engine.media_prompt import has_media_parts
+from edge_infer.errors import StaleSessionError
 from edge_infer.memory.device import MachineProfile
 from edge_infer.memory.ledger import Reservation
 from edge_infer.runtime.config import DeployConfig, load_deploy_config
@@ -246,7 +247,15 @@ class Omni:
             raise
 
     def _call(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        if self._loop.is_closed():
+            coro.close()
+            raise StaleSessionError("this Omni is shut down; create a new one")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # an interrupt (Ctrl-C) here cancels the work on the loop: its requests are aborted
+            raise
 
     @property
     def default_sampling_params_list(self) -> list[dict[str, Any]]:
