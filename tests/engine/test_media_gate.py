@@ -165,8 +165,9 @@ def test_the_slot_comes_back_however_the_request_ends(ending):
         engine, client = AsyncEngine(_Frontend()), _Client()
         engine._client, engine._loop = client, asyncio.get_running_loop()
         slots = await engine.media_gate.acquire(1)
-        engine.add_request(PreparedPrompt("p", [5], media=[object()]), SamplingParams(max_tokens=2, stop=["x"]), "r",
-                           media_slots=slots)
+        # held, as a consumer holds it: a stream let go cancels its request (AsyncEngine._cancel_when_dropped)
+        stream = engine.add_request(PreparedPrompt("p", [5], media=[object()]), SamplingParams(max_tokens=2, stop=["x"]),
+                                    "r", media_slots=slots)
         if ending.startswith("stop string"):
             engine._on_messages([Deltas([TokenDelta("r", token_id=1)], CoreStats())])  # "x": we abort it in the core
             assert isinstance(client.sent[-1], AbortRequests)
@@ -175,5 +176,6 @@ def test_the_slot_comes_back_however_the_request_ends(ending):
         finish = "abort" if ending == "the core's abort ack" else "length"
         engine._on_messages([Deltas([TokenDelta("r", token_id=2, finished=True, finish_reason=finish)], CoreStats())])
         assert ("r" in engine._active, engine.media_gate.in_use) == (False, 0)
+        assert stream.ended
 
     asyncio.run(scenario())
