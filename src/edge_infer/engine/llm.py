@@ -279,7 +279,7 @@ def _has_media(prompt: PreparedPrompt | RenderedChat) -> bool:
 
 
 def _has_room(n: int, pending: int, holding: int, window: int, media: bool) -> bool:
-    """Whether a prompt of ``n`` samples may go to the worker now (LLM._run's window); one alone always may."""
+    """Whether a prompt of ``n`` samples may go to the worker now (LLM._run_window); one alone always may."""
     if media and holding + n > window:
         return False
     return pending == 0 or pending + n <= 2 * window
