@@ -183,10 +183,9 @@ def _settings(args: argparse.Namespace, name: str, **kind_settings: Any) -> "Ser
 def _text_service(args: argparse.Namespace, shared: Any, speech: SpeechPipeline | None = None) -> Any:
     """The text model's service, planned against the free memory the ``speech`` pipeline beside it leaves."""
     from edge_infer.engine.frontend import Frontend
+    from edge_infer.errors import PlanRefusedError
     from edge_infer.server.text_service import TextService
     from edge_infer.server.tool_parsers import detect_parser
-
-    from edge_infer.errors import PlanRefusedError
 
     planning: dict[str, Any] = {}
     if speech is not None:
