@@ -46,6 +46,8 @@ def test_text_stage_generates_what_the_text_api_generates(config_path, tiny_mode
 
         (bad,) = omni.generate([5] * 300, sampling_params_list=[{"max_tokens": 4}, {}])
         assert bad.status == "error" and "max_model_len is 256" in bad.error
+        (many,) = omni.generate("Hello there", sampling_params_list=[{**params, "n": 3}, {}])
+        assert many.status == "error" and "one sample per request, not n=3" in many.error
         (again,) = omni.generate("Hello there", sampling_params_list=[params, {}])
         assert again.status == "finished"
 

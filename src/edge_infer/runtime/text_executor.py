@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edge_infer.errors import EdgeInferError
+from edge_infer.errors import EdgeInferError, InvalidRequestError
 from edge_infer.runtime.contracts import Payload
 from edge_infer.runtime.executors import ReservationPlan, StageExecutor, StageRequestError, StepOutput
 from edge_infer.runtime.media_io import MediaSourceOptions, media_from_payload
@@ -148,6 +148,9 @@ class TextEngineExecutor(StageExecutor):
         known = SamplingParams.field_names()
         try:
             params = self.frontend.default_params(**{k: v for k, v in req.params.items() if k in known})
+            if params.n != 1:  # a stage request is one sample (it silently gave one)
+                raise InvalidRequestError(f"a text stage runs one sample per request, not n={params.n}: send the "
+                                          "prompt once per sample (with seed, seed + 1, ... for reproducible ones)")
             engine_request = self.frontend.request(request_id, PreparedPrompt(None, req.prompt_ids, req.media), params)
         except EdgeInferError as exc:
             raise StageRequestError(request_id, str(exc)) from exc
