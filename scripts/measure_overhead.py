@@ -18,6 +18,7 @@ the plan is for; the file records where it was measured.
 
     python scripts/measure_overhead.py               # everything
     python scripts/measure_overhead.py --encoders    # the encoders' keys only
+    python scripts/measure_overhead.py --encoders bfloat16   # one dtype's (this CPU's calibration class)
     python scripts/measure_overhead.py --bodies      # the server's bytes per byte of request bodies in flight
 """
 from __future__ import annotations
@@ -248,10 +249,11 @@ def encoder_calibration(dtype: str) -> dict[str, float]:
                 for side, frames in ENCODER_SIZES[shape]:
                     if tower == "vision":
                         args, tensors = ["--image-grid", "1", str(side), str(side)], sizing.vision_tensor_bytes(
-                            cfg, side * side, d, sizing.native_elementwise(d), sizing.products_bytes(d))
+                            cfg, side * side, d, sizing.native_elementwise(d), sizing.products_bytes(d),
+                            sizing.linear_accumulator_bytes(d))
                     else:
                         args, tensors = ["--audio-frames", str(frames)], sizing.audio_tensor_bytes(
-                            cfg, frames, d, sizing.products_bytes(d))
+                            cfg, frames, d, sizing.products_bytes(d), sizing.linear_accumulator_bytes(d))
                     measured.append((tensors, _encoder_peak(path, dtype, args)))
                 points[shape] = measured
             factor = max((m1 - m0) / (t1 - t0) for (t0, m0), (t1, m1) in points.values())
@@ -267,9 +269,12 @@ def encoder_calibration(dtype: str) -> dict[str, float]:
 
 
 def encoder_dtypes() -> tuple[str, ...]:
-    """Both dtypes where bf16 runs natively (oneDNN); fp32 only elsewhere (the bf16 keys are kept)."""
+    """Both dtypes where oneDNN runs bf16 (natively or emulated); fp32 only elsewhere (the bf16 keys are kept).
+    ``--encoders DTYPE`` measures that one alone (a CPU of a new bf16 class leaves the fp32 keys as they are)."""
     from edge_infer.models.layers.linear import onednn_bf16_available
 
+    if "--encoders" in sys.argv[1:-1] and (only := sys.argv[sys.argv.index("--encoders") + 1]) in ("float32", "bfloat16"):
+        return (only,)
     return ("float32", "bfloat16") if onednn_bf16_available() else ("float32",)
 
 
@@ -288,7 +293,7 @@ def measured_here() -> str:
 
 def encoder_provenance(previous: dict[str, str] | None = None) -> dict[str, str]:
     """Per calibration class (encoder_sizing.calibration_class): how and where its keys were measured; the classes
-    this CPU cannot measure (bf16 without native bf16, bf16 on AMX elsewhere) keep their ``previous`` entry."""
+    this CPU cannot measure (the bf16 classes of other CPUs) keep their ``previous`` entry."""
     import os
 
     from edge_infer.memory.encoder_sizing import calibration_class
@@ -467,8 +472,8 @@ def main() -> None:
             activation_calibration([str(demo_model_dir()), real_shape]),
             activation_calibration([str(demo_model_dir()), real_shape], "cpu_int4"),
         ),
-        # each encoder calibration class is measured only on a CPU of its class (bf16 where it runs natively, bf16_amx
-        # on AMX); the other classes' previous figures are kept
+        # each encoder calibration class is measured only on a CPU of its class (bf16 on AVX512-BF16, bf16_amx on
+        # AMX, bf16_emulated on AVX-512 without bf16); the other classes' previous figures are kept
         **{k: v for k, v in previous.items() if k.startswith("encoder_")},
         **encoder_calibrations(),
         "provenance": {

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from edge_infer.config import QuantConfig
 from edge_infer.hardware.cpu import CpuCapabilities, detect
+from edge_infer.hardware.kernels import KERNELS
 from edge_infer.media.audio import DECODE_BLOCK_SAMPLES
 from edge_infer.media.config import MediaProcessing
 from edge_infer.media.image import IMAGE_DECODE_BYTES
@@ -69,7 +70,15 @@ def products_bytes(dtype_bytes: int, cpu: CpuCapabilities | None = None) -> int:
     return FP32 if dtype_bytes == 2 and not (cpu or detect()).native_bf16 else dtype_bytes
 
 
-def vision_tensor_bytes(cfg: VisionConfig, patches: int, d: int, native: bool = False, products: int | None = None) -> int:
+def linear_accumulator_bytes(dtype_bytes: int, cpu: CpuCapabilities | None = None) -> int:
+    """The element size of the fp32 copy of its output a dense linear holds while it runs on ``cpu`` (this one), or 0:
+    oneDNN's bf16 linears emulated on AVX-512 without bf16 arithmetic accumulate the whole output in fp32 (one
+    product's resident growth measured 3.0-3.2x its bf16 output on an Ice Lake Xeon, 1,024-4,096 rows)."""
+    return FP32 if calibration_class(dtype_bytes, cpu) == "bf16_emulated" else 0
+
+
+def vision_tensor_bytes(cfg: VisionConfig, patches: int, d: int, native: bool = False, products: int | None = None,
+                        accumulator: int = 0) -> int:
     """The bytes of the tensors one ViT call over ``patches`` patches holds at once, by shape.
 
     Per patch, in the largest of its phases (``x`` the residual a block starts from, held by the caller):
@@ -80,8 +89,9 @@ def vision_tensor_bytes(cfg: VisionConfig, patches: int, d: int, native: bool = 
     a new tensor of the activations' dtype, or by PyTorch in fp32, the float copy rotated in place and the
     roll); its attention (q/k/v gathered where windows differ in size, the output); its MLP (``x``, qkv,
     the rotated q/k and the attention output are still referenced, the residual after attention, gate/up
-    with the activation applied in place, and the product); the merger. Throughout: the fp32 cos/sin and
-    the int64 2-D positions of every patch.
+    with the activation applied in place, and the product; while gate/up runs, its ``accumulator``: an
+    element of that size per output, linear_accumulator_bytes); the merger. Throughout: the fp32 cos/sin
+    and the int64 2-D positions of every patch.
     """
     h, i, o = cfg.hidden_size, cfg.intermediate_size, cfg.out_hidden_size
     p = products or d
@@ -92,14 +102,14 @@ def vision_tensor_bytes(cfg: VisionConfig, patches: int, d: int, native: bool = 
     norm = 2 * h * d + (0 if native else 2 * h * FP32)
     rotary = 6 * h * d if native else 4 * h * d + 2 * 2 * h * FP32
     attention = 11 * h * d
-    mlp = 8 * h * d + 3 * i * d
+    mlp = max(8 * h * d + 3 * i * d, 8 * h * d + 2 * i * (d + accumulator))
     merger = max(norm, 3 * h * d, 2 * h * d + o * d // m2)
     throughout = 2 * cfg.head_dim * FP32 + 2 * INT64
     return max(patches * (throughout + embed) + widened_weight,
                patches * (throughout + max(norm, rotary, attention, mlp, merger)))
 
 
-def audio_tensor_bytes(cfg: AudioConfig, frames: int, d: int, products: int | None = None) -> int:
+def audio_tensor_bytes(cfg: AudioConfig, frames: int, d: int, products: int | None = None, accumulator: int = 0) -> int:
     """The bytes of the tensors one audio-tower call over ``frames`` mel frames holds at once, by shape.
 
     The front end works on whole chunks of ``2 n_window`` frames (the last zero-padded), in the ``products``
@@ -108,7 +118,7 @@ def audio_tensor_bytes(cfg: AudioConfig, frames: int, d: int, products: int | No
     transient copy, beside a widened copy where ``products`` is not ``d``); then, where it is not, the tokens
     with their positions added, laid out token-major and rounded to ``d``. A layer holds, per token: its
     input, the fused qkv, q and v with their biases, the attention output, the residual, the MLP's norm,
-    and fc1's output and its GELU.
+    and fc1's output and its GELU (while fc1 runs, its ``accumulator`` instead of the GELU's output).
     """
     dm, ffn, bins = cfg.d_model, cfg.encoder_ffn_dim, cfg.num_mel_bins
     p = products or d
@@ -121,7 +131,7 @@ def audio_tensor_bytes(cfg: AudioConfig, frames: int, d: int, products: int | No
     rounded = bins * padded * p + 2 * dm * tokens_padded * p + tokens * dm * d if p != d else 0
     front = max(mel + bins * padded * p + 2 * dm * padded * p,
                 bins * padded * p + dm * padded * p + 2 * dm * tokens_padded * p, rounded) + conv_weights
-    layers = tokens * (9 * dm + 2 * ffn) * d
+    layers = tokens * max((9 * dm + 2 * ffn) * d, (9 * dm + ffn) * d + ffn * accumulator)
     return max(front, layers)
 
 
@@ -137,10 +147,11 @@ def encoder_activation_bytes(cfg: VisionConfig | AudioConfig, size: int, dtype_b
         return 0
     factor, fixed, per_weight_byte = encoder_calibration(cfg, dtype_bytes, cpu)
     products = products_bytes(dtype_bytes, cpu)
+    accumulator = linear_accumulator_bytes(dtype_bytes, cpu)
     if isinstance(cfg, VisionConfig):
-        tensors = vision_tensor_bytes(cfg, size, dtype_bytes, native, products)
+        tensors = vision_tensor_bytes(cfg, size, dtype_bytes, native, products, accumulator)
     else:
-        tensors = audio_tensor_bytes(cfg, size, dtype_bytes, products)
+        tensors = audio_tensor_bytes(cfg, size, dtype_bytes, products, accumulator)
     return int(factor * tensors + fixed + per_weight_byte * largest_linear_bytes(cfg, dtype_bytes))
 
 
@@ -150,13 +161,18 @@ def largest_linear_bytes(cfg: VisionConfig | AudioConfig, dtype_bytes: int) -> i
 
 
 def calibration_class(dtype_bytes: int, cpu: CpuCapabilities | None = None) -> str:
-    """Which measured calibration a tower's encode takes here: "fp32", or bf16 on oneDNN's AVX-512 kernels ("bf16")
-    or on its AMX tile kernels ("bf16_amx"). oneDNN's bf16 primitives hold more on AMX (Code2Wav's convolutions:
-    tts/planning.py); one bf16 calibration for both left the ViT's plan 11-13% over its measured peak on an AMD
-    Zen 4 while the AMX Xeons' runs held it within 10%."""
+    """Which measured calibration a tower's encode takes here: "fp32", or bf16 on oneDNN's AVX-512 kernels ("bf16"),
+    on its AMX tile kernels ("bf16_amx") or on its AVX-512 kernels emulating bf16 where the CPU has no bf16
+    arithmetic ("bf16_emulated": Skylake-X to Ice Lake and Tiger Lake). Each holds a different peak: one bf16
+    calibration for all left the ViT's plan 11-13% over its measured peak on an AMD Zen 4, and 29% under it on an
+    Ice Lake Xeon (emulated). Where oneDNN's bf16 does not run (AVX2), the towers' products run in PyTorch's own
+    bf16 path, which the "bf16" keys hold within 10% (AMD Zen 3)."""
     if dtype_bytes != 2:
         return "fp32"
-    return "bf16_amx" if (cpu or detect()).has("amx_bf16") else "bf16"
+    cpu = cpu or detect()
+    if cpu.has("amx_bf16"):
+        return "bf16_amx"
+    return "bf16_emulated" if not cpu.native_bf16 and KERNELS["onednn-bf16"].missing(cpu) is None else "bf16"
 
 
 def calibration_prefix(tower: str, dtype_bytes: int, cpu: CpuCapabilities | None = None) -> str:
