@@ -124,6 +124,25 @@ def test_parameters_the_worker_cannot_take_are_refused_up_front(llm, field, valu
     assert llm.generate("still fine", SamplingParams(max_tokens=2, **GREEDY))[0].finish_reason == "length"
 
 
+@pytest.mark.parametrize("call, says", [
+    (lambda llm: llm.generate(None), r"prompts must be a string, a list of token ids, a prompt dict or a list of "
+                                     r"those, not NoneType"),
+    (lambda llm: llm.generate({"prompt_token_ids": [5, 6.7]}), r"^prompt_token_ids holds 6\.7 at index 1; token ids"),
+    (lambda llm: llm.generate([[5, 6], [5, True]]), r"^prompt 1: the prompt's token ids holds True at index 1"),
+    (lambda llm: llm.generate(["fine", 7]), r"^prompt 1: a prompt must be a string, a list of token ids or a dict"),
+    (lambda llm: llm.chat({"role": "user", "content": "hi"}), r"messages must be a list of message dicts .* not dict"),
+    (lambda llm: llm.chat([[{"role": "user", "content": "hi"}], [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]]), r"^conversation 1: "),
+    (lambda llm: SamplingParams(stop_token_ids=[2.5]), r"^stop_token_ids holds 2\.5 at index 0"),
+], ids=["none", "float-id", "bool-id-in-batch", "int-in-batch", "message-dict", "media-in-batch", "float-stop-id"])
+def test_prompts_of_the_wrong_type_are_refused_naming_which(llm, call, says):
+    """generate(None) and chat(a message dict) were bare TypeErrors and KeyErrors, float token ids were truncated
+    (6.7 became token 6), and an error about one of several prompts did not say which."""
+    with pytest.raises(InvalidRequestError, match=says):
+        call(llm)
+    assert llm.generate("still fine", SamplingParams(max_tokens=2, **GREEDY))[0].finish_reason == "length"
+
+
 def test_a_seed_at_the_top_of_the_range_seeds_all_n_samples(llm):
     """Sample k is seeded seed + k modulo 2**64 (as the server does): seed 2**64 - 1 with n=2 took the worker down."""
     import numpy as np

@@ -55,7 +55,7 @@ def test_media_that_fail_to_load_late_in_a_batch_raise_and_the_engine_serves_on(
     broken = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(b"not a png",
                                                                                                 "image/png")}}]}]
     with LLM(model, worker="thread", max_num_seqs=1, **SETTINGS) as llm:
-        with pytest.raises(MediaError, match=r"messages\[0\]\.content\[0\] \(image_url\)"):
+        with pytest.raises(MediaError, match=r"^conversation 2: messages\[0\]\.content\[0\] \(image_url\)"):
             llm.chat([CONVERSATIONS[0], CONVERSATIONS[2], broken], PARAMS)  # loaded once the first two are done
         assert llm.core_stats.media_encoded == 2  # the two before it ran (their pictures were encoded)
         assert [o.outputs[0].token_ids for o in llm.chat(CONVERSATIONS[:3], PARAMS)] == alone[:3]

@@ -53,6 +53,13 @@ def test_oversized_max_num_seqs_is_refused_with_reasons(tiny_model):
     assert plan.levers and plan.engine_config is None
 
 
+@pytest.mark.parametrize("setting", ["max_num_seqs", "max_num_batched_tokens"])
+def test_a_zero_batch_setting_is_refused_not_taken_as_the_default(tiny_model, setting):
+    # 0 used to become the default (8 sequences, 512 tokens) without a word
+    plan = plan_text_session(tiny_model, **{setting: 0})
+    assert not plan.admitted and "max_num_seqs and max_num_batched_tokens must be at least 1" in plan.reasons
+
+
 def test_kv_budget_below_one_sequence_is_refused_with_the_lever(tiny_model):
     plan = plan_text_session(tiny_model, max_model_len=1024, kv_cache_memory_bytes=100_000)
     assert not plan.admitted

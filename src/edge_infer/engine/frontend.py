@@ -16,7 +16,7 @@ from edge_infer.engine import media_prompt
 from edge_infer.engine.grammar import MAX_JSON_DEPTH, compile_grammar, nesting_depth
 from edge_infer.engine.protocol import (EngineRequest, MediaInput, context_problem, media_problem, mrope_positions,
                                         request_problem)
-from edge_infer.engine.sampling_params import SamplingParams
+from edge_infer.engine.sampling_params import SamplingParams, token_id_list
 from edge_infer.errors import CheckpointError, ContextLengthError, InvalidRequestError, MediaError, PlanRefusedError
 from edge_infer.media.config import MediaProcessing
 from edge_infer.media.limits import MediaLimits
@@ -142,14 +142,15 @@ class Frontend:
         if isinstance(prompt, dict):
             media = list(prompt.get("media") or ())
             if "prompt_token_ids" in prompt:
-                return PreparedPrompt(prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]], media)
+                return PreparedPrompt(prompt.get("prompt"), token_id_list(prompt["prompt_token_ids"], "prompt_token_ids"),
+                                      media)
             if "prompt" in prompt:
                 prepared = self.prepare(prompt["prompt"])
                 prepared.media = media
                 return prepared
             raise InvalidRequestError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
         if isinstance(prompt, list):
-            return PreparedPrompt(None, [int(t) for t in prompt])
+            return PreparedPrompt(None, token_id_list(prompt, "the prompt's token ids"))
         if not isinstance(prompt, str):
             raise InvalidRequestError(f"a prompt must be a string, a list of token ids or a dict, not {type(prompt).__name__}")
         self.check_text_fits(len(prompt), "the prompt")

@@ -14,11 +14,13 @@ keeps it in this process, for tests and debugging).
 """
 from __future__ import annotations
 
+import numbers
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from edge_infer.engine.frontend import Frontend, PreparedPrompt, PromptInput, RenderedChat
 from edge_infer.engine.media_gate import check_media_sequences
@@ -27,7 +29,7 @@ from edge_infer.engine.outputs import CompletionOutput, Logprob, RequestMetrics,
 from edge_infer.engine.protocol import AbortRequests, AddRequest, CoreStats, Deltas, EngineRequest
 from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.engine.worker import CoreClient
-from edge_infer.errors import StaleSessionError
+from edge_infer.errors import InvalidRequestError, StaleSessionError
 from edge_infer.media.sources import MediaPolicy
 
 
@@ -95,8 +97,11 @@ class LLM:
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         prompt_list = self._as_list(prompts)
-        prepared = [self.frontend.prepare(p) for p in prompt_list]
-        return self._run(prepared, sampling_params, use_tqdm)
+        prepared = []
+        for i, p in enumerate(prompt_list):
+            with _naming("prompt", i, len(prompt_list)):
+                prepared.append(self.frontend.prepare(p))
+        return self._run(prepared, sampling_params, use_tqdm, "prompt")
 
     def chat(
         self,
@@ -114,11 +119,14 @@ class LLM:
         any runs; their media are read and decoded as the worker has room for them (a batch of a thousand
         pictures never holds a thousand decoded pictures), so media that cannot be read raise when their turn
         comes, and the conversations still running are aborted."""
-        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        conversations = _conversations(messages)
         kwargs = dict(chat_template_kwargs or {}, tools=tools, add_generation_prompt=add_generation_prompt)
         # Rendered (and checked) now; their media are loaded as the worker has room for them (_run).
-        rendered = [self.frontend.render_chat(conv, mm_processor_kwargs, **kwargs) for conv in conversations]
-        return self._run(rendered, sampling_params, use_tqdm)
+        rendered = []
+        for i, conv in enumerate(conversations):
+            with _naming("conversation", i, len(conversations)):
+                rendered.append(self.frontend.render_chat(conv, mm_processor_kwargs, **kwargs))
+        return self._run(rendered, sampling_params, use_tqdm, "conversation")
 
     def close(self) -> None:
         if self._client is not None:
@@ -143,9 +151,13 @@ class LLM:
     def _as_list(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:
         if isinstance(prompts, (str, dict)):
             return [prompts]
-        if isinstance(prompts, list) and prompts and isinstance(prompts[0], int):
+        if isinstance(prompts, list) and prompts and isinstance(prompts[0], numbers.Integral):
             return [prompts]  # one prompt given as token ids
-        return list(prompts)
+        try:
+            return list(prompts)
+        except TypeError:
+            raise InvalidRequestError(f"prompts must be a string, a list of token ids, a prompt dict or a list of "
+                                      f"those, not {type(prompts).__name__}") from None
 
     def _params_for(self, sampling_params, count: int) -> list[SamplingParams]:
         if sampling_params is None:
@@ -156,22 +168,23 @@ class LLM:
             raise ValueError(f"got {len(sampling_params)} SamplingParams for {count} prompts")
         return list(sampling_params)
 
-    def _run(self, prompts: Sequence[PreparedPrompt | RenderedChat], sampling_params, use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, prompts: Sequence[PreparedPrompt | RenderedChat], sampling_params, use_tqdm: bool,
+             kind: str) -> list[RequestOutput]:
         """One call at a time reads the worker's pipe; a call from another thread waits its turn."""
         if self._client is None:
             raise StaleSessionError("this LLM is closed; create a new one")
         with self._calls:
-            return self._run_window(prompts, sampling_params, use_tqdm)
+            return self._run_window(prompts, sampling_params, use_tqdm, kind)
 
     def _run_window(self, prompts: Sequence[PreparedPrompt | RenderedChat], sampling_params,
-                    use_tqdm: bool) -> list[RequestOutput]:
+                    use_tqdm: bool, kind: str) -> list[RequestOutput]:
         """Every prompt's samples, run in the worker. All prompts are checked first (a bad one raises before any
         runs), then go to the worker in order as it has room: at most 2 x max_num_seqs samples there at once (what
         runs and as much again queued, so the scheduler never starves; a prompt of more samples goes alone), and of
         those at most max_num_seqs holding media (engine/media_gate.py says why), each prompt's media loaded only
         when it goes. Without the window a list of 4,000 long prompts sat whole in the worker's queue, outside every
         plan item. A prompt whose media fail to load or check raises when its turn comes; the samples still running
-        are aborted."""
+        are aborted. An error about one of several prompts names it (``kind`` and its index)."""
         from tqdm import tqdm
 
         params = self._params_for(sampling_params, len(prompts))
@@ -181,10 +194,13 @@ class LLM:
         self._counter += 1
         layout = [[f"{batch_id}-{i}-{k}" for k in range(p.n)] for i, p in enumerate(params)]
         media = [_has_media(prompt) for prompt in prompts]
-        checked = {i: self._requests(prompt, params[i], layout[i]) for i, prompt in enumerate(prompts) if not media[i]}
-        for i in range(len(prompts)):
-            if media[i]:
-                check_media_sequences(params[i].n, window)
+        checked = {}
+        for i, prompt in enumerate(prompts):
+            with _naming(kind, i, len(prompts)):
+                if media[i]:
+                    check_media_sequences(params[i].n, window)
+                else:
+                    checked[i] = self._requests(prompt, params[i], layout[i])
         queue = deque(range(len(prompts)))
         sent: list[PreparedPrompt | None] = [None] * len(prompts)  # each prompt's text and ids, for its output
         samples: dict[str, RequestFold] = {}
@@ -197,7 +213,8 @@ class LLM:
                 while queue and _has_room(params[queue[0]].n, len(pending), len(holding), window, media[queue[0]]):
                     i = queue.popleft()
                     pending.update(layout[i])  # before any is sent: an interrupt meanwhile still aborts them
-                    sent[i] = self._start(prompts[i], params[i], layout[i], checked.pop(i, None), samples)
+                    with _naming(kind, i, len(prompts)):
+                        sent[i] = self._start(prompts[i], params[i], layout[i], checked.pop(i, None), samples)
                     prompts[i] = sent[i]  # no reference to its media left here
                     if media[i]:
                         holding.update(layout[i])
@@ -272,6 +289,26 @@ class LLM:
             prompt_logprobs=None if first.prompt_logprobs is None else [
                 None, *(_logprob_entry(tid, lp) for tid, lp in zip(prompt.token_ids[1:], first.prompt_logprobs))],
         )
+
+
+@contextmanager
+def _naming(kind: str, index: int, count: int) -> Iterator[None]:
+    """An InvalidRequestError about one of ``count`` > 1 prompts or conversations names which (``conversation 2:
+    messages[0]...``): the same message for every conversation of a batch left the caller searching."""
+    try:
+        yield
+    except InvalidRequestError as exc:
+        if count == 1:
+            raise
+        raise type(exc)(f"{kind} {index}: {exc}") from exc
+
+
+def _conversations(messages: Any) -> list[list[dict[str, Any]]]:
+    """One conversation (a list of message dicts) or a list of them, as a list of conversations."""
+    if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, Sequence):
+        raise InvalidRequestError(f"messages must be a list of message dicts ({{'role': ..., 'content': ...}}) or a "
+                                  f"list of such lists, not {type(messages).__name__}")
+    return messages if messages and isinstance(messages[0], list) else [messages]
 
 
 def _has_media(prompt: PreparedPrompt | RenderedChat) -> bool:

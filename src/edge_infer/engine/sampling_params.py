@@ -14,8 +14,20 @@ SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 _INT_FIELDS = ("n", "top_k", "min_tokens")
 _OPTIONAL_INT_FIELDS = ("seed", "max_tokens", "logprobs", "prompt_logprobs")
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+
 # OpenAI's bound on logit_bias values; at -100 a token is in effect banned, at 100 forced.
 LOGIT_BIAS_LIMIT = 100.0
+
+
+def token_id_list(values: Any, what: str) -> list[int]:
+    """``values`` as token ids: whole numbers (numpy's too), not booleans; 3.7 used to become token 3."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise InvalidRequestError(f"{what} must be a list of token ids, not {type(values).__name__}")
+    ids = list(values)
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise InvalidRequestError(f"{what} holds {t!r} at index {i}; token ids are whole numbers")
+    return [int(t) for t in ids]
 
 
 @dataclass(frozen=True)
@@ -82,7 +94,7 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
-        self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
+        self.stop_token_ids = token_id_list(self.stop_token_ids or [], "stop_token_ids")
         if self.top_k == -1:
             self.top_k = 0
         if self.logit_bias is not None:

@@ -330,8 +330,9 @@ def _resolve(cfg: ModelConfig, model_dir: str, quantization: str | QuantConfig |
         max_model_len = min(model_max, DEFAULT_MAX_MODEL_LEN)
         if max_model_len < model_max:
             notes.append(f"max_model_len defaulted to {max_model_len} (the model allows {model_max}); set it to change")
-    max_num_seqs = max_num_seqs or DEFAULT_MAX_NUM_SEQS
-    max_num_batched_tokens = max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
+    # None takes the default; 0 is refused below, not quietly the default
+    max_num_seqs = DEFAULT_MAX_NUM_SEQS if max_num_seqs is None else max_num_seqs
+    max_num_batched_tokens = DEFAULT_MAX_NUM_BATCHED_TOKENS if max_num_batched_tokens is None else max_num_batched_tokens
     if max_model_len < 2:
         reasons.append(f"max_model_len={max_model_len} leaves no room for a prompt and one generated token")
     if max_model_len > model_max:
