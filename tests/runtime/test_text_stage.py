@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -48,8 +49,15 @@ def test_text_stage_generates_what_the_text_api_generates(config_path, tiny_mode
         assert bad.status == "error" and "max_model_len is 256" in bad.error
         (many,) = omni.generate("Hello there", sampling_params_list=[{**params, "n": 3}, {}])
         assert many.status == "error" and "one sample per request, not n=3" in many.error
-        (again,) = omni.generate("Hello there", sampling_params_list=[params, {}])
-        assert again.status == "finished"
+        # a misspelt key in a dict is named (it was dropped: max_token=3 generated to max_tokens' default)
+        (misspelt,) = omni.generate("Hello there", sampling_params_list=[{"max_token": 3}, {}])
+        assert misspelt.status == "error" and "unknown sampling parameter(s) max_token for a text stage" in misspelt.error
+        # a parameter object, ours or another engine's, is cut to what the stage takes
+        foreign = SimpleNamespace(max_tokens=3, temperature=0.0, ignore_eos=True, best_of=None, detokenize=True)
+        (cut,) = omni.generate("Hello there", sampling_params_list=[foreign, {}])
+        assert cut.status == "finished" and cut.metrics[0].tokens_out == 3
+        (again,) = omni.generate("Hello there", sampling_params_list=[SamplingParams(**params), {}])
+        assert again.status == "finished" and again.metrics[0].tokens_out == 12
 
 
 def test_text_stage_reservation_is_the_text_plan(config_path, tiny_model):

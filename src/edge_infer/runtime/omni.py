@@ -97,12 +97,14 @@ def _carries_media(payload: Payload) -> bool:
     return payload.contract == "chat/1" and has_media_parts(json.loads(str(payload.data)))
 
 
-def _params_dict(params: Any) -> dict[str, Any]:
+def _params_dict(params: Any, names: frozenset[str] | None) -> dict[str, Any]:
+    """One stage's entry of sampling_params_list as the dict its executor takes: a dict whole (the stage names a
+    key it does not take), a parameter object (ours, vLLM's, a pydantic model) cut to the stage's ``names``."""
     if params is None:
         return {}
     if isinstance(params, dict):
-        raw = params
-    elif hasattr(params, "model_dump"):
+        return {k: v for k, v in params.items() if v is not None}
+    if hasattr(params, "model_dump"):
         raw = params.model_dump()
     elif dataclasses.is_dataclass(params) and not isinstance(params, type):
         raw = dataclasses.asdict(params)
@@ -110,7 +112,7 @@ def _params_dict(params: Any) -> dict[str, Any]:
         raw = params.to_dict()
     else:
         raw = vars(params)
-    return {k: v for k, v in raw.items() if v is not None}
+    return {k: v for k, v in raw.items() if v is not None and (names is None or k in names)}
 
 
 class AsyncOmni:
@@ -135,6 +137,7 @@ class AsyncOmni:
         if not self.plan.admitted:
             raise DeployRefused(self.plan)
         self._sources = {sid: load_executor(executor_target(self.config.stage(sid).executor)).input_contracts for sid in self.config.source_stages}
+        self._param_names = {s.stage_id: load_executor(executor_target(s.executor)).param_names for s in self.config.stages}
         self._media_gate = _media_gate(self.config)
         self._orchestrator: Orchestrator | None = None
         self._start_lock: asyncio.Lock | None = None
@@ -160,7 +163,8 @@ class AsyncOmni:
         if sampling_params_list is not None and len(sampling_params_list) != len(stages):
             raise ValueError(f"sampling_params_list has {len(sampling_params_list)} entries; give one per stage ({len(stages)}, in stage_id order) or None")
         given = list(sampling_params_list) if sampling_params_list is not None else [None] * len(stages)
-        return {s.stage_id: {**s.default_sampling.as_params(), **_params_dict(p)} for s, p in zip(stages, given)}
+        return {s.stage_id: {**s.default_sampling.as_params(), **_params_dict(p, self._param_names[s.stage_id])}
+                for s, p in zip(stages, given)}
 
     async def generate(
         self, prompt: Prompt, request_id: str | None = None, sampling_params_list: Sequence[Any] | None = None

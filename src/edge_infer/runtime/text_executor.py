@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edge_infer.engine.sampling_params import SamplingParams
 from edge_infer.errors import EdgeInferError, InvalidRequestError
 from edge_infer.runtime.contracts import Payload
 from edge_infer.runtime.executors import ReservationPlan, StageExecutor, StageRequestError, StepOutput
@@ -82,6 +83,7 @@ class TextEngineExecutor(StageExecutor):
     output_contracts = frozenset({"token_ids/1", "text/1"})
     Options = TextEngineOptions
     requires_model = True
+    param_names = frozenset(SamplingParams.field_names())
 
     @classmethod
     def pipeline_options(cls, stage: StageConfig, inputs: frozenset[str]) -> dict[str, Any]:
@@ -142,12 +144,13 @@ class TextEngineExecutor(StageExecutor):
     def end_input(self, request_id: str) -> None:
         from edge_infer.engine.frontend import PreparedPrompt
         from edge_infer.engine.request_fold import RequestFold
-        from edge_infer.engine.sampling_params import SamplingParams
 
         req = self.requests[request_id]
-        known = SamplingParams.field_names()
         try:
-            params = self.frontend.default_params(**{k: v for k, v in req.params.items() if k in known})
+            if unknown := sorted(set(req.params) - self.param_names):
+                raise InvalidRequestError(f"unknown sampling parameter(s) {', '.join(unknown)} for a text stage; it "
+                                          f"takes {', '.join(sorted(self.param_names))}")
+            params = self.frontend.default_params(**req.params)
             if params.n != 1:  # a stage request is one sample (it silently gave one)
                 raise InvalidRequestError(f"a text stage runs one sample per request, not n={params.n}: send the "
                                           "prompt once per sample (with seed, seed + 1, ... for reproducible ones)")

@@ -28,6 +28,7 @@ from pydantic import Field
 from edge_infer.memory.measure import malloc_trim, rss_anon_bytes
 from edge_infer.runtime.contracts import Payload
 from edge_infer.runtime.executors import ExecutorOptions, FrameQueue, ReservationPlan, StageExecutor, StageRequestError, StepOutput
+from edge_infer.tts.params import SpeechParams
 from edge_infer.tts.planning import (
     code2wav_reservation, code2wav_settings, decode_piece, stage_threads, talker_engine_config, talker_reservation,
 )
@@ -60,6 +61,7 @@ class TalkerExecutor(StageExecutor):
     output_contracts = frozenset({"codec_codes/1"})
     Options = TalkerOptions
     requires_model = True
+    param_names = frozenset(SpeechParams.model_fields)
 
     @classmethod
     def plan(cls, stage: StageConfig) -> ReservationPlan:
@@ -98,7 +100,6 @@ class TalkerExecutor(StageExecutor):
     def end_input(self, request_id: str) -> None:
         from edge_infer.errors import InvalidRequestError
         from edge_infer.models.qwen3_tts.prompt import VoiceRequest
-        from edge_infer.tts.params import SpeechParams
 
         req = self.requests[request_id]
         text = "".join(req.text)
