@@ -5,7 +5,7 @@
 # (bf16 grids: llamacpp-bf16; int4 and w4a8 grids: llamacpp-q4_k_m; avx2 and avx-vnni grids: their
 # build's llamacpp-q4_k_m-avx2 / -avx-vnni; the Zen 3 grid: llamacpp-q4_0-zen3, the faster of its two), each media result
 # against its transformers-bf16 arm (under the AVX2 mask transformers-fp32-avx2, on the AVX2-only Zen 3
-# transformers-fp32-zen3: its fast dtype there); plots (when
+# transformers-fp32-zen3, on AVX-512 without bf16 transformers-fp32-avx512: its fast dtype there); plots (when
 # matplotlib is installed) go to benchmarks/results/plots/<result>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +33,7 @@ control_for() {
     media-*-1t) echo transformers-bf16-1t ;;
     media-*-avx2) echo transformers-fp32-avx2 ;;
     media-*-zen3) echo transformers-fp32-zen3 ;;
+    media-*-avx512) echo transformers-fp32-avx512 ;;
     media-*-at-limits) echo "" ;;  # plan against measured peak, no baseline in it
     demo-vision) echo towers-dense ;;
     media-*) echo transformers-bf16 ;;
