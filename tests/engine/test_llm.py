@@ -4,8 +4,10 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import psutil
 import pytest
+import torch
 
 from edge_infer import LLM, SamplingParams
 from edge_infer.errors import CheckpointError, InvalidRequestError
@@ -26,6 +28,15 @@ def test_text_and_token_id_prompts_give_the_same_tokens(llm):
     assert by_text.outputs[0].token_ids == by_ids.outputs[0].token_ids
     assert len(by_text.outputs[0].token_ids) == 16 and by_text.finish_reason == "length"
     assert by_text.outputs[0].text == llm.get_tokenizer().decode(by_text.outputs[0].token_ids)
+    # token ids as a tokenizer hands them over: a tuple, a numpy array, a tensor (one prompt), rows of a 2-D array
+    ids = by_text.prompt_token_ids
+    for prompt in (tuple(ids), np.array(ids), torch.tensor(ids), {"prompt_token_ids": np.array(ids)}):
+        assert [o.outputs[0].token_ids for o in llm.generate(prompt, params)] == [by_text.outputs[0].token_ids]
+    assert len(llm.generate(np.array([ids, ids]), params)) == 2
+    stop = by_text.outputs[0].token_ids[3]
+    stopped = llm.generate("The quick brown fox", SamplingParams(max_tokens=16, stop_token_ids=np.array([stop, 99999]),
+                                                                  **GREEDY))[0].outputs[0]
+    assert stopped.token_ids[-1] == stop and stopped.finish_reason == "stop"
 
 
 def test_seed_reproducible_and_n_samples_differ(llm):

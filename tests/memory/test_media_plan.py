@@ -16,8 +16,8 @@ from edge_infer.hardware.cpu import profile
 from edge_infer.media.config import MediaProcessing, VisionProcessing
 from edge_infer.media.image import MAX_ASPECT_RATIO, image_features, smart_resize
 from edge_infer.media.limits import MediaLimits
-from edge_infer.memory.encoder_sizing import (audio_input_bytes, calibration_prefix, tower_weight_bytes,
-                                              vision_input_bytes)
+from edge_infer.memory.encoder_sizing import (audio_input_bytes, calibration_prefix, encoder_activation_bytes,
+                                              tower_weight_bytes, vision_input_bytes)
 from edge_infer.memory.media_shapes import audio_frames, largest_resize, media_shapes
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.encoder_config import VisionConfig
@@ -158,6 +158,12 @@ def test_bf16_towers_are_planned_with_the_calibration_of_the_cpus_bf16_kernels(o
                        for dtype in ("float32", "bfloat16")}
     assert len({i["float32"] for i in items.values()}) == 1
     assert len({items[name]["bfloat16"] for name in ("avx512-bf16", "amx", "avx512")}) == 3
+    # emulated, a dense linear holds an fp32 copy of its output while it runs; quantized towers' int8 kernels do not
+    vision = VisionConfig.from_dict(dict(depth=2, hidden_size=1280, intermediate_size=3420, num_heads=16,
+                                         out_hidden_size=2048, fullatt_block_indexes=[1]), split_qkv=True)
+    dense, quantized = (encoder_activation_bytes(vision, 1024, 2, cpu=profile("avx512"), dense=d) for d in (True, False))
+    assert dense > 1.2 * quantized
+    assert len({encoder_activation_bytes(vision, 1024, 2, cpu=profile("avx512-bf16"), dense=d) for d in (True, False)}) == 1
 
 
 def test_the_workers_block_cache_is_planned_as_one_encodes_activations(omni):

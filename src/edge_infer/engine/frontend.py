@@ -149,7 +149,7 @@ class Frontend:
                 prepared.media = media
                 return prepared
             raise InvalidRequestError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
-        if isinstance(prompt, list):
+        if isinstance(prompt, (list, tuple)) or hasattr(prompt, "tolist"):  # numpy arrays and tensors too
             return PreparedPrompt(None, token_id_list(prompt, "the prompt's token ids"))
         if not isinstance(prompt, str):
             raise InvalidRequestError(f"a prompt must be a string, a list of token ids or a dict, not {type(prompt).__name__}")

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from edge_infer.engine.frontend import Frontend, PreparedPrompt, PromptInput, RenderedChat
 from edge_infer.engine.media_gate import check_media_sequences
@@ -151,13 +151,14 @@ class LLM:
     def _as_list(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:
         if isinstance(prompts, (str, dict)):
             return [prompts]
-        if isinstance(prompts, list) and prompts and isinstance(prompts[0], numbers.Integral):
+        if hasattr(prompts, "tolist"):  # an array or tensor: 1-D, one prompt's token ids; 2-D, one per row
+            prompts = prompts.tolist()
+        if isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], numbers.Integral):
             return [prompts]  # one prompt given as token ids
-        try:
-            return list(prompts)
-        except TypeError:
+        if not isinstance(prompts, Iterable):
             raise InvalidRequestError(f"prompts must be a string, a list of token ids, a prompt dict or a list of "
-                                      f"those, not {type(prompts).__name__}") from None
+                                      f"those, not {type(prompts).__name__}")
+        return list(prompts)
 
     def _params_for(self, sampling_params, count: int) -> list[SamplingParams]:
         if sampling_params is None:
@@ -298,9 +299,9 @@ def _naming(kind: str, index: int, count: int) -> Iterator[None]:
     try:
         yield
     except InvalidRequestError as exc:
-        if count == 1:
-            raise
-        raise type(exc)(f"{kind} {index}: {exc}") from exc
+        if count > 1:
+            exc.args = (f"{kind} {index}: {exc}", *exc.args[1:])
+        raise
 
 
 def _conversations(messages: Any) -> list[list[dict[str, Any]]]:

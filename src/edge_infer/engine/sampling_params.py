@@ -20,10 +20,13 @@ LOGIT_BIAS_LIMIT = 100.0
 
 
 def token_id_list(values: Any, what: str) -> list[int]:
-    """``values`` as token ids: whole numbers (numpy's too), not booleans; 3.7 used to become token 3."""
+    """``values`` as token ids: whole numbers (numpy's and arrays and tensors of them too), not booleans; 3.7 used to
+    become token 3."""
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise InvalidRequestError(f"{what} must be a list of token ids, not {type(values).__name__}")
-    ids = list(values)
+    ids = values.tolist() if hasattr(values, "tolist") else list(values)  # an array's or tensor's items as Python's
+    if not isinstance(ids, list):
+        raise InvalidRequestError(f"{what} must be a list of token ids, not a 0-d {type(values).__name__}")
     for i, t in enumerate(ids):
         if isinstance(t, bool) or not isinstance(t, numbers.Integral):
             raise InvalidRequestError(f"{what} holds {t!r} at index {i}; token ids are whole numbers")
@@ -94,7 +97,7 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
-        self.stop_token_ids = token_id_list(self.stop_token_ids or [], "stop_token_ids")
+        self.stop_token_ids = token_id_list([] if self.stop_token_ids is None else self.stop_token_ids, "stop_token_ids")
         if self.top_k == -1:
             self.top_k = 0
         if self.logit_bias is not None:

@@ -71,7 +71,7 @@ def products_bytes(dtype_bytes: int, cpu: CpuCapabilities | None = None) -> int:
 
 
 def linear_accumulator_bytes(dtype_bytes: int, cpu: CpuCapabilities | None = None) -> int:
-    """The element size of the fp32 copy of its output a dense linear holds while it runs on ``cpu`` (this one), or 0:
+    """The element size of the fp32 copy of its output a dense tower linear holds while it runs on ``cpu`` (this one), or 0:
     oneDNN's bf16 linears emulated on AVX-512 without bf16 arithmetic accumulate the whole output in fp32 (one
     product's resident growth measured 3.0-3.2x its bf16 output on an Ice Lake Xeon, 1,024-4,096 rows)."""
     return FP32 if calibration_class(dtype_bytes, cpu) == "bf16_emulated" else 0
@@ -136,18 +136,19 @@ def audio_tensor_bytes(cfg: AudioConfig, frames: int, d: int, products: int | No
 
 
 def encoder_activation_bytes(cfg: VisionConfig | AudioConfig, size: int, dtype_bytes: int, native: bool = False,
-                             cpu: CpuCapabilities | None = None) -> int:
+                             cpu: CpuCapabilities | None = None, dense: bool = True) -> int:
     """One encode's RssAnon peak over the tower's weights and input: ``size`` patches (vision) or mel frames
     (audio), the elementwise steps on the ``native`` kernels or not (``native_elementwise``). The tensors by
     shape, times the measured factor, plus the measured fixed part: a base (oneDNN's primitives, thread
     scratch) and the BLAS's packing buffers, which grow with the largest weight matrix (fp32 products go
     through MKL's sgemm, which keeps a packed copy of a panel of the weight per call); calibrated for ``cpu``'s
-    kernels (this CPU by default)."""
+    kernels (this CPU by default). ``dense``: the linears in the dtype (oneDNN's), not quantized ones, whose int8
+    kernels hold no fp32 copy of an output (linear_accumulator_bytes)."""
     if not size:
         return 0
     factor, fixed, per_weight_byte = encoder_calibration(cfg, dtype_bytes, cpu)
     products = products_bytes(dtype_bytes, cpu)
-    accumulator = linear_accumulator_bytes(dtype_bytes, cpu)
+    accumulator = linear_accumulator_bytes(dtype_bytes, cpu) if dense else 0
     if isinstance(cfg, VisionConfig):
         tensors = vision_tensor_bytes(cfg, size, dtype_bytes, native, products, accumulator)
     else:

@@ -98,7 +98,7 @@ def plan_media(model_dir: str | Path, cfg: ModelConfig, tensors: dict, dtype: st
                                       tower_load_transient_bytes(tower, d, encoder_quant, src_bytes))
     held = held_media_bytes(shapes, vision, audio, cfg.hidden_size, d)
     preparing = preprocessing_bytes(shapes, vision, audio, media, fitted.max_image_pixels, MEDIA_PREP_THREADS)
-    activations = _activation_item(shapes, vision, audio, d, cpu)
+    activations = _activation_item(shapes, vision, audio, d, cpu, dense=encoder_quant is None)
     plan.items += [
         activations,
         _block_cache_item(activations.bytes),
@@ -171,17 +171,17 @@ def _check_processing(media: MediaProcessing, vision: VisionConfig | None) -> li
 
 
 def _activation_item(shapes: MediaShapes, vision: VisionConfig | None, audio: AudioConfig | None,
-                     dtype_bytes: int, cpu: CpuCapabilities) -> PlanItem:
+                     dtype_bytes: int, cpu: CpuCapabilities, dense: bool) -> PlanItem:
     """One encode at a time: the larger of the vision tower's largest call and the audio tower's longest clip."""
     parts = []
     if vision is not None and shapes.largest_vision_patches:
         grid = max((g for g in (shapes.image_grid, shapes.video_grid) if g), key=lambda g: g[0] * g[1] * g[2])
         what = "image" if grid == shapes.image_grid else "video"
         native = native_elementwise(dtype_bytes, cpu)
-        parts.append((encoder_activation_bytes(vision, shapes.largest_vision_patches, dtype_bytes, native, cpu),
+        parts.append((encoder_activation_bytes(vision, shapes.largest_vision_patches, dtype_bytes, native, cpu, dense),
                       f"the largest {what} (patch grid {_grid(grid)})"))
     if audio is not None and shapes.audio_frames:
-        parts.append((encoder_activation_bytes(audio, shapes.audio_frames, dtype_bytes, cpu=cpu),
+        parts.append((encoder_activation_bytes(audio, shapes.audio_frames, dtype_bytes, cpu=cpu, dense=dense),
                       f"the longest clip ({shapes.audio_frames} mel frames)"))
     if not parts:
         return _item("encoder activations", 0, "no media allowed by the limits")

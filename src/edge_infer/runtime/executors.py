@@ -98,9 +98,9 @@ class StageExecutor(ABC):
     output_contracts: ClassVar[frozenset[str]]
     Options: ClassVar[type[ExecutorOptions]] = ExecutorOptions
     requires_model: ClassVar[bool] = False  # the stage must set model:
-    # The keys ``submit`` takes from a request's entry of sampling_params_list; None: the stage ignores them. A
-    # parameter object (vLLM's SamplingParams, say) is cut to these; a dict is sent whole, so a misspelt key is
-    # an error, not a silently ignored setting.
+    # The keys ``submit`` takes from a request's entry of sampling_params_list, or None where it declares none (it
+    # gets an entry's every field). A parameter object (vLLM's SamplingParams, say) is cut to these; a dict is sent
+    # whole, so a misspelt key is an error, not a silently ignored setting.
     param_names: ClassVar[frozenset[str] | None] = None
 
     @classmethod

@@ -98,21 +98,47 @@ def _carries_media(payload: Payload) -> bool:
 
 
 def _params_dict(params: Any, names: frozenset[str] | None) -> dict[str, Any]:
-    """One stage's entry of sampling_params_list as the dict its executor takes: a dict whole (the stage names a
-    key it does not take), a parameter object (ours, vLLM's, a pydantic model) cut to the stage's ``names``."""
+    """One stage's entry of sampling_params_list as the dict its executor takes. A dict goes whole (the stage names a
+    key it does not take). Of a parameter object (ours, vLLM's, a pydantic model) only what the caller set goes:
+    the fields that differ from its class's defaults (pydantic's set fields), cut to the stage's ``names``, so the
+    deploy config's default_sampling still holds for the rest (a SamplingParams' max_tokens of 16 used to cut the
+    Talker's speech to 1.3 s)."""
     if params is None:
         return {}
     if isinstance(params, dict):
         return {k: v for k, v in params.items() if v is not None}
     if hasattr(params, "model_dump"):
-        raw = params.model_dump()
-    elif dataclasses.is_dataclass(params) and not isinstance(params, type):
-        raw = dataclasses.asdict(params)
-    elif hasattr(params, "to_dict"):
-        raw = params.to_dict()
+        raw = params.model_dump(exclude_unset=True)
     else:
-        raw = vars(params)
+        raw = _object_fields(params, names)
+        blank = _default_instance(type(params))
+        raw = {k: v for k, v in raw.items() if not (hasattr(blank, k) and _same(getattr(blank, k), v))}
     return {k: v for k, v in raw.items() if v is not None and (names is None or k in names)}
+
+
+def _object_fields(params: Any, names: frozenset[str] | None) -> dict[str, Any]:
+    """A parameter object's fields as they are (not converted: a nested structured-output spec stays an object)."""
+    if names is not None:
+        return {k: getattr(params, k) for k in names if hasattr(params, k)}
+    if dataclasses.is_dataclass(params):
+        return {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}
+    if hasattr(params, "__struct_fields__"):  # msgspec structs (vLLM's SamplingParams)
+        return {k: getattr(params, k) for k in params.__struct_fields__}
+    return dict(vars(params))
+
+
+def _default_instance(cls: type) -> Any:
+    try:
+        return cls()
+    except Exception:  # a class whose construction needs arguments: every field counts as set
+        return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # arrays compare elementwise
+        return False
 
 
 class AsyncOmni:
