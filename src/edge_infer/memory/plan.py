@@ -413,6 +413,11 @@ def _size_items(r: _Resolved, model_dir: str, frontend: str, int8_kv: bool) -> t
     acts = activation_bytes(cfg, r.dtype_bytes, r.max_num_batched_tokens, r.max_num_seqs, r.max_model_len,
                             r.quant.name if r.quant is not None else None)
     acts_note = f"one step of {r.max_num_batched_tokens} tokens, {r.max_num_seqs} logit rows"
+    if r.kernels.kernel_for("decoder linears") == "onednn-bf16" and not r.cpu.native_bf16:
+        # emulated, oneDNN's bf16 linear holds an fp32 copy of its whole output while it runs (encoder_sizing's
+        # linear_accumulator_bytes): the fused gate/up's, the widest
+        acts += r.max_num_batched_tokens * 2 * cfg.intermediate_size * 4
+        acts_note += ", oneDNN's fp32 copy of the gate/up output (bf16 emulated on this CPU)"
     if r.quant is not None or r.encoder_quant is not None:
         from edge_infer.quant.sizes import PROMPT_BLOCK_ROWS, int4_prompt_bytes, int4_prompt_widths
 
