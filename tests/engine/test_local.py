@@ -79,6 +79,29 @@ def test_a_stream_its_consumer_drops_cancels_its_request(plan):
     run(scenario())
 
 
+def test_an_engine_dropped_without_close_takes_its_worker_along(plan):
+    """A LocalTextEngine let go unclosed kept its worker process (and its weights' memory) until the program ended:
+    the reader thread and the watchdog held the engine."""
+    import gc
+
+    async def scenario() -> int:
+        engine = LocalTextEngine(plan)
+        await engine.start()
+        _, stream = await engine.submit(engine.open_session(), PROMPT, max_tokens=3)
+        await collect(stream)
+        pid = engine.worker_pid
+        del engine, stream
+        gc.collect()
+        return pid
+
+    pid = run(scenario())
+    try:
+        psutil.Process(pid).wait(10)
+    except psutil.NoSuchProcess:
+        pass
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
 def test_reliability_behaviours(plan):
     async def scenario():
         engine = LocalTextEngine(plan)

@@ -114,6 +114,7 @@ class AsyncEngine:
         # Requests with media acquire room here before their media are decoded (engine/media_gate.py).
         self.media_gate = MediaGate(frontend.engine_config.max_num_seqs)
         self._client: CoreClient | None = None
+        self._stops_worker: weakref.finalize | None = None
         self._reader: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ids = itertools.count()
@@ -128,10 +129,14 @@ class AsyncEngine:
         client = CoreClient(self.frontend.engine_config, mode=self.worker_mode)
         self.ready_info = await self._loop.run_in_executor(None, client.start, progress)
         self._client = client
+        # The reader thread and the watchdog hold the engine weakly: one dropped unclosed is collected, and this
+        # stops its worker (it kept running, weights and all, until the program ended).
+        self._stops_worker = weakref.finalize(self, client.close, 1.0)
         self.dead_reason = self.hung_reason = None
-        self._reader = threading.Thread(target=self._read_loop, args=(client,), name="edge-infer-reader", daemon=True)
+        ref = weakref.ref(self)
+        self._reader = threading.Thread(target=_read_loop, args=(ref, client), name="edge-infer-reader", daemon=True)
         self._reader.start()
-        self._watchdog = asyncio.ensure_future(self._watch(client))
+        self._watchdog = asyncio.ensure_future(_watch(ref, client))
         return self.ready_info
 
     @property
@@ -157,6 +162,7 @@ class AsyncEngine:
             self._watchdog.cancel()
         client, self._client = self._client, None
         if client is not None:
+            self._stops_worker.detach()
             await asyncio.get_running_loop().run_in_executor(None, client.close)
         if self._reader is not None:
             self._reader.join(2)
@@ -168,6 +174,7 @@ class AsyncEngine:
         if self._client is not None:
             self._fail_all("the engine is restarting")
             client, self._client = self._client, None
+            self._stops_worker.detach()
             await asyncio.get_running_loop().run_in_executor(None, client.close, 1.0)
         return await self.start(progress)
 
@@ -285,19 +292,6 @@ class AsyncEngine:
 
     # -- core messages (event loop thread) -------------------------------------
 
-    def _read_loop(self, client: CoreClient) -> None:
-        while not self._closing and client is self._client:
-            try:
-                msgs = client.receive(0.5)
-            except EngineDeadError as exc:
-                if not self._closing:
-                    self._loop.call_soon_threadsafe(self._on_dead, client, str(exc))
-                return
-            except (OSError, ValueError):
-                return
-            if msgs:
-                self._loop.call_soon_threadsafe(self._on_messages, msgs)
-
     def _on_messages(self, reports: list[Report]) -> None:
         for report in reports:
             if isinstance(report, (Deltas, Stats)):
@@ -375,30 +369,28 @@ class AsyncEngine:
         except EngineDeadError:
             pass
 
-    async def _watch(self, client: CoreClient) -> None:
+    def _check_liveness(self, client: CoreClient) -> None:
         """Mark the engine unresponsive while its worker is silent or wedged in a step, and responsive again
         when it speaks; the requests in flight when it went silent end with an error."""
-        while client is self._client and self.dead_reason is None:
-            await asyncio.sleep(_WATCH_INTERVAL_S)
-            silent, busy = client.silent_s(), client.step_busy_s
-            if silent > self.heartbeat_timeout_s:
-                reason = f"the engine worker (pid {client.pid}) stopped responding: no heartbeat for {silent:.1f} s"
-            elif busy > self.step_timeout_s:
-                reason = f"the engine worker (pid {client.pid}) has been in one step for {busy:.0f} s"
-            else:
-                reason = None
-            if reason is not None and self.hung_reason is None:
-                self.hung_reason = reason
-                log.error("%s", reason)
-                stuck = list(self._active)
-                self._fail_all(f"{reason}; the request was ended")
-                try:
-                    client.send(AbortRequests(stuck))  # frees their KV blocks if the worker comes back
-                except EngineDeadError:
-                    pass
-            elif reason is None and self.hung_reason is not None:
-                log.warning("the engine worker (pid %s) responds again", client.pid)
-                self.hung_reason = None
+        silent, busy = client.silent_s(), client.step_busy_s
+        if silent > self.heartbeat_timeout_s:
+            reason = f"the engine worker (pid {client.pid}) stopped responding: no heartbeat for {silent:.1f} s"
+        elif busy > self.step_timeout_s:
+            reason = f"the engine worker (pid {client.pid}) has been in one step for {busy:.0f} s"
+        else:
+            reason = None
+        if reason is not None and self.hung_reason is None:
+            self.hung_reason = reason
+            log.error("%s", reason)
+            stuck = list(self._active)
+            self._fail_all(f"{reason}; the request was ended")
+            try:
+                client.send(AbortRequests(stuck))  # frees their KV blocks if the worker comes back
+            except EngineDeadError:
+                pass
+        elif reason is None and self.hung_reason is not None:
+            log.warning("the engine worker (pid %s) responds again", client.pid)
+            self.hung_reason = None
 
     def _on_dead(self, client: CoreClient, reason: str) -> None:
         if client is not self._client:
@@ -425,3 +417,38 @@ class AsyncEngine:
             if oldest in self._active:
                 break
             self.records.pop(oldest)
+
+
+def _read_loop(ref: weakref.ref[AsyncEngine], client: CoreClient) -> None:
+    """The reader thread: hands the worker's reports to the engine's loop, holding the engine only while it does."""
+    while True:
+        engine = ref()
+        if engine is None or engine._closing or client is not engine._client:
+            return
+        loop = engine._loop
+        del engine
+        try:
+            msgs = client.receive(0.5)
+        except EngineDeadError as exc:
+            if (engine := ref()) is not None and not engine._closing:
+                loop.call_soon_threadsafe(engine._on_dead, client, str(exc))
+            return
+        except (OSError, ValueError):
+            return
+        if msgs and (engine := ref()) is not None:
+            try:
+                loop.call_soon_threadsafe(engine._on_messages, msgs)
+            except RuntimeError:  # the loop is closed: nobody is left to read
+                return
+            del engine
+
+
+async def _watch(ref: weakref.ref[AsyncEngine], client: CoreClient) -> None:
+    """The watchdog task: the engine's liveness checks, holding the engine only while it checks."""
+    while True:
+        await asyncio.sleep(_WATCH_INTERVAL_S)
+        engine = ref()
+        if engine is None or client is not engine._client or engine.dead_reason is not None:
+            return
+        engine._check_liveness(client)
+        del engine
