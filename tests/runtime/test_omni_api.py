@@ -132,6 +132,25 @@ def test_workers_die_with_their_parent_and_take_their_segments(tmp_path):
     assert wait_until(lambda: list_segments(info["prefix"]) == [])
 
 
+def test_an_omni_dropped_without_shutdown_stops_its_stages():
+    """An Omni let go unshut kept its loop thread and its stage processes until the program ended."""
+    import gc
+
+    omni = Omni(toys.TOY_TEXT)
+    pids = [pid for pid in omni.worker_pids().values() if pid]
+    assert pids and omni.generate([1, 2])[0].status == "finished"
+    del omni
+    gc.collect()
+
+    def gone(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    assert wait_until(lambda: all(map(gone, pids)), timeout=10)
+
+
 def test_an_interrupted_generate_aborts_its_requests_and_a_shut_down_omni_says_so(tmp_path):
     """Ctrl-C in Omni.generate left its requests running on the loop thread: the next generate queued behind them
     (17 s). Any exception in the waiting thread (a signal handler's, here) now cancels them. After shutdown, a call

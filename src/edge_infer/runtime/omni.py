@@ -22,6 +22,7 @@ import json
 import os
 import secrets
 import threading
+import weakref
 from typing import Any, AsyncIterator, Sequence
 
 import numpy as np
@@ -255,7 +256,8 @@ class Omni:
     """The synchronous API: an ``AsyncOmni`` driven by a private event-loop thread.
 
     The stage processes are children of that thread (their parent-death
-    signal is tied to it), so it lives until ``shutdown``.
+    signal is tied to it), so it lives until ``shutdown``, or until the Omni is
+    collected unshut (it used to live, stages and all, until the program ended).
     """
 
     def __init__(
@@ -270,9 +272,11 @@ class Omni:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="edge-infer-omni", daemon=True)
         self._thread.start()
+        self._shuts_down = weakref.finalize(self, _shut_down, self._omni, self._loop, self._thread)
         try:
             self._call(self._omni.start())
         except BaseException:
+            self._shuts_down.detach()
             self._close_loop()
             raise
 
@@ -328,6 +332,7 @@ class Omni:
     def shutdown(self) -> None:
         if self._loop.is_closed():
             return
+        self._shuts_down.detach()
         try:
             self._call(self._omni.shutdown())
         finally:
@@ -338,3 +343,19 @@ class Omni:
 
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
+
+
+def _shut_down(omni: AsyncOmni, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    """An Omni collected unshut: its pipeline shut down on its loop, then the loop stopped."""
+    if loop.is_closed():
+        return
+    if threading.current_thread() is thread:  # collected on its own loop, which cannot wait for itself
+        asyncio.ensure_future(omni.shutdown(), loop=loop).add_done_callback(lambda _: loop.stop())
+        return
+    try:
+        asyncio.run_coroutine_threadsafe(omni.shutdown(), loop).result(30)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        if not thread.is_alive():
+            loop.close()
