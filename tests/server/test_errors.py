@@ -62,7 +62,38 @@ def test_negative_max_tokens_is_400_naming_the_field(server):
     ],
 )
 def test_invalid_chat_parameters_are_400_not_422(server, body, fragment):
-    assert_error(post(server, "/v1/chat/completions", body), 400, fragment)
+    error = assert_error(post(server, "/v1/chat/completions", body), 400, fragment)
+    assert error["code"] is not None  # a logit_bias id outside the vocabulary had none
+
+
+BOGUS_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}
+
+
+@pytest.mark.parametrize("body, param, says", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
+     "response_format", "Invalid type: nonsense"),
+    ({"guided_regex": "(unclosed"}, "guided_regex", "unclosed group"),
+    # the calls' grammar quoted llguidance's whole grammar text back (444 characters of it)
+    ({"tools": [{"type": "function", "function": {"name": "g"}}, BOGUS_TOOL], "tool_choice": "required"},
+     "tools[1].function.parameters", "tools[1].function.parameters is not a JSON Schema the arguments can be held "
+                                     "to: Invalid type: bogus"),
+])
+def test_an_unusable_output_spec_names_its_field(server, body, param, says):
+    error = assert_error(post(server, "/v1/chat/completions", {"messages": HELLO, **body}), 400, says)
+    assert error["param"] == param and error["code"] == "invalid_parameter"
+    assert "%json" not in error["message"]
+
+
+def test_an_unknown_route_or_method_is_named_and_health_answers_head(server):
+    """Starlette's bare "Not Found" and "Method Not Allowed" told a client pointed at /v1/embeddings nothing;
+    load balancers' HEAD health checks got 405."""
+    error = assert_error(post(server, "/v1/embeddings", {"input": "hi"}), 404, "/v1/embeddings is not served here",
+                         "/v1/chat/completions")
+    assert error["code"] == "unknown_route"
+    r = httpx.put(server.base_url + "/v1/chat/completions", json={}, timeout=10)
+    assert assert_error(r, 405, "/v1/chat/completions takes POST, not PUT")["code"] == "method_not_allowed"
+    assert r.headers["allow"] == "POST"
+    assert httpx.head(server.base_url + "/health", timeout=10).status_code == 200
 
 
 def test_unknown_model_is_404_model_not_found_as_openai_answers(server):

@@ -145,6 +145,17 @@ def checked_grammar(spec: StructuredOutputsParams) -> CheckedGrammar:
     return CheckedGrammar(grammar=compile_grammar(spec))
 
 
+def schema_problem(schema: dict[str, Any]) -> str:
+    """llguidance's words if output cannot be held to the JSON Schema ``schema`` ("Invalid type: bogus"), else ""."""
+    from llguidance import LLMatcher
+
+    try:
+        grammar = grammar_text(StructuredOutputsParams(json=schema))
+    except ValueError as exc:
+        return str(exc)
+    return (LLMatcher.validate_grammar(grammar) or "").strip()
+
+
 def compile_grammar(spec: StructuredOutputsParams) -> str:
     """The frontend's side: a request's structured-output spec to a checked grammar. Checked without the
     tokenizer: llguidance's view of a 150k vocabulary is about as large as the tokenizer itself (memory/sizing

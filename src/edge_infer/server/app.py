@@ -34,8 +34,10 @@ def build_app(services: Sequence[Service], loader: Callable[[], Awaitable[None]]
     shared = services[0].metrics.shared
     app, auth = base_app(services, shared, loader)
 
-    @app.get("/health", responses={503: {"description": "loading, shutting down, or a model's engine is dead, "
-                                                       "unresponsive or restarting (see status and detail)"}})
+    # HEAD too: load balancers' health checks send it (FastAPI's GET routes refuse it, 405)
+    @app.api_route("/health", methods=["GET", "HEAD"],
+                   responses={503: {"description": "loading, shutting down, or a model's engine is dead, "
+                                                   "unresponsive or restarting (see status and detail)"}})
     async def health(model: str | None = None) -> JSONResponse:
         """The server's health: 503 while any model is in trouble; ``?model=NAME``: that model's alone (a load
         balancer in front of one of two models served together)."""

@@ -71,7 +71,7 @@ def from_exception(exc: Exception) -> APIError:
     if isinstance(exc, GrammarLimitError):
         return APIError(400, str(exc), code="grammar_limit")
     if isinstance(exc, InvalidRequestError):
-        return APIError(400, str(exc))
+        return APIError(400, str(exc), code="invalid_request")
     if isinstance(exc, EngineDeadError):
         return APIError(503, f"the engine worker is down ({exc}); the server restarts it unless --no-restart is set: "
                              "retry shortly", code="engine_dead")
@@ -129,6 +129,23 @@ def validation_error(errors: Sequence[dict[str, Any]]) -> APIError:
     return APIError(400, "; ".join(lines), param=param or None, code="invalid_parameter")
 
 
+def _routing_error(app: FastAPI, request: Request, exc: StarletteHTTPException) -> APIError | None:
+    """Starlette's bare "Not Found" and "Method Not Allowed" as errors naming the path or method and what is
+    served: a client pointed at a route this server lacks (/v1/embeddings) learnt nothing from them."""
+    path, method = request.url.path, request.method
+    if exc.status_code == 404 and exc.detail == "Not Found":
+        try:
+            served = "; this server serves " + ", ".join(sorted(app.openapi()["paths"]))  # built once, then cached
+        except Exception:  # the listing is a courtesy: never a 500 in its place
+            served = ""
+        return APIError(404, f"{path} is not served here{served}", code="unknown_route")
+    if exc.status_code == 405 and exc.detail == "Method Not Allowed":
+        allowed = (exc.headers or {}).get("Allow", "")
+        return APIError(405, f"{path} takes {allowed or 'other methods'}, not {method}", code="method_not_allowed",
+                        headers=exc.headers)
+    return None
+
+
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -139,8 +156,8 @@ def install_handlers(app: FastAPI) -> None:
         return validation_error(exc.errors()).response()
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        error = getattr(exc, "error", None)  # http.BodyRefused carries its own
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        error = getattr(exc, "error", None) or _routing_error(app, request, exc)  # http.BodyRefused carries its own
         if error is None and exc.status_code == 400 and exc.detail == UNPARSED_BODY:
             # what FastAPI says of a body json.loads raised on with something else than a syntax error
             error = APIError(400, "the request body could not be read as JSON: it is not UTF-8 text, or it nests "

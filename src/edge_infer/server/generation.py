@@ -21,6 +21,7 @@ from edge_infer.engine.grammar import checked_grammar
 from edge_infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from edge_infer.engine.streams import RequestStream, StreamEvent
 from edge_infer.engine.frontend import Frontend
+from edge_infer.errors import GrammarLimitError, InvalidRequestError
 from edge_infer.server.errors import APIError
 from edge_infer.server.protocol import PromptTokensDetails, ResponseFormat, SamplingFields, Usage
 
@@ -47,7 +48,11 @@ def build_params(frontend: Frontend, req: SamplingFields, max_tokens: int | None
     if req.guided:
         structured = StructuredOutputsParams(**req.guided)
     if structured is not None:
-        structured = checked_grammar(structured)
+        try:
+            structured = checked_grammar(structured)
+        except InvalidRequestError as exc:  # the field it came from, for the error's param
+            raise APIError(400, str(exc), param=_structured_field(req),
+                           code="grammar_limit" if isinstance(exc, GrammarLimitError) else "invalid_parameter") from exc
     bias = {int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None
     return frontend.default_params(
         **overrides, n=req.n, stop=req.stop, ignore_eos=req.ignore_eos, max_tokens=max_tokens, logprobs=logprobs,
@@ -55,6 +60,15 @@ def build_params(frontend: Frontend, req: SamplingFields, max_tokens: int | None
         stop_token_ids=req.stop_token_ids, include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens,
     )
+
+
+def _structured_field(req: Any) -> str:
+    """The request field a structured-output spec came from."""
+    if req.structured_outputs is not None:
+        return "structured_outputs"
+    if req.guided:
+        return f"guided_{next(iter(req.guided))}"
+    return "tools" if getattr(req, "tools", None) and getattr(req, "tool_choice", None) != "none" else "response_format"
 
 
 def response_format_schema(fmt: ResponseFormat | None) -> dict[str, Any] | None:

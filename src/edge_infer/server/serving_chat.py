@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from edge_infer.engine.frontend import PreparedPrompt
-from edge_infer.engine.grammar import MAX_JSON_DEPTH, nesting_depth
+from edge_infer.engine.grammar import MAX_JSON_DEPTH, nesting_depth, schema_problem
 from edge_infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from edge_infer.server.errors import APIError
 from edge_infer.server.generation import (Generation, Sample, TokenLogprob, build_params, response_format_schema,
@@ -157,6 +157,12 @@ def output_constraint(service: TextService, req: ChatCompletionRequest,
                            f"{service.settings.tool_call_parser!r}: drop strict, tool_choice or response_format",
                            param="tools", code="unsupported_tool_constraint")
         return None  # one call: ChoiceBuilder keeps the first
+    for i, tool in enumerate(req.tools or ()):  # each held tool's own words: the calls' grammar's quote them all
+        fn = tool.function
+        if (required or fn.strict) and any(t["function"]["name"] == fn.name for t in tools) and fn.parameters and (
+                problem := schema_problem(fn.parameters)):
+            raise APIError(400, f"tools[{i}].function.parameters is not a JSON Schema the arguments can be held to: "
+                                f"{problem}", param=f"tools[{i}].function.parameters", code="invalid_parameter")
     tokenizer = service.frontend.require_tokenizer()
     tags_are_tokens = all(tokenizer.token_to_id(tag) is not None for tag in (START_TAG, END_TAG))
     return StructuredOutputsParams(grammar=hermes_calls_grammar(tools, required, not single, tags_are_tokens,
