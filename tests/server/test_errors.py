@@ -66,6 +66,20 @@ def test_invalid_chat_parameters_are_400_not_422(server, body, fragment):
     assert error["code"] is not None  # a logit_bias id outside the vocabulary had none
 
 
+@pytest.mark.parametrize("body, message", [
+    # found by a client probe: "stop.constrained-str: Input should be a valid string; stop: List should have ..."
+    ({"stop": ["a"] * 17}, "stop: List should have at most 16 items after validation, not 17"),
+    ({"messages": [{"role": "user", "content": None}]},
+     "messages.0.user.content: Input should be a valid string or a valid list"),
+    # a field's own type error went missing beside a bad union elsewhere in the body
+    ({"temperature": "x", "stop": 5}, "temperature: Input should be a valid number; stop: Input should be a valid "
+                                      "string or a valid list"),
+])
+def test_a_union_field_is_named_once_in_the_users_terms(server, body, message):
+    error = assert_error(post(server, "/v1/chat/completions", {"messages": HELLO, **body}), 400)
+    assert error["message"] == message
+
+
 BOGUS_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}
 
 

@@ -7,6 +7,8 @@ Engine errors keep their meaning: a bad request is a 400, a dead worker a 503.
 from __future__ import annotations
 
 import logging
+import re
+from collections import defaultdict
 from typing import Any, Sequence
 
 from fastapi import FastAPI, Request
@@ -89,20 +91,47 @@ def _loc(loc: Sequence[Any]) -> str:
     return ".".join(parts)
 
 
+# How pydantic names the member of a union it tried, in an error's location: a type, not a field.
+_MEMBER = re.compile(r"^(constrained-)?(str|int|float|bool|none|bytes)$|\[")
+
+
+def _member(part: Any) -> bool:
+    return isinstance(part, str) and bool(_MEMBER.search(part))
+
+
 def _without_union_noise(errors: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Drop a union member refused on its type alone while another member got further into the value: content that
-    is a list of parts with one bad part is not also "not a string". Linear in the errors (a body of many bad items
+    is a list of parts with one bad part is not also "not a string", 17 stop strings are not "not a string" either;
+    a value no member takes is one error naming them all ("a valid string or a valid list"). A field's own type
+    error stays (it went missing beside a bad union elsewhere). Linear in the errors (a body of many bad items
     must not cost seconds here)."""
-    deeper_under = set()  # prefixes with some error at least two levels below them
+    further = defaultdict(set)  # a union's location -> its members refused on more than their type
     for err in errors:
         loc = tuple(err.get("loc", ()))
-        deeper_under.update(loc[:k] for k in range(len(loc) - 1))
+        on_type = str(err.get("type", "")).endswith("_type")
+        for k in range(1, len(loc)):
+            if _member(loc[k]) and not (on_type and k == len(loc) - 1):
+                further[loc[:k]].add(loc[k])
 
-    def noise(err: dict[str, Any]) -> bool:
+    def on_member_type(err: dict[str, Any]) -> bool:
         loc = tuple(err.get("loc", ()))
-        return str(err.get("type", "")).endswith("_type") and len(loc) > 1 and loc[:-1] in deeper_under
+        return str(err.get("type", "")).endswith("_type") and len(loc) > 1 and _member(loc[-1])
 
-    return [err for err in errors if not noise(err)]
+    def noise(err: dict[str, Any]) -> bool:  # a field's own type error is never noise, whatever else is wrong
+        return on_member_type(err) and bool(further[tuple(err["loc"][:-1])] - {err["loc"][-1]})
+
+    kept, merged = [], {}
+    for err in errors:
+        if noise(err):
+            continue
+        if on_member_type(err):  # every member refused on its type: one error at the union's location
+            union = tuple(err["loc"][:-1])
+            if union in merged:
+                merged[union]["msg"] += " or " + str(err.get("msg", "")).removeprefix("Input should be ")
+                continue
+            err = merged[union] = {**err, "loc": union}
+        kept.append(err)
+    return kept
 
 
 UNPARSED_BODY = "There was an error parsing the body"  # FastAPI's words (fastapi.routing)
