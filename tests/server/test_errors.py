@@ -74,6 +74,7 @@ def test_invalid_chat_parameters_are_400_not_422(server, body, fragment):
     # a field's own type error went missing beside a bad union elsewhere in the body
     ({"temperature": "x", "stop": 5}, "temperature: Input should be a valid number; stop: Input should be a valid "
                                       "string or a valid list"),
+    ({"stop": ""}, "stop: String should have at least 1 character"),
 ])
 def test_a_union_field_is_named_once_in_the_users_terms(server, body, message):
     error = assert_error(post(server, "/v1/chat/completions", {"messages": HELLO, **body}), 400)
@@ -87,6 +88,9 @@ BOGUS_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
      "response_format", "Invalid type: nonsense"),
     ({"guided_regex": "(unclosed"}, "guided_regex", "unclosed group"),
+    # beside tools, response_format's schema goes into the calls' grammar: it was blamed on the tools
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}},
+      "tools": [{"type": "function", "function": {"name": "g"}}]}, "response_format", "Invalid type: nonsense"),
     # the calls' grammar quoted llguidance's whole grammar text back (444 characters of it)
     ({"tools": [{"type": "function", "function": {"name": "g"}}, BOGUS_TOOL], "tool_choice": "required"},
      "tools[1].function.parameters", "tools[1].function.parameters is not a JSON Schema the arguments can be held "
@@ -108,6 +112,7 @@ def test_an_unknown_route_or_method_is_named_and_health_answers_head(server):
     assert assert_error(r, 405, "/v1/chat/completions takes POST, not PUT")["code"] == "method_not_allowed"
     assert r.headers["allow"] == "POST"
     assert httpx.head(server.base_url + "/health", timeout=10).status_code == 200
+    assert list(httpx.get(server.base_url + "/openapi.json").json()["paths"]["/health"]) == ["get"]  # one operation
 
 
 def test_unknown_model_is_404_model_not_found_as_openai_answers(server):

@@ -131,7 +131,8 @@ class AsyncEngine:
         self._client = client
         # The reader thread and the watchdog hold the engine weakly: one dropped unclosed is collected, and this
         # stops its worker (it kept running, weights and all, until the program ended).
-        self._stops_worker = weakref.finalize(self, client.close, 1.0)
+        self._stops_worker = weakref.finalize(self, _close_aside, client)
+        self._stops_worker.atexit = False  # at exit the worker goes with its parent, as it always did
         self.dead_reason = self.hung_reason = None
         ref = weakref.ref(self)
         self._reader = threading.Thread(target=_read_loop, args=(ref, client), name="edge-infer-reader", daemon=True)
@@ -431,7 +432,10 @@ def _read_loop(ref: weakref.ref[AsyncEngine], client: CoreClient) -> None:
             msgs = client.receive(0.5)
         except EngineDeadError as exc:
             if (engine := ref()) is not None and not engine._closing:
-                loop.call_soon_threadsafe(engine._on_dead, client, str(exc))
+                try:
+                    loop.call_soon_threadsafe(engine._on_dead, client, str(exc))
+                except RuntimeError:  # the loop is closed
+                    pass
             return
         except (OSError, ValueError):
             return
@@ -441,6 +445,12 @@ def _read_loop(ref: weakref.ref[AsyncEngine], client: CoreClient) -> None:
             except RuntimeError:  # the loop is closed: nobody is left to read
                 return
             del engine
+
+
+def _close_aside(client: CoreClient) -> None:
+    """Stop a collected engine's worker on a thread of its own: the last reference often goes on the event loop,
+    which must not wait for a worker to exit."""
+    threading.Thread(target=client.close, args=(1.0,), name="edge-infer-close", daemon=True).start()
 
 
 async def _watch(ref: weakref.ref[AsyncEngine], client: CoreClient) -> None:

@@ -273,6 +273,7 @@ class Omni:
         self._thread = threading.Thread(target=self._loop.run_forever, name="edge-infer-omni", daemon=True)
         self._thread.start()
         self._shuts_down = weakref.finalize(self, _shut_down, self._omni, self._loop, self._thread)
+        self._shuts_down.atexit = False  # at exit the stages go with their parent thread, at once, as they always did
         try:
             self._call(self._omni.start())
         except BaseException:

@@ -34,10 +34,8 @@ def build_app(services: Sequence[Service], loader: Callable[[], Awaitable[None]]
     shared = services[0].metrics.shared
     app, auth = base_app(services, shared, loader)
 
-    # HEAD too: load balancers' health checks send it (FastAPI's GET routes refuse it, 405)
-    @app.api_route("/health", methods=["GET", "HEAD"],
-                   responses={503: {"description": "loading, shutting down, or a model's engine is dead, "
-                                                   "unresponsive or restarting (see status and detail)"}})
+    @app.get("/health", responses={503: {"description": "loading, shutting down, or a model's engine is dead, "
+                                                       "unresponsive or restarting (see status and detail)"}})
     async def health(model: str | None = None) -> JSONResponse:
         """The server's health: 503 while any model is in trouble; ``?model=NAME``: that model's alone (a load
         balancer in front of one of two models served together)."""
@@ -59,6 +57,9 @@ def build_app(services: Sequence[Service], loader: Callable[[], Awaitable[None]]
         if len(services) > 1:
             body["models"] = {name: {"status": st, "detail": d} for name, (st, d, _) in reports.items()}
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+
+    # HEAD too, as load balancers' health checks send it (a GET route refuses it: 405); one operation in the schema
+    app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
 
     @app.get("/metrics", response_class=Response)
     async def metrics() -> Response:

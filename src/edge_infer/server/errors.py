@@ -81,22 +81,22 @@ def from_exception(exc: Exception) -> APIError:
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error")
 
 
-def _loc(loc: Sequence[Any]) -> str:
-    # pydantic names the member of a union it tried ("list[tagged-union[TextPart,ImagePart,...]]", the prompt's
-    # form): not a field
-    parts: list[str] = []
-    for p in map(str, loc):
-        if p != "body" and "[" not in p and not (parts[-1:] == ["prompt"] and p in PROMPT_FORMS):
-            parts.append(p)
-    return ".".join(parts)
-
-
 # How pydantic names the member of a union it tried, in an error's location: a type, not a field.
 _MEMBER = re.compile(r"^(constrained-)?(str|int|float|bool|none|bytes)$|\[")
 
 
 def _member(part: Any) -> bool:
     return isinstance(part, str) and bool(_MEMBER.search(part))
+
+
+def _loc(loc: Sequence[Any]) -> str:
+    # pydantic names the member of a union it tried ("list[tagged-union[TextPart,ImagePart,...]]", the prompt's
+    # form): not a field
+    parts: list[str] = []
+    for p in map(str, loc):
+        if p != "body" and not _member(p) and not (parts[-1:] == ["prompt"] and p in PROMPT_FORMS):
+            parts.append(p)
+    return ".".join(parts)
 
 
 def _without_union_noise(errors: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -157,6 +157,9 @@ def output_constraint(service: TextService, req: ChatCompletionRequest,
                            f"{service.settings.tool_call_parser!r}: drop strict, tool_choice or response_format",
                            param="tools", code="unsupported_tool_constraint")
         return None  # one call: ChoiceBuilder keeps the first
+    if content is not None and (problem := schema_problem(content)):  # its own words, not the calls' grammar's
+        raise APIError(400, f"the response_format schema is not usable: {problem}", param="response_format",
+                       code="invalid_parameter")
     for i, tool in enumerate(req.tools or ()):  # each held tool's own words: the calls' grammar's quote them all
         fn = tool.function
         if (required or fn.strict) and any(t["function"]["name"] == fn.name for t in tools) and fn.parameters and (
