@@ -151,6 +151,28 @@ def test_an_omni_dropped_without_shutdown_stops_its_stages():
     assert wait_until(lambda: all(map(gone, pids)), timeout=10)
 
 
+def test_an_async_omni_dropped_without_shutdown_stops_its_stages():
+    import asyncio
+    import gc
+
+    from edge_infer.runtime.omni import AsyncOmni
+
+    async def scenario() -> bool:
+        omni = AsyncOmni(toys.TOY_TEXT)
+        events = [e async for e in omni.generate([1, 2])]
+        assert events[-1].kind == "finished"
+        pids = [pid for pid in omni.worker_pids().values() if pid]
+        del omni, events
+        gc.collect()
+        for _ in range(100):  # its shutdown runs on this loop
+            if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+                return True
+            await asyncio.sleep(0.1)
+        return False
+
+    assert asyncio.run(scenario())
+
+
 def test_an_interrupted_generate_aborts_its_requests_and_a_shut_down_omni_says_so(tmp_path):
     """Ctrl-C in Omni.generate left its requests running on the loop thread: the next generate queued behind them
     (17 s). Any exception in the waiting thread (a signal handler's, here) now cancels them. After shutdown, a call

@@ -168,6 +168,7 @@ class AsyncOmni:
         self._media_gate = _media_gate(self.config)
         self._orchestrator: Orchestrator | None = None
         self._start_lock: asyncio.Lock | None = None
+        self._shuts_down: weakref.finalize | None = None
         self._ids = itertools.count()
         self._id_prefix = secrets.token_hex(3)
 
@@ -184,6 +185,10 @@ class AsyncOmni:
                 orchestrator = Orchestrator(self.config, self.plan)
                 await orchestrator.start()
                 self._orchestrator = orchestrator
+                # one collected unshut shuts its pipeline down on its loop (its stages ran on until the program
+                # ended); at exit they go with their parent at once, as they always did
+                self._shuts_down = weakref.finalize(self, _shut_down_on, asyncio.get_running_loop(), orchestrator)
+                self._shuts_down.atexit = False
 
     def _stage_params(self, sampling_params_list: Sequence[Any] | None) -> dict[int, dict[str, Any]]:
         stages = self.config.stages
@@ -242,6 +247,7 @@ class AsyncOmni:
 
     async def shutdown(self) -> None:
         if self._orchestrator is not None:
+            self._shuts_down.detach()
             await self._orchestrator.shutdown()
 
     async def __aenter__(self) -> "AsyncOmni":
@@ -344,6 +350,14 @@ class Omni:
 
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
+
+
+def _shut_down_on(loop: asyncio.AbstractEventLoop, orchestrator: Orchestrator) -> None:
+    """An AsyncOmni collected unshut: its orchestrator's shutdown, scheduled on its loop (from any thread)."""
+    try:
+        loop.call_soon_threadsafe(lambda: loop.create_task(orchestrator.shutdown()))
+    except RuntimeError:  # the loop is closed: the stages went with it or go with their parent
+        pass
 
 
 def _shut_down(omni: AsyncOmni, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
