@@ -71,9 +71,10 @@ def products_bytes(dtype_bytes: int, cpu: CpuCapabilities | None = None) -> int:
 
 
 def linear_accumulator_bytes(dtype_bytes: int, cpu: CpuCapabilities | None = None) -> int:
-    """The element size of the fp32 copy of its output a dense tower linear holds while it runs on ``cpu`` (this one), or 0:
-    oneDNN's bf16 linears emulated on AVX-512 without bf16 arithmetic accumulate the whole output in fp32 (one
-    product's resident growth measured 3.0-3.2x its bf16 output on an Ice Lake Xeon, 1,024-4,096 rows)."""
+    """The element size of the fp32 copy of its output a dense linear (a tower's, the decoder's) holds while it runs
+    on ``cpu`` (this one), or 0: oneDNN's bf16 linears emulated on AVX-512 without bf16 arithmetic accumulate the
+    whole output in fp32 (one product's resident growth measured 3.0-3.2x its bf16 output on an Ice Lake Xeon,
+    1,024-4,096 rows)."""
     return FP32 if calibration_class(dtype_bytes, cpu) == "bf16_emulated" else 0
 
 

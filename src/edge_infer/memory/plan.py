@@ -22,6 +22,7 @@ from edge_infer.hardware.cpu import CpuCapabilities, detect
 from edge_infer.hardware.kernels import KernelSelection, auto_encoder_quantization, encoder_kernels, select_kernels
 from edge_infer.hardware.memory import available_memory_bytes
 from edge_infer.media.limits import MediaLimits
+from edge_infer.memory.encoder_sizing import linear_accumulator_bytes
 from edge_infer.memory.sizing import (
     CHECKPOINT_DTYPE_BYTES, MiB, activation_bytes, load_transient_bytes, resolve_dtype,
     request_bodies_bytes, runtime_overhead, weight_bytes,
@@ -413,10 +414,10 @@ def _size_items(r: _Resolved, model_dir: str, frontend: str, int8_kv: bool) -> t
     acts = activation_bytes(cfg, r.dtype_bytes, r.max_num_batched_tokens, r.max_num_seqs, r.max_model_len,
                             r.quant.name if r.quant is not None else None)
     acts_note = f"one step of {r.max_num_batched_tokens} tokens, {r.max_num_seqs} logit rows"
-    if r.kernels.kernel_for("decoder linears") == "onednn-bf16" and not r.cpu.native_bf16:
-        # emulated, oneDNN's bf16 linear holds an fp32 copy of its whole output while it runs (encoder_sizing's
-        # linear_accumulator_bytes): the fused gate/up's, the widest
-        acts += r.max_num_batched_tokens * 2 * cfg.intermediate_size * 4
+    if r.kernels.kernel_for("decoder linears") == "onednn-bf16" and (
+            accumulator := linear_accumulator_bytes(r.dtype_bytes, r.cpu)):
+        # emulated, oneDNN's bf16 linear holds an fp32 copy of its whole output while it runs: the fused gate/up's
+        acts += r.max_num_batched_tokens * 2 * cfg.intermediate_size * accumulator
         acts_note += ", oneDNN's fp32 copy of the gate/up output (bf16 emulated on this CPU)"
     if r.quant is not None or r.encoder_quant is not None:
         from edge_infer.quant.sizes import PROMPT_BLOCK_ROWS, int4_prompt_bytes, int4_prompt_widths
