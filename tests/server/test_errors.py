@@ -75,6 +75,9 @@ def test_invalid_chat_parameters_are_400_not_422(server, body, fragment):
     ({"temperature": "x", "stop": 5}, "temperature: Input should be a valid number; stop: Input should be a valid "
                                       "string or a valid list"),
     ({"stop": ""}, "stop: String should have at least 1 character"),
+    ({"tool_choice": "bogus"}, "tool_choice: Input should be 'none', 'auto' or 'required'"),
+    ({"tool_choice": {"type": "function"}}, "tool_choice: Input should be 'none', 'auto' or 'required'; "
+                                            "tool_choice.function: Field required"),
 ])
 def test_a_union_field_is_named_once_in_the_users_terms(server, body, message):
     error = assert_error(post(server, "/v1/chat/completions", {"messages": HELLO, **body}), 400)

@@ -81,8 +81,9 @@ def from_exception(exc: Exception) -> APIError:
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error")
 
 
-# How pydantic names the member of a union it tried, in an error's location: a type, not a field.
-_MEMBER = re.compile(r"^(constrained-)?(str|int|float|bool|none|bytes)$|\[")
+# How pydantic names the member of a union it tried, in an error's location: a type (a model's class name among
+# them), not a field (the protocol's fields are snake_case).
+_MEMBER = re.compile(r"^(constrained-)?(str|int|float|bool|none|bytes)$|\[|^[A-Z][A-Za-z0-9]*$")
 
 
 def _member(part: Any) -> bool:
