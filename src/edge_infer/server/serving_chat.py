@@ -133,7 +133,12 @@ def prepare(service: TextService, req: ChatCompletionRequest) -> ChatJob:
     prompt = frontend.prepare_chat(template_messages(req), req.mm_processor_kwargs, tools=tools or None,
                                    add_generation_prompt=True, **(req.chat_template_kwargs or {}))
     top = (req.top_logprobs or 0) if req.logprobs else None
-    params = build_params(frontend, req, req.output_limit, top, output_constraint(service, req, tools))
+    try:
+        params = build_params(frontend, req, req.output_limit, top, output_constraint(service, req, tools))
+    except APIError as exc:
+        if exc.param != "tools" or exc.code != "invalid_parameter":
+            raise
+        raise _unusable_part(req, tools) or exc from None
     return ChatJob(req, prompt, params, tools)
 
 
@@ -157,19 +162,26 @@ def output_constraint(service: TextService, req: ChatCompletionRequest,
                            f"{service.settings.tool_call_parser!r}: drop strict, tool_choice or response_format",
                            param="tools", code="unsupported_tool_constraint")
         return None  # one call: ChoiceBuilder keeps the first
-    if content is not None and (problem := schema_problem(content)):  # its own words, not the calls' grammar's
-        raise APIError(400, f"the response_format schema is not usable: {problem}", param="response_format",
-                       code="invalid_parameter")
-    for i, tool in enumerate(req.tools or ()):  # each held tool's own words: the calls' grammar's quote them all
-        fn = tool.function
-        if (required or fn.strict) and any(t["function"]["name"] == fn.name for t in tools) and fn.parameters and (
-                problem := schema_problem(fn.parameters)):
-            raise APIError(400, f"tools[{i}].function.parameters is not a JSON Schema the arguments can be held to: "
-                                f"{problem}", param=f"tools[{i}].function.parameters", code="invalid_parameter")
     tokenizer = service.frontend.require_tokenizer()
     tags_are_tokens = all(tokenizer.token_to_id(tag) is not None for tag in (START_TAG, END_TAG))
     return StructuredOutputsParams(grammar=hermes_calls_grammar(tools, required, not single, tags_are_tokens,
                                                                 content))
+
+
+def _unusable_part(req: ChatCompletionRequest, tools: list[dict[str, Any]]) -> APIError | None:
+    """Which part of a refused calls' grammar is at fault, in its own words (llguidance's about the whole grammar
+    quote all of it): response_format's schema or a held tool's parameters. Checked on this error path only."""
+    if (content := response_format_schema(req.response_format)) is not None and (problem := schema_problem(content)):
+        return APIError(400, f"the response_format schema is not usable: {problem}", param="response_format",
+                        code="invalid_parameter")
+    required = req.tool_choice == "required" or isinstance(req.tool_choice, NamedToolChoice)
+    offered = {t["function"]["name"] for t in tools}
+    for i, tool in enumerate(req.tools or ()):
+        fn = tool.function
+        if (required or fn.strict) and fn.name in offered and fn.parameters and (problem := schema_problem(fn.parameters)):
+            return APIError(400, f"tools[{i}].function.parameters is not a JSON Schema the arguments can be held to: "
+                                 f"{problem}", param=f"tools[{i}].function.parameters", code="invalid_parameter")
+    return None
 
 
 class ChoiceBuilder:
